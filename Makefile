@@ -1,0 +1,106 @@
+# vgpud - one-command build and test. `make` builds the preload library, the
+# simulated driver, the tools and the Python environment; `make test` runs
+# every test that needs no GPU; `make test-gpu` runs tests/gpu on a GPU node.
+
+CC      ?= gcc
+PYTHON  ?= python3
+BUILD   := build
+VENV    := .venv
+PREFIX  ?= /usr
+LIBDIR  ?= $(PREFIX)/lib/vgpud
+
+WARN    := -std=c11 -Wall -Wextra -Werror -Wshadow -Wformat=2 -Wstrict-prototypes -Wmissing-prototypes
+HARDEN  := -D_FORTIFY_SOURCE=2 -fstack-protector-strong
+CFLAGS  ?= -O2 -g
+CPPFLAGS += -D_GNU_SOURCE -Ilibhook/include
+SOFLAGS := -shared -fPIC -Wl,-z,relro -Wl,-z,now -Wl,-z,noexecstack
+ALL_CFLAGS = $(WARN) $(HARDEN) $(CFLAGS) -fPIC -pthread
+
+HOOK_SRC  := $(wildcard libhook/src/*.c)
+SIMC_SRC  := $(wildcard libhook/sim/common/*.c)
+SIMCU_SRC := $(wildcard libhook/sim/cuda/*.c)
+SIMNV_SRC := $(wildcard libhook/sim/nvml/*.c)
+TOOL_SRC  := $(wildcard libhook/tools/*.c)
+CTEST_SRC := $(wildcard libhook/tests/test_*.c)
+HEADERS   := $(wildcard libhook/include/*.h libhook/src/*.h libhook/sim/*/*.h libhook/tests/*.h)
+
+LIB   := $(BUILD)/libvgpu.so
+SIMCU := $(BUILD)/sim/libcuda.so.1
+SIMNV := $(BUILD)/sim/libnvidia-ml.so.1
+TOOLS := $(patsubst libhook/tools/%.c,$(BUILD)/%,$(TOOL_SRC))
+CTESTS := $(patsubst libhook/tests/%.c,$(BUILD)/tests/%,$(CTEST_SRC))
+VENV_STAMP := $(VENV)/.installed
+
+.PHONY: all lib sim tools venv test test-c test-py lint test-gpu demo install clean bench
+all: lib sim tools venv
+
+lib: $(LIB)
+sim: $(SIMCU) $(SIMNV)
+tools: $(TOOLS)
+
+# Only the intercepted API leaves the library: hidden visibility by default,
+# and a version script as a second fence.
+$(LIB): $(HOOK_SRC) $(HEADERS) libhook/libvgpu.lds
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(ALL_CFLAGS) -fvisibility=hidden $(SOFLAGS) \
+	  -Wl,--version-script=libhook/libvgpu.lds -Wl,-soname,libvgpu.so \
+	  -o $@ $(HOOK_SRC) -ldl -lpthread
+
+# The simulated driver: a test double for machines without a GPU.
+$(SIMCU): $(SIMCU_SRC) $(SIMC_SRC) $(HEADERS)
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) -Ilibhook/sim/common $(ALL_CFLAGS) $(SOFLAGS) -Wl,-Bsymbolic -Wl,-soname,libcuda.so.1 \
+	  -o $@ $(SIMCU_SRC) $(SIMC_SRC) -lpthread -lrt
+	ln -sf libcuda.so.1 $(BUILD)/sim/libcuda.so
+
+$(SIMNV): $(SIMNV_SRC) $(SIMC_SRC) $(HEADERS)
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) -Ilibhook/sim/common $(ALL_CFLAGS) $(SOFLAGS) -Wl,-Bsymbolic -Wl,-soname,libnvidia-ml.so.1 \
+	  -o $@ $(SIMNV_SRC) $(SIMC_SRC) -lpthread -lrt
+	ln -sf libnvidia-ml.so.1 $(BUILD)/sim/libnvidia-ml.so
+
+# Tools talk to whatever libcuda.so.1 the loader finds: the real driver on a
+# GPU node, the simulator under LD_LIBRARY_PATH=build/sim.
+$(BUILD)/%: libhook/tools/%.c $(HEADERS)
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(ALL_CFLAGS) -o $@ $< -ldl -lpthread -lm
+
+$(BUILD)/tests/%: libhook/tests/%.c $(HEADERS)
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) -Ilibhook/tests $(ALL_CFLAGS) -o $@ $< -ldl -lpthread -lm
+
+$(VENV_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -e '.[dev]'
+	touch $@
+venv: $(VENV_STAMP)
+
+lint: venv
+	$(VENV)/bin/ruff check vgpud tests benchmarks
+	$(VENV)/bin/ruff format --check vgpud tests benchmarks
+	$(VENV)/bin/mypy vgpud
+
+test-c: lib sim tools $(CTESTS)
+	@set -e; for t in $(CTESTS); do echo "== $$t"; VGPU_BUILD=$(BUILD) $$t; done
+
+test-py: all
+	$(VENV)/bin/python -m pytest -q tests/unit tests/integration tests/e2e
+
+test: lint test-c test-py
+
+test-gpu: lib tools venv
+	$(VENV)/bin/python -m pytest -q tests/gpu
+
+demo: all
+	$(VENV)/bin/python -m vgpud.demo
+
+install: lib
+	install -d $(DESTDIR)$(LIBDIR) $(DESTDIR)/etc/vgpud $(DESTDIR)/lib/systemd/system
+	install -m 0644 $(LIB) $(DESTDIR)$(LIBDIR)/libvgpu.so
+	install -m 0644 systemd/vgpud.service $(DESTDIR)/lib/systemd/system/vgpud.service
+	test -e $(DESTDIR)/etc/vgpud/vgpud.toml || install -m 0644 etc/vgpud.toml $(DESTDIR)/etc/vgpud/vgpud.toml
+	$(PYTHON) -m pip install .
+
+clean:
+	rm -rf $(BUILD)

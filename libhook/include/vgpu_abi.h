@@ -1,0 +1,170 @@
+/*
+ * vgpu_abi.h - the shared-memory contract between libvgpu.so and vgpud.
+ *
+ * Two files per vGPU live in /run/vgpud/<id>/:
+ *   control  written only by the daemon, mapped read-only by the hook.
+ *            Limits, compute shares and the throttle table.
+ *   usage    written by the hook (atomics only), read and repaired by the
+ *            daemon. Per-device budget counters and per-process slots.
+ *
+ * Standalone mode (no control block mounted) uses only a usage block; its
+ * limits come from the environment and its steering area is written by the
+ * daemon when it adopts the process.
+ *
+ * Rules that keep this safe across processes that may die at any instant:
+ *  - every field another process reads while it changes is a C11 atomic, or
+ *    is covered by a seqlock (writer bumps seq to odd, writes, bumps to even);
+ *  - there are no locks: a SIGKILLed process can leave nothing held;
+ *  - both sides check magic, version and size before trusting a block.
+ *
+ * vgpud/blocks.py mirrors this layout; tests/unit/test_abi_layout.py compiles
+ * libhook/tools/abi-dump.c and checks that every offset agrees.
+ */
+#ifndef VGPU_ABI_H
+#define VGPU_ABI_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#define VGPU_CONTROL_MAGIC 0x544e4f4355504756ULL /* "VGPUCONT" little-endian */
+#define VGPU_USAGE_MAGIC   0x4741535555504756ULL /* "VGPUUSAG" little-endian */
+#define VGPU_ABI_VERSION   1u
+
+#define VGPU_MAX_DEVICES 16
+#define VGPU_MAX_PROCS   256
+#define VGPU_UUID_LEN    96  /* "GPU-xxxxxxxx-xxxx-..." NUL-terminated */
+#define VGPU_ID_LEN      64  /* vGPU id, NUL-terminated */
+
+/* One part per million: shares and quotas are fractions of GPU time. */
+#define VGPU_PPM_FULL 1000000u
+
+/* vgpu_control.flags */
+#define VGPU_FLAG_OVERSUBSCRIBE 0x1u /* serve what the device cannot hold from host memory */
+
+/* vgpu_control_device.flags */
+#define VGPU_DEV_SOFT 0x1u /* soft share: may use idle time, yields on demand */
+
+struct vgpu_block_header {
+    uint64_t magic;
+    uint32_t version;
+    uint32_t size; /* sizeof the whole block */
+};
+
+/*
+ * The throttle entry: what the pacer obeys. Written by the daemon's
+ * controller about every 100 ms under the seqlock `seq`.
+ *   quota_ppm   share of the device's time this vGPU may use now
+ *               (VGPU_PPM_FULL = no pacing at all).
+ *   window_ns   the accounting window the quota applies to; 0 = hook default.
+ *   epoch       bumped on every change the daemon makes, so the hook can
+ *               tell a live change from a repeated write.
+ * Fail static: if the heartbeat stops, the hook keeps the last quota.
+ */
+struct vgpu_throttle {
+    _Atomic uint32_t seq;
+    uint32_t quota_ppm;
+    uint64_t window_ns;
+    uint64_t epoch;
+};
+
+struct vgpu_control_device {
+    char uuid[VGPU_UUID_LEN];         /* physical GPU this entry slices */
+    _Atomic uint64_t mem_limit;       /* bytes; live-updatable */
+    _Atomic uint32_t share_ppm;       /* configured compute share */
+    _Atomic uint32_t flags;           /* VGPU_DEV_* */
+    _Atomic uint32_t weight;          /* soft shares divide spare time by weight */
+    uint32_t reserved0;
+    struct vgpu_throttle throttle;
+};
+
+struct vgpu_control {
+    struct vgpu_block_header hdr;
+    char vgpu_id[VGPU_ID_LEN];
+    uint32_t device_count;            /* entries used in devices[] */
+    _Atomic uint32_t flags;           /* VGPU_FLAG_* */
+    _Atomic uint64_t heartbeat_ns;    /* daemon's CLOCK_MONOTONIC at last tick */
+    uint64_t reserved[6];
+    struct vgpu_control_device devices[VGPU_MAX_DEVICES];
+};
+
+/* vgpu_proc_slot.state */
+enum vgpu_slot_state {
+    VGPU_SLOT_FREE = 0,
+    VGPU_SLOT_CLAIMING = 1,   /* a process is filling the slot in */
+    VGPU_SLOT_ACTIVE = 2,
+    VGPU_SLOT_RECLAIMING = 3, /* someone is returning a dead process's bytes */
+};
+
+/*
+ * Per-process, per-device counters. `used` is the bytes this process holds
+ * against the budget (allocations plus context/module overhead, which is
+ * also broken out in `overhead`).
+ */
+struct vgpu_proc_device {
+    _Atomic uint64_t used;
+    _Atomic uint64_t overhead;
+    _Atomic uint64_t gpu_time_ns;   /* GPU time the hook measured for this process */
+    _Atomic uint64_t launches;
+    _Atomic uint64_t throttled_ns;  /* time launches waited in the pacer */
+};
+
+/*
+ * A process's slot. Identity is (pid, start_time): pid as the process sees
+ * itself (its own PID namespace), start_time from /proc/self/stat field 22
+ * (clock ticks since boot, the same in every namespace), so PID reuse can
+ * neither steal nor free another process's bytes.
+ */
+struct vgpu_proc_slot {
+    _Atomic uint32_t state;         /* enum vgpu_slot_state */
+    _Atomic int32_t pid;
+    _Atomic uint64_t start_time;
+    _Atomic uint64_t heartbeat_ns;  /* CLOCK_MONOTONIC of the process's last activity */
+    struct vgpu_proc_device dev[VGPU_MAX_DEVICES];
+};
+
+/*
+ * Steering for standalone processes the daemon adopted: the daemon writes a
+ * quota here under `seq`; the hook obeys min(its env limit, this quota) while
+ * heartbeat_ns is fresh. The block is writable by the container, so this can
+ * only ever lower what the environment already allows.
+ */
+struct vgpu_steer {
+    struct vgpu_throttle throttle[VGPU_MAX_DEVICES];
+    _Atomic uint64_t heartbeat_ns;
+    uint64_t reserved[3];
+};
+
+/* The vGPU-wide budget of one device. */
+struct vgpu_usage_device {
+    _Atomic uint64_t used;          /* bytes reserved by all processes: never > limit */
+    _Atomic uint64_t peak;
+    _Atomic uint64_t oom_count;     /* allocations refused for the limit */
+    _Atomic uint64_t gpu_time_ns;   /* sum over processes, survives their exit */
+    _Atomic uint64_t launches;
+    _Atomic uint64_t throttled_ns;
+    _Atomic uint64_t mem_limit;     /* standalone only: the limit the env set */
+    _Atomic uint32_t share_ppm;     /* standalone only: the compute limit the env set */
+    uint32_t reserved0;
+};
+
+struct vgpu_usage {
+    struct vgpu_block_header hdr;
+    _Atomic uint32_t device_count;  /* standalone: devices the env limited */
+    _Atomic uint32_t flags;         /* standalone: VGPU_FLAG_* from the env */
+    char uuids[VGPU_MAX_DEVICES][VGPU_UUID_LEN]; /* standalone: devices by index */
+    struct vgpu_steer steer;
+    struct vgpu_usage_device devices[VGPU_MAX_DEVICES];
+    struct vgpu_proc_slot slots[VGPU_MAX_PROCS];
+};
+
+#define VGPU_ABI_ASSERT(cond) _Static_assert(cond, #cond)
+VGPU_ABI_ASSERT(sizeof(struct vgpu_block_header) == 16);
+VGPU_ABI_ASSERT(sizeof(struct vgpu_throttle) == 24);
+VGPU_ABI_ASSERT(sizeof(struct vgpu_control_device) == 144);
+VGPU_ABI_ASSERT(sizeof(struct vgpu_proc_device) == 40);
+VGPU_ABI_ASSERT(sizeof(struct vgpu_proc_slot) == 24 + 40 * VGPU_MAX_DEVICES);
+VGPU_ABI_ASSERT(sizeof(struct vgpu_usage_device) == 64);
+VGPU_ABI_ASSERT(sizeof(struct vgpu_control) < 4096);
+VGPU_ABI_ASSERT(sizeof(_Atomic uint64_t) == 8);
+
+#endif

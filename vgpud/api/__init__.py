@@ -1,0 +1,1 @@
+"""The HTTP API on /run/vgpud.sock."""

@@ -1,0 +1,1 @@
+"""vgpuctl: the command line over the daemon socket."""
