@@ -85,6 +85,13 @@ struct vgpu_control {
     _Atomic uint64_t heartbeat_ns;    /* daemon's CLOCK_MONOTONIC at last tick */
     uint64_t reserved[6];
     struct vgpu_control_device devices[VGPU_MAX_DEVICES];
+    /*
+     * Host PID of the process in usage slot i, 0 if unknown. The daemon maps
+     * slots to host processes; the hook uses this to show NVML process lists
+     * (which carry host PIDs) filtered to its own vGPU, from inside a PID
+     * namespace where host PIDs cannot otherwise be known.
+     */
+    _Atomic int32_t slot_host_pid[VGPU_MAX_PROCS];
 };
 
 /* vgpu_proc_slot.state */
@@ -109,14 +116,18 @@ struct vgpu_proc_device {
 };
 
 /*
- * A process's slot. Identity is (pid, start_time): pid as the process sees
- * itself (its own PID namespace), start_time from /proc/self/stat field 22
- * (clock ticks since boot, the same in every namespace), so PID reuse can
- * neither steal nor free another process's bytes.
+ * A process's slot. Identity is (pidns, pid, start_time): the inode of the
+ * process's PID namespace (stat of /proc/self/ns/pid), its pid as it sees
+ * itself in that namespace, and start_time from /proc/self/stat field 22
+ * (clock ticks since boot, the same in every namespace). PID reuse can
+ * neither steal nor free another process's bytes, and a process only judges
+ * the liveness of slots from its own PID namespace; the daemon, which sees
+ * every namespace, maps the rest through /proc/<pid>/ns/pid and NSpid.
  */
 struct vgpu_proc_slot {
     _Atomic uint32_t state;         /* enum vgpu_slot_state */
     _Atomic int32_t pid;
+    _Atomic uint64_t pidns;
     _Atomic uint64_t start_time;
     _Atomic uint64_t heartbeat_ns;  /* CLOCK_MONOTONIC of the process's last activity */
     struct vgpu_proc_device dev[VGPU_MAX_DEVICES];
@@ -162,7 +173,7 @@ VGPU_ABI_ASSERT(sizeof(struct vgpu_block_header) == 16);
 VGPU_ABI_ASSERT(sizeof(struct vgpu_throttle) == 24);
 VGPU_ABI_ASSERT(sizeof(struct vgpu_control_device) == 144);
 VGPU_ABI_ASSERT(sizeof(struct vgpu_proc_device) == 40);
-VGPU_ABI_ASSERT(sizeof(struct vgpu_proc_slot) == 24 + 40 * VGPU_MAX_DEVICES);
+VGPU_ABI_ASSERT(sizeof(struct vgpu_proc_slot) == 32 + 40 * VGPU_MAX_DEVICES);
 VGPU_ABI_ASSERT(sizeof(struct vgpu_usage_device) == 64);
 VGPU_ABI_ASSERT(sizeof(struct vgpu_control) < 4096);
 VGPU_ABI_ASSERT(sizeof(_Atomic uint64_t) == 8);
