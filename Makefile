@@ -21,12 +21,14 @@ SIMC_SRC  := $(wildcard libhook/sim/common/*.c)
 SIMCU_SRC := $(wildcard libhook/sim/cuda/*.c)
 SIMNV_SRC := $(wildcard libhook/sim/nvml/*.c)
 TOOL_SRC  := $(wildcard libhook/tools/*.c)
+ATOM_SRC  := $(wildcard libhook/atomics/*.c)
 CTEST_SRC := $(wildcard libhook/tests/test_*.c)
 HEADERS   := $(wildcard libhook/include/*.h libhook/src/*.h libhook/sim/*/*.h libhook/tests/*.h)
 
 LIB   := $(BUILD)/libvgpu.so
 SIMCU := $(BUILD)/sim/libcuda.so.1
 SIMNV := $(BUILD)/sim/libnvidia-ml.so.1
+ATOMICS := $(BUILD)/libvgpu-atomics.so
 TOOLS := $(patsubst libhook/tools/%.c,$(BUILD)/%,$(TOOL_SRC))
 CTESTS := $(patsubst libhook/tests/%.c,$(BUILD)/tests/%,$(CTEST_SRC))
 VENV_STAMP := $(VENV)/.installed
@@ -34,7 +36,7 @@ VENV_STAMP := $(VENV)/.installed
 .PHONY: all lib sim tools venv test test-c test-py lint test-gpu demo install clean bench
 all: lib sim tools venv
 
-lib: $(LIB)
+lib: $(LIB) $(ATOMICS)
 sim: $(SIMCU) $(SIMNV)
 tools: $(TOOLS)
 
@@ -45,6 +47,12 @@ $(LIB): $(HOOK_SRC) $(HEADERS) libhook/libvgpu.lds
 	$(CC) $(CPPFLAGS) $(ALL_CFLAGS) -fvisibility=hidden $(SOFLAGS) \
 	  -Wl,--version-script=libhook/libvgpu.lds -Wl,-soname,libvgpu.so \
 	  -o $@ $(HOOK_SRC) -ldl -lpthread
+
+# C11 atomics on the shared blocks for the daemon (Python's mmap has none).
+$(ATOMICS): $(ATOM_SRC) $(HEADERS)
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(ALL_CFLAGS) -fvisibility=hidden $(SOFLAGS) -Wl,-soname,libvgpu-atomics.so \
+	  -o $@ $(ATOM_SRC)
 
 # The simulated driver: a test double for machines without a GPU.
 $(SIMCU): $(SIMCU_SRC) $(SIMC_SRC) $(HEADERS)
@@ -98,6 +106,7 @@ demo: all
 install: lib
 	install -d $(DESTDIR)$(LIBDIR) $(DESTDIR)/etc/vgpud $(DESTDIR)/lib/systemd/system
 	install -m 0644 $(LIB) $(DESTDIR)$(LIBDIR)/libvgpu.so
+	install -m 0644 $(ATOMICS) $(DESTDIR)$(LIBDIR)/libvgpu-atomics.so
 	install -m 0644 systemd/vgpud.service $(DESTDIR)/lib/systemd/system/vgpud.service
 	test -e $(DESTDIR)/etc/vgpud/vgpud.toml || install -m 0644 etc/vgpud.toml $(DESTDIR)/etc/vgpud/vgpud.toml
 	$(PYTHON) -m pip install .

@@ -1,0 +1,49 @@
+/*
+ * vgpu_atomics.c - C11 atomic operations on the shared blocks, for the
+ * daemon. Python's mmap offers plain loads and stores only; the daemon must
+ * compare-and-swap slot states and subtract from budgets that hooks update
+ * concurrently, so it calls these through ctypes with addresses inside its
+ * mappings. Every address must be naturally aligned (the ABI guarantees it).
+ */
+#include <stdatomic.h>
+#include <stdint.h>
+
+#define VGPU_ATOMICS_API __attribute__((visibility("default")))
+
+VGPU_ATOMICS_API uint64_t vgpu_atomic_load_u64(_Atomic uint64_t *p);
+VGPU_ATOMICS_API void vgpu_atomic_store_u64(_Atomic uint64_t *p, uint64_t v);
+VGPU_ATOMICS_API uint64_t vgpu_atomic_fetch_add_u64(_Atomic uint64_t *p, uint64_t v);
+VGPU_ATOMICS_API uint64_t vgpu_atomic_sub_clamp_u64(_Atomic uint64_t *p, uint64_t v);
+VGPU_ATOMICS_API int vgpu_atomic_cas_u64(_Atomic uint64_t *p, uint64_t expected, uint64_t desired);
+VGPU_ATOMICS_API uint32_t vgpu_atomic_load_u32(_Atomic uint32_t *p);
+VGPU_ATOMICS_API void vgpu_atomic_store_u32(_Atomic uint32_t *p, uint32_t v);
+VGPU_ATOMICS_API int vgpu_atomic_cas_u32(_Atomic uint32_t *p, uint32_t expected, uint32_t desired);
+
+uint64_t vgpu_atomic_load_u64(_Atomic uint64_t *p) { return atomic_load(p); }
+void vgpu_atomic_store_u64(_Atomic uint64_t *p, uint64_t v) { atomic_store(p, v); }
+uint64_t vgpu_atomic_fetch_add_u64(_Atomic uint64_t *p, uint64_t v) { return atomic_fetch_add(p, v); }
+
+/* Subtract without wrapping below zero; returns the value after. A budget
+ * that a buggy or hostile writer left too small must not wrap to 2^64. */
+uint64_t vgpu_atomic_sub_clamp_u64(_Atomic uint64_t *p, uint64_t v)
+{
+    uint64_t cur = atomic_load(p);
+    uint64_t next;
+    do {
+        next = cur > v ? cur - v : 0;
+    } while (!atomic_compare_exchange_weak(p, &cur, next));
+    return next;
+}
+
+int vgpu_atomic_cas_u64(_Atomic uint64_t *p, uint64_t expected, uint64_t desired)
+{
+    return atomic_compare_exchange_strong(p, &expected, desired);
+}
+
+uint32_t vgpu_atomic_load_u32(_Atomic uint32_t *p) { return atomic_load(p); }
+void vgpu_atomic_store_u32(_Atomic uint32_t *p, uint32_t v) { atomic_store(p, v); }
+
+int vgpu_atomic_cas_u32(_Atomic uint32_t *p, uint32_t expected, uint32_t desired)
+{
+    return atomic_compare_exchange_strong(p, &expected, desired);
+}
