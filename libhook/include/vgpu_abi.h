@@ -156,6 +156,13 @@ struct vgpu_usage_device {
     _Atomic uint64_t mem_limit;     /* standalone only: the limit the env set */
     _Atomic uint32_t share_ppm;     /* standalone only: the compute limit the env set */
     uint32_t reserved0;
+    /*
+     * The vGPU's shared pacer bucket on this device (all its processes draw
+     * from it): balance of GPU time in ns, refilled at the quota rate by
+     * whoever advances pacer_stamp_ns (CAS), debited by measured GPU time.
+     */
+    _Atomic int64_t pacer_balance_ns;
+    _Atomic uint64_t pacer_stamp_ns;
 };
 
 struct vgpu_usage {
@@ -174,7 +181,7 @@ VGPU_ABI_ASSERT(sizeof(struct vgpu_throttle) == 24);
 VGPU_ABI_ASSERT(sizeof(struct vgpu_control_device) == 144);
 VGPU_ABI_ASSERT(sizeof(struct vgpu_proc_device) == 40);
 VGPU_ABI_ASSERT(sizeof(struct vgpu_proc_slot) == 32 + 40 * VGPU_MAX_DEVICES);
-VGPU_ABI_ASSERT(sizeof(struct vgpu_usage_device) == 64);
+VGPU_ABI_ASSERT(sizeof(struct vgpu_usage_device) == 80);
 VGPU_ABI_ASSERT(sizeof(struct vgpu_control) < 4096);
 VGPU_ABI_ASSERT(sizeof(_Atomic uint64_t) == 8);
 
