@@ -1,0 +1,49 @@
+"""Fixtures shared by every test directory.
+
+``sim_env`` gives a test its own simulated GPU machine: an environment dict
+for subprocesses in which ``libcuda.so.1`` and ``libnvidia-ml.so.1`` resolve
+to the simulator in ``build/sim`` and ``VGPU_SIM_STATE`` names a state file
+under the test's tmp dir. Every process started with that env shares one
+simulated machine (memory, engine, NVML); processes of other tests never see
+it. The first process that touches the state file fixes the machine's
+configuration, so set ``VGPU_SIM_*`` keys in the dict (see
+docs/simulator.md) before starting anything::
+
+    def test_x(sim_env: dict[str, str]) -> None:
+        sim_env["VGPU_SIM_MEMORY"] = "1g"
+        subprocess.run([str(BUILD / "vgpu-burn"), "--meminfo"], env=sim_env, check=True)
+
+Import the constants with ``from tests.conftest import BUILD``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BUILD = ROOT / "build"
+SIM_LIB_DIR = BUILD / "sim"
+
+# Inherited settings that would make a test depend on the caller's shell.
+_SCRUBBED_PREFIXES = ("VGPU_SIM_",)
+_SCRUBBED_KEYS = ("CUDA_VISIBLE_DEVICES", "LD_PRELOAD")
+
+
+@pytest.fixture
+def sim_env(tmp_path: Path) -> Iterator[dict[str, str]]:
+    """Environment for subprocesses that run against a private simulated GPU."""
+    state = tmp_path / "vgpu-sim-state"
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in _SCRUBBED_KEYS and not key.startswith(_SCRUBBED_PREFIXES)
+    }
+    inherited = env.get("LD_LIBRARY_PATH")
+    env["LD_LIBRARY_PATH"] = f"{SIM_LIB_DIR}:{inherited}" if inherited else str(SIM_LIB_DIR)
+    env["VGPU_SIM_STATE"] = str(state)
+    yield env
+    state.unlink(missing_ok=True)
