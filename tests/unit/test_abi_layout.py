@@ -1,0 +1,95 @@
+"""blocks.py must agree with libhook/include/vgpu_abi.h byte for byte.
+
+The C compiler is the judge: a tiny program generated from blocks.py's list
+of structs and fields prints gcc's offsetof/sizeof for each, and every
+constant the daemon relies on; each must equal what ctypes computed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from vgpud import blocks
+
+ROOT = Path(__file__).resolve().parents[2]
+HEADER_DIR = ROOT / "libhook" / "include"
+
+CONSTANTS = {
+    "VGPU_CONTROL_MAGIC": blocks.CONTROL_MAGIC,
+    "VGPU_USAGE_MAGIC": blocks.USAGE_MAGIC,
+    "VGPU_ABI_VERSION": blocks.ABI_VERSION,
+    "VGPU_MAX_DEVICES": blocks.MAX_DEVICES,
+    "VGPU_MAX_PROCS": blocks.MAX_PROCS,
+    "VGPU_UUID_LEN": blocks.UUID_LEN,
+    "VGPU_ID_LEN": blocks.ID_LEN,
+    "VGPU_PPM_FULL": blocks.PPM_FULL,
+    "VGPU_FLAG_OVERSUBSCRIBE": blocks.FLAG_OVERSUBSCRIBE,
+    "VGPU_DEV_SOFT": blocks.DEV_SOFT,
+    "VGPU_SLOT_FREE": blocks.SLOT_FREE,
+    "VGPU_SLOT_CLAIMING": blocks.SLOT_CLAIMING,
+    "VGPU_SLOT_ACTIVE": blocks.SLOT_ACTIVE,
+    "VGPU_SLOT_RECLAIMING": blocks.SLOT_RECLAIMING,
+}
+
+
+def python_layout() -> dict[str, int]:
+    """Every sizeof/offsetof/field size that blocks.py assumes."""
+    out: dict[str, int] = dict(CONSTANTS)
+    for struct in blocks.ABI_STRUCTS:
+        out[f"sizeof {struct.c_name}"] = ctypes.sizeof(struct)
+        for name, ctype in struct._fields_:
+            out[f"offsetof {struct.c_name}.{name}"] = getattr(struct, name).offset
+            out[f"sizeof {struct.c_name}.{name}"] = ctypes.sizeof(ctype)
+    return out
+
+
+def c_program() -> str:
+    lines = [
+        "#include <stddef.h>",
+        "#include <stdio.h>",
+        '#include "vgpu_abi.h"',
+        "int main(void) {",
+    ]
+    for name in CONSTANTS:
+        lines.append(f'    printf("%s %llu\\n", "{name}", (unsigned long long)({name}));')
+    for struct in blocks.ABI_STRUCTS:
+        s = f"struct {struct.c_name}"
+        lines.append(f'    printf("sizeof {struct.c_name} %zu\\n", sizeof({s}));')
+        for name, _ in struct._fields_:
+            key = f"{struct.c_name}.{name}"
+            lines.append(f'    printf("offsetof {key} %zu\\n", offsetof({s}, {name}));')
+            lines.append(f'    printf("sizeof {key} %zu\\n", sizeof((({s} *)0)->{name}));')
+    lines += ["    return 0;", "}"]
+    return "\n".join(lines) + "\n"
+
+
+def c_layout(tmp_path: Path) -> dict[str, int]:
+    src = tmp_path / "abi_dump.c"
+    exe = tmp_path / "abi_dump"
+    src.write_text(c_program())
+    subprocess.run(
+        ["gcc", "-std=c11", "-Wall", "-Werror", f"-I{HEADER_DIR}", "-o", str(exe), str(src)],
+        check=True,
+    )
+    text = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
+    return {key: int(value) for key, value in (line.rsplit(" ", 1) for line in text.splitlines())}
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
+def test_every_offset_size_and_constant_matches_the_c_header(tmp_path: Path) -> None:
+    expected = c_layout(tmp_path)
+    actual = python_layout()
+    assert expected.keys() == actual.keys()
+    mismatches = {k: (actual[k], expected[k]) for k in expected if actual[k] != expected[k]}
+    assert mismatches == {}, "blocks.py (python, C) disagree with vgpu_abi.h"
+
+
+def test_the_header_still_declares_every_struct_blocks_py_mirrors() -> None:
+    header = (HEADER_DIR / "vgpu_abi.h").read_text()
+    for struct in blocks.ABI_STRUCTS:
+        assert f"struct {struct.c_name} {{" in header

@@ -1,0 +1,275 @@
+"""vgpud.blocks: creating, validating and repairing the shared blocks."""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from vgpud import blocks
+from vgpud.blocks import BlockError, ControlBlock, DeviceSlice, UsageBlock
+
+UUID0 = "GPU-00000000-1111-2222-3333-444444444444"
+UUID1 = "GPU-99999999-1111-2222-3333-444444444444"
+GIB = 1 << 30
+
+
+@pytest.fixture
+def control(tmp_path: Path) -> Iterator[ControlBlock]:
+    slices = [DeviceSlice(UUID0, 2 * GIB, 300_000), DeviceSlice(UUID1, GIB, 500_000, True, 4)]
+    block = ControlBlock.create(tmp_path / "control", "vg-1", slices, blocks.FLAG_OVERSUBSCRIBE)
+    yield block
+    block.close()
+
+
+@pytest.fixture
+def usage(tmp_path: Path) -> Iterator[UsageBlock]:
+    block = UsageBlock.create(tmp_path / "usage", device_count=2)
+    yield block
+    block.close()
+
+
+class HookSide:
+    """What a hook does to a usage block, through a mapping of its own."""
+
+    def __init__(self, path: Path) -> None:
+        fd = os.open(path, os.O_RDWR)
+        self.mm = mmap.mmap(fd, ctypes.sizeof(blocks.UsageC))
+        os.close(fd)
+        self.c = blocks.UsageC.from_buffer(self.mm)
+
+    def take_slot(self, index: int, pid: int, pidns: int, start: int, used: list[int]) -> None:
+        slot = self.c.slots[index]
+        slot.pid, slot.pidns, slot.start_time = pid, pidns, start
+        for d, n in enumerate(used):
+            slot.dev[d].used = n
+            self.c.devices[d].used += n
+        slot.state = blocks.SLOT_ACTIVE
+
+    def close(self) -> None:
+        del self.c
+        self.mm.close()
+
+
+def test_control_block_reads_back_what_was_created(control: ControlBlock) -> None:
+    reopened = ControlBlock.open(control.path)
+    assert reopened.vgpu_id == "vg-1"
+    assert reopened.uuids == [UUID0, UUID1]
+    assert reopened.flags == blocks.FLAG_OVERSUBSCRIBE
+    devs = reopened.devices()
+    assert [d.mem_limit for d in devs] == [2 * GIB, GIB]
+    assert [(d.share_ppm, d.soft, d.weight) for d in devs] == [
+        (300_000, False, 1),
+        (500_000, True, 4),
+    ]
+    # Before the controller's first tick a vGPU runs at its share.
+    assert [d.throttle.quota_ppm for d in devs] == [300_000, 500_000]
+    reopened.close()
+
+
+def test_blocks_have_the_modes_containers_need_whatever_the_umask(tmp_path: Path) -> None:
+    old = os.umask(0o077)
+    try:
+        ControlBlock.create(tmp_path / "c", "x", [DeviceSlice(UUID0, GIB)]).close()
+        UsageBlock.create(tmp_path / "u").close()
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "c").stat().st_mode) == 0o644
+    assert stat.S_IMODE((tmp_path / "u").stat().st_mode) == 0o666
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_live_limit_and_share_changes_land_in_the_block(control: ControlBlock) -> None:
+    control.set_mem_limit(1, 3 * GIB)
+    control.set_share(0, 700_000, soft=True, weight=9)
+    view = ControlBlock.open(control.path)
+    assert view.devices()[1].mem_limit == 3 * GIB
+    assert (view.devices()[0].share_ppm, view.devices()[0].soft, view.devices()[0].weight) == (
+        700_000,
+        True,
+        9,
+    )
+    view.close()
+
+
+def test_throttle_write_bumps_epoch_only_on_change_and_leaves_seq_even(
+    control: ControlBlock,
+) -> None:
+    before = control.read_throttle(0)
+    assert control.write_throttle(0, 420_000, 50_000_000)
+    after = control.read_throttle(0)
+    assert (after.quota_ppm, after.window_ns, after.epoch) == (
+        420_000,
+        50_000_000,
+        before.epoch + 1,
+    )
+    assert not control.write_throttle(0, 420_000, 50_000_000)
+    assert control.read_throttle(0).epoch == after.epoch
+    assert control._c.devices[0].throttle.seq % 2 == 0
+    assert control.read_throttle(1).quota_ppm == 500_000  # the other device is untouched
+
+
+def test_out_of_range_writes_are_refused(control: ControlBlock) -> None:
+    with pytest.raises(ValueError, match="quota_ppm"):
+        control.write_throttle(0, blocks.PPM_FULL + 1)
+    with pytest.raises(IndexError):
+        control.set_mem_limit(2, GIB)
+    with pytest.raises(BlockError, match="does not fit"):
+        ControlBlock.create(control.path.parent / "c2", "x" * 64, [DeviceSlice(UUID0, GIB)])
+
+
+def test_heartbeat_and_slot_host_pids(control: ControlBlock) -> None:
+    control.heartbeat(123_456_789)
+    control.set_slot_host_pid(255, 4_000_000)
+    control.set_slot_host_pid(0, 0)
+    assert control.heartbeat_ns == 123_456_789
+    assert control.slot_host_pid(255) == 4_000_000
+    with pytest.raises(IndexError):
+        control.set_slot_host_pid(256, 1)
+
+
+def test_open_refuses_a_symlink_even_to_a_good_block(control: ControlBlock) -> None:
+    link = control.path.parent / "link"
+    link.symlink_to(control.path)
+    with pytest.raises(BlockError, match="cannot open control block"):
+        ControlBlock.open(link)
+
+
+def test_open_refuses_what_is_not_a_regular_file(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(BlockError, match="not a regular file"):
+        UsageBlock.open(tmp_path / "fifo")
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("magic", blocks.CONTROL_MAGIC, "bad magic"),
+        ("version", 2, "layout version 2"),
+        ("size", 12, "header size 12"),
+    ],
+)
+def test_open_refuses_foreign_or_other_version_blocks(
+    usage: UsageBlock, field: str, value: int, message: str
+) -> None:
+    setattr(usage._c.hdr, field, value)
+    with pytest.raises(BlockError, match=message):
+        UsageBlock.open(usage.path)
+
+
+def test_open_refuses_a_truncated_file_and_a_missing_one(usage: UsageBlock, tmp_path: Path) -> None:
+    os.truncate(usage.path, 4096)
+    with pytest.raises(BlockError, match="has 4096 bytes"):
+        UsageBlock.open(usage.path)
+    with pytest.raises(BlockError, match="No such file"):
+        UsageBlock.open(tmp_path / "absent")
+
+
+def test_slots_lists_only_live_slots_with_their_counters(usage: UsageBlock) -> None:
+    hook = HookSide(usage.path)
+    hook.take_slot(3, pid=42, pidns=4026531836, start=1000, used=[GIB, 5])
+    hook.c.slots[3].dev[1].launches = 7
+    hook.c.slots[9].state = blocks.SLOT_CLAIMING
+    slots = usage.slots()
+    assert [(s.index, s.state_name) for s in slots] == [(3, "active"), (9, "claiming")]
+    s = slots[0]
+    assert (s.pid, s.pidns, s.start_time, s.used) == (42, 4026531836, 1000, GIB + 5)
+    assert s.devices[1].launches == 7
+    assert [d.used for d in usage.devices()] == [GIB, 5]
+    hook.close()
+
+
+def test_reclaim_returns_a_dead_process_bytes_and_frees_the_slot(usage: UsageBlock) -> None:
+    hook = HookSide(usage.path)
+    hook.take_slot(0, pid=10, pidns=1, start=5, used=[100, 0])
+    hook.take_slot(1, pid=11, pidns=1, start=6, used=[40, 60])
+    dead = usage.slots()[1]
+    assert usage.reclaim_slot(1, dead) == (40, 60)
+    assert [d.used for d in usage.devices()] == [100, 0]
+    assert [s.index for s in usage.slots()] == [0]
+    assert hook.c.slots[1].pid == 0 and hook.c.slots[1].dev[1].used == 0
+    hook.close()
+
+
+def test_reclaim_leaves_a_slot_that_changed_hands_alone(usage: UsageBlock) -> None:
+    hook = HookSide(usage.path)
+    hook.take_slot(0, pid=10, pidns=1, start=5, used=[100, 0])
+    seen = usage.slots()[0]
+    # The process died and PID 10 was reused by a newer process in the slot.
+    hook.c.slots[0].start_time = 77
+    assert usage.reclaim_slot(0, seen) is None
+    assert hook.c.slots[0].state == blocks.SLOT_ACTIVE
+    assert usage.devices()[0].used == 100
+    # Already freed by someone else: the CAS fails, nothing happens.
+    hook.c.slots[0].state = blocks.SLOT_FREE
+    assert usage.reclaim_slot(0, seen) is None
+    assert usage.devices()[0].used == 100
+    hook.close()
+
+
+def test_reclaim_never_wraps_a_budget_below_zero(usage: UsageBlock) -> None:
+    hook = HookSide(usage.path)
+    hook.take_slot(0, pid=10, pidns=1, start=5, used=[100, 0])
+    hook.c.devices[0].used = 30  # a hostile writer shrank the total
+    assert usage.reclaim_slot(0, usage.slots()[0]) == (100, 0)
+    assert usage.devices()[0].used == 0
+    hook.close()
+
+
+def test_absurd_values_are_clamped_and_named(usage: UsageBlock) -> None:
+    hook = HookSide(usage.path)
+    hook.c.devices[0].used = 2**63
+    hook.c.devices[0].share_ppm = 2**31
+    hook.take_slot(2, pid=-5, pidns=1, start=1, used=[2**60, 0])
+    dev = usage.devices()[0]
+    assert dev.used == blocks.ABSURD_BYTES and dev.share_ppm == blocks.PPM_FULL
+    assert set(dev.clamped) == {"used", "share_ppm"}
+    slot = usage.slots()[0]
+    assert slot.pid == -5 and slot.devices[0].used == blocks.ABSURD_BYTES
+    assert slot.clamped == ("dev[0].used",)
+    hook.close()
+
+
+def test_reset_used_zeroes_a_leaked_budget(usage: UsageBlock) -> None:
+    usage._c.devices[1].used = 12345
+    assert usage.reset_used(1) == 12345
+    assert usage.devices()[1].used == 0
+
+
+def test_standalone_limits_and_steering(tmp_path: Path) -> None:
+    path = tmp_path / "sa"
+    UsageBlock.create(path).close()
+    hook = HookSide(path)
+    hook.c.device_count = 1
+    hook.c.uuids[0].value = UUID0.encode()
+    hook.c.devices[0].mem_limit = GIB
+    hook.c.devices[0].share_ppm = 300_000
+    block = UsageBlock.open(path)
+    assert block.device_count == 1
+    limits = block.standalone_limits()
+    assert (limits.uuids, limits.mem_limit, limits.share_ppm) == ((UUID0,), (GIB,), (300_000,))
+    block.write_steer(0, 200_000, 10_000_000)
+    block.steer_heartbeat(99)
+    steer = block.read_steer(0)
+    assert (steer.quota_ppm, steer.window_ns, steer.epoch) == (200_000, 10_000_000, 1)
+    assert hook.c.steer.heartbeat_ns == 99 and hook.c.steer.throttle[0].seq % 2 == 0
+    block.close()
+    hook.close()
+
+
+def test_find_library_names_every_place_it_looked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("VGPUD_LIB_DIR", str(tmp_path / "env"))
+    with pytest.raises(BlockError, match=r"libnothing\.so not found \(looked in .*/env"):
+        blocks.find_library("libnothing.so", tmp_path / "cfg")
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / "libnothing.so").touch()
+    assert (
+        blocks.find_library("libnothing.so", tmp_path / "cfg") == tmp_path / "cfg" / "libnothing.so"
+    )

@@ -1,0 +1,859 @@
+"""The shared-memory blocks: the only module that touches them.
+
+Mirrors libhook/include/vgpu_abi.h field by field (ctypes structures whose
+offsets tests/unit/test_abi_layout.py checks against the C compiler's).
+
+Public interface (H4's tracker/reaper and H5's controller code against it):
+
+- ``DeviceSlice`` (frozen): what one control-block device entry says.
+- ``ControlBlock.create(path, vgpu_id, devices, flags)`` / ``.open(path)``;
+  ``.set_mem_limit(dev, bytes)``, ``.set_share(dev, share_ppm, soft, weight)``,
+  ``.write_throttle(dev, quota_ppm, window_ns)`` (seqlock; epoch += 1 on a
+  change, nothing written when nothing changes), ``.read_throttle(dev)``,
+  ``.heartbeat(now_ns)``, ``.set_slot_host_pid(slot, pid)``,
+  ``.slot_host_pid(slot)``, ``.devices()``, ``.uuids``, ``.vgpu_id``,
+  ``.flags``, ``.set_flags(flags)``, ``.close()``.
+- ``UsageBlock.create(path, device_count=0)`` / ``.open(path, device_count=None)``;
+  ``.devices() -> list[UsageDevice]``, ``.slots() -> list[SlotView]`` (non-FREE
+  slots only), ``.reclaim_slot(index, expect) -> tuple[int, ...] | None``,
+  ``.reset_used(dev)``, ``.write_steer(dev, quota_ppm, window_ns)``,
+  ``.steer_heartbeat(now_ns)``, ``.standalone_limits()``, ``.close()``.
+- ``BlockError``: a block that is missing, not a regular file, foreign,
+  of another layout version or size.
+
+Reads are plain loads of naturally aligned words (single-copy atomic on
+x86-64 and aarch64), which is all observation needs. Everything that must be
+ordered or must not lose a concurrent update from a hook (slot state changes,
+subtracting reclaimed bytes, the seqlock) goes through build/libvgpu-atomics.so.
+
+The usage block is written by untrusted containers: nothing read from it is
+believed blindly. Absurd figures are clamped and named in ``clamped`` so the
+caller can report them; a block never makes the daemon crash.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import stat
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any, ClassVar
+
+# --- constants of vgpu_abi.h --------------------------------------------
+
+CONTROL_MAGIC = 0x544E4F4355504756  # "VGPUCONT" little-endian
+USAGE_MAGIC = 0x4741535555504756  # "VGPUUSAG" little-endian
+ABI_VERSION = 1
+MAX_DEVICES = 16
+MAX_PROCS = 256
+UUID_LEN = 96
+ID_LEN = 64
+PPM_FULL = 1_000_000
+FLAG_OVERSUBSCRIBE = 0x1
+DEV_SOFT = 0x1
+
+SLOT_FREE = 0
+SLOT_CLAIMING = 1
+SLOT_ACTIVE = 2
+SLOT_RECLAIMING = 3
+SLOT_STATE_NAMES = {
+    SLOT_FREE: "free",
+    SLOT_CLAIMING: "claiming",
+    SLOT_ACTIVE: "active",
+    SLOT_RECLAIMING: "reclaiming",
+}
+
+# A byte counter above 1 PiB is no real GPU's: the writer is broken or hostile.
+ABSURD_BYTES = 2**50
+ATOMICS_LIBRARY = "libvgpu-atomics.so"
+DEFAULT_LIB_DIR = Path("/usr/lib/vgpud")
+
+u32 = ctypes.c_uint32
+i32 = ctypes.c_int32
+u64 = ctypes.c_uint64
+i64 = ctypes.c_int64
+
+
+class _AbiStruct(ctypes.Structure):
+    """A ctypes mirror of one C struct; ``c_name`` is its name in vgpu_abi.h."""
+
+    c_name: ClassVar[str] = ""
+
+
+class BlockHeader(_AbiStruct):
+    c_name = "vgpu_block_header"
+    _fields_ = (("magic", u64), ("version", u32), ("size", u32))
+
+
+class ThrottleC(_AbiStruct):
+    c_name = "vgpu_throttle"
+    _fields_ = (("seq", u32), ("quota_ppm", u32), ("window_ns", u64), ("epoch", u64))
+
+
+class ControlDeviceC(_AbiStruct):
+    c_name = "vgpu_control_device"
+    _fields_ = (
+        ("uuid", ctypes.c_char * UUID_LEN),
+        ("mem_limit", u64),
+        ("share_ppm", u32),
+        ("flags", u32),
+        ("weight", u32),
+        ("reserved0", u32),
+        ("throttle", ThrottleC),
+    )
+
+
+class ControlC(_AbiStruct):
+    c_name = "vgpu_control"
+    _fields_ = (
+        ("hdr", BlockHeader),
+        ("vgpu_id", ctypes.c_char * ID_LEN),
+        ("device_count", u32),
+        ("flags", u32),
+        ("heartbeat_ns", u64),
+        ("reserved", u64 * 6),
+        ("devices", ControlDeviceC * MAX_DEVICES),
+        ("slot_host_pid", i32 * MAX_PROCS),
+    )
+
+
+class ProcDeviceC(_AbiStruct):
+    c_name = "vgpu_proc_device"
+    _fields_ = (
+        ("used", u64),
+        ("overhead", u64),
+        ("gpu_time_ns", u64),
+        ("launches", u64),
+        ("throttled_ns", u64),
+    )
+
+
+class ProcSlotC(_AbiStruct):
+    c_name = "vgpu_proc_slot"
+    _fields_ = (
+        ("state", u32),
+        ("pid", i32),
+        ("pidns", u64),
+        ("start_time", u64),
+        ("heartbeat_ns", u64),
+        ("dev", ProcDeviceC * MAX_DEVICES),
+    )
+
+
+class SteerC(_AbiStruct):
+    c_name = "vgpu_steer"
+    _fields_ = (
+        ("throttle", ThrottleC * MAX_DEVICES),
+        ("heartbeat_ns", u64),
+        ("reserved", u64 * 3),
+    )
+
+
+class UsageDeviceC(_AbiStruct):
+    c_name = "vgpu_usage_device"
+    _fields_ = (
+        ("used", u64),
+        ("peak", u64),
+        ("oom_count", u64),
+        ("gpu_time_ns", u64),
+        ("launches", u64),
+        ("throttled_ns", u64),
+        ("mem_limit", u64),
+        ("share_ppm", u32),
+        ("reserved0", u32),
+        ("pacer_balance_ns", i64),
+        ("pacer_stamp_ns", u64),
+    )
+
+
+class UsageC(_AbiStruct):
+    c_name = "vgpu_usage"
+    _fields_ = (
+        ("hdr", BlockHeader),
+        ("device_count", u32),
+        ("flags", u32),
+        ("uuids", (ctypes.c_char * UUID_LEN) * MAX_DEVICES),
+        ("steer", SteerC),
+        ("devices", UsageDeviceC * MAX_DEVICES),
+        ("slots", ProcSlotC * MAX_PROCS),
+    )
+
+
+ABI_STRUCTS: tuple[type[_AbiStruct], ...] = (
+    BlockHeader,
+    ThrottleC,
+    ControlDeviceC,
+    ControlC,
+    ProcDeviceC,
+    ProcSlotC,
+    SteerC,
+    UsageDeviceC,
+    UsageC,
+)
+
+
+class BlockError(Exception):
+    """A shared-memory block that cannot be used, with the reason why."""
+
+
+# --- atomics ----------------------------------------------------------------
+
+
+class Atomics:
+    """C11 atomics on addresses inside our mappings, via libvgpu-atomics.so."""
+
+    def __init__(self, path: Path) -> None:
+        try:
+            lib = ctypes.CDLL(str(path))
+        except OSError as exc:
+            raise BlockError(f"cannot load {path}: {exc}") from exc
+        self.path = path
+        vp = ctypes.c_void_p
+        self.load_u64 = _bind(lib, "vgpu_atomic_load_u64", u64, vp)
+        self.store_u64 = _bind(lib, "vgpu_atomic_store_u64", None, vp, u64)
+        self.fetch_add_u64 = _bind(lib, "vgpu_atomic_fetch_add_u64", u64, vp, u64)
+        self.sub_clamp_u64 = _bind(lib, "vgpu_atomic_sub_clamp_u64", u64, vp, u64)
+        self.cas_u64 = _bind(lib, "vgpu_atomic_cas_u64", ctypes.c_int, vp, u64, u64)
+        self.load_u32 = _bind(lib, "vgpu_atomic_load_u32", u32, vp)
+        self.store_u32 = _bind(lib, "vgpu_atomic_store_u32", None, vp, u32)
+        self.cas_u32 = _bind(lib, "vgpu_atomic_cas_u32", ctypes.c_int, vp, u32, u32)
+
+    @staticmethod
+    def load(lib_dir: Path | None = None) -> Atomics:
+        """The atomics library from ``lib_dir``, else where it is usually found."""
+        return _load_atomics(find_library(ATOMICS_LIBRARY, lib_dir))
+
+
+@cache
+def _load_atomics(path: Path) -> Atomics:
+    return Atomics(path)
+
+
+def _bind(lib: ctypes.CDLL, name: str, restype: object, *argtypes: object) -> Callable[..., Any]:
+    fn = getattr(lib, name)
+    fn.restype = restype
+    fn.argtypes = argtypes
+    return fn  # type: ignore[no-any-return]
+
+
+def checkout_build_dir() -> Path | None:
+    """build/ of the source checkout this package runs from, if it is one."""
+    root = Path(__file__).resolve().parent.parent
+    if (root / "Makefile").is_file() and (root / "libhook").is_dir():
+        return root / "build"
+    return None
+
+
+def find_library(name: str, lib_dir: Path | None = None) -> Path:
+    """Where a vgpud library is: ``lib_dir``, $VGPUD_LIB_DIR, the checkout's
+    build/ (running from the repo), then /usr/lib/vgpud; the first that has it."""
+    candidates: list[Path] = []
+    if lib_dir is not None:
+        candidates.append(Path(lib_dir))
+    env = os.environ.get("VGPUD_LIB_DIR")
+    if env:
+        candidates.append(Path(env))
+    build = checkout_build_dir()
+    if build is not None:
+        candidates.append(build)
+    candidates.append(DEFAULT_LIB_DIR)
+    for directory in candidates:
+        if (directory / name).is_file():
+            return directory / name
+    looked = ", ".join(str(d) for d in candidates)
+    raise BlockError(f"{name} not found (looked in {looked}); run `make` or `make install`")
+
+
+# --- value types ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DeviceSlice:
+    """One GPU of a vGPU as the control block states it."""
+
+    uuid: str
+    mem_limit: int
+    share_ppm: int = PPM_FULL
+    soft: bool = False
+    weight: int = 1
+
+
+@dataclass(frozen=True)
+class Throttle:
+    quota_ppm: int
+    window_ns: int
+    epoch: int
+
+
+@dataclass(frozen=True)
+class ControlDevice:
+    """A control-block device entry as read back."""
+
+    uuid: str
+    mem_limit: int
+    share_ppm: int
+    soft: bool
+    weight: int
+    throttle: Throttle
+
+
+@dataclass(frozen=True)
+class UsageDevice:
+    """The vGPU-wide counters of one device. ``clamped`` names the fields whose
+    stored value was absurd and has been replaced by a bound."""
+
+    used: int
+    peak: int
+    oom_count: int
+    gpu_time_ns: int
+    launches: int
+    throttled_ns: int
+    mem_limit: int
+    share_ppm: int
+    clamped: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class SlotDevice:
+    used: int
+    overhead: int
+    gpu_time_ns: int
+    launches: int
+    throttled_ns: int
+
+
+@dataclass(frozen=True)
+class SlotView:
+    """A non-free process slot. Identity is (pidns, pid, start_time)."""
+
+    index: int
+    state: int
+    pid: int
+    pidns: int
+    start_time: int
+    heartbeat_ns: int
+    devices: tuple[SlotDevice, ...]
+    clamped: tuple[str, ...] = ()
+
+    @property
+    def state_name(self) -> str:
+        return SLOT_STATE_NAMES.get(self.state, f"unknown({self.state})")
+
+    @property
+    def used(self) -> int:
+        return sum(d.used for d in self.devices)
+
+
+@dataclass(frozen=True)
+class StandaloneLimits:
+    """What a standalone hook recorded from its environment."""
+
+    device_count: int
+    uuids: tuple[str, ...]
+    mem_limit: tuple[int, ...]
+    share_ppm: tuple[int, ...]
+    flags: int
+
+
+# --- mapping ----------------------------------------------------------------
+
+
+class _Mapping:
+    """A block file mapped shared; subclasses add the struct's meaning."""
+
+    struct: ClassVar[type[_AbiStruct]]
+    magic: ClassVar[int]
+    kind: ClassVar[str]
+
+    def __init__(self, path: Path, mm: mmap.mmap, atomics: Atomics) -> None:
+        self.path = path
+        self._mm = mm
+        self._atomics = atomics
+        self._c = self.struct.from_buffer(mm)
+        self._base = ctypes.addressof(self._c)
+
+    @classmethod
+    def _map(cls, path: Path, *, writable: bool) -> mmap.mmap:
+        """Map an existing block file, refusing anything but a regular file
+        of exactly our layout. O_NOFOLLOW: a symlink planted by a container
+        is refused, never followed."""
+        flags = (os.O_RDWR if writable else os.O_RDONLY) | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            fd = os.open(path, flags)
+        except OSError as exc:
+            raise BlockError(f"cannot open {cls.kind} block {path}: {exc.strerror}") from exc
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise BlockError(f"{cls.kind} block {path} is not a regular file")
+            size = ctypes.sizeof(cls.struct)
+            if st.st_size != size:
+                raise BlockError(
+                    f"{cls.kind} block {path} has {st.st_size} bytes, layout v{ABI_VERSION} "
+                    f"needs {size}"
+                )
+            mm = mmap.mmap(fd, size, mmap.MAP_SHARED)
+        finally:
+            os.close(fd)
+        hdr = BlockHeader.from_buffer_copy(mm, 0)
+        problem = None
+        if hdr.magic != cls.magic:
+            problem = f"bad magic {hdr.magic:#x} (not a vgpud {cls.kind} block)"
+        elif hdr.version != ABI_VERSION:
+            problem = f"layout version {hdr.version}, this vgpud knows {ABI_VERSION}"
+        elif hdr.size != size:
+            problem = f"header size {hdr.size}, layout v{ABI_VERSION} needs {size}"
+        if problem is not None:
+            mm.close()
+            raise BlockError(f"{cls.kind} block {path}: {problem}")
+        return mm
+
+    @classmethod
+    def _create_file(
+        cls, path: Path, mode: int, fill: Callable[[ctypes.Structure], None]
+    ) -> mmap.mmap:
+        """Write a new block beside ``path`` and rename it into place, so no
+        reader ever maps a half-written block."""
+        size = ctypes.sizeof(cls.struct)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        try:
+            os.fchmod(fd, mode)  # explicit: the umask must not decide who may map it
+            os.ftruncate(fd, size)
+            mm = mmap.mmap(fd, size, mmap.MAP_SHARED)
+            c = cls.struct.from_buffer(mm)
+            fill(c)
+            c.hdr.size = size
+            c.hdr.version = ABI_VERSION
+            c.hdr.magic = cls.magic
+            del c
+            mm.flush()
+            os.rename(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+        finally:
+            os.close(fd)
+        return mm
+
+    def _addr(self, obj: ctypes.Structure, field: str) -> int:
+        return ctypes.addressof(obj) + int(getattr(type(obj), field).offset)
+
+    def close(self) -> None:
+        if self._mm.closed:
+            return
+        del self._c
+        self._mm.close()
+
+    def __enter__(self) -> _Mapping:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _text(raw: bytes) -> str:
+    return raw.decode("utf-8", errors="replace")
+
+
+def _put_text(field_len: int, value: str, what: str) -> bytes:
+    data = value.encode()
+    if len(data) >= field_len or b"\0" in data:
+        raise BlockError(f"{what} {value!r} does not fit {field_len - 1} bytes")
+    return data
+
+
+def _seqlock_write(atomics: Atomics, base: int, quota_ppm: int, window_ns: int) -> None:
+    """Writer side of the throttle seqlock at address ``base``: seq odd,
+    fields, seq even; epoch + 1. Every store is seq_cst through the
+    atomics library, so no reader can see new fields with an old even seq."""
+    t = ThrottleC
+    seq_addr = base + t.seq.offset
+    seq = atomics.load_u32(seq_addr)
+    epoch = atomics.load_u64(base + t.epoch.offset)
+    atomics.store_u32(seq_addr, (seq | 1) & 0xFFFFFFFF)
+    atomics.store_u32(base + t.quota_ppm.offset, quota_ppm)
+    atomics.store_u64(base + t.window_ns.offset, window_ns)
+    atomics.store_u64(base + t.epoch.offset, epoch + 1)
+    atomics.store_u32(seq_addr, ((seq | 1) + 1) & 0xFFFFFFFF)
+
+
+def _seqlock_read(atomics: Atomics, base: int) -> Throttle:
+    t = ThrottleC
+    while True:
+        seq = atomics.load_u32(base + t.seq.offset)
+        if seq & 1:
+            continue  # a writer is in the middle; it never sleeps there
+        quota = atomics.load_u32(base + t.quota_ppm.offset)
+        window = atomics.load_u64(base + t.window_ns.offset)
+        epoch = atomics.load_u64(base + t.epoch.offset)
+        if atomics.load_u32(base + t.seq.offset) == seq:
+            return Throttle(quota, window, epoch)
+
+
+def _check_ppm(value: int, what: str) -> None:
+    if not 0 <= value <= PPM_FULL:
+        raise ValueError(f"{what} {value} is outside 0..{PPM_FULL}")
+
+
+# --- the control block ------------------------------------------------------
+
+
+class ControlBlock(_Mapping):
+    """Limits and throttle table of one vGPU; written only by the daemon."""
+
+    struct = ControlC
+    magic = CONTROL_MAGIC
+    kind = "control"
+    _c: ControlC
+
+    @classmethod
+    def create(
+        cls,
+        path: Path,
+        vgpu_id: str,
+        devices: Sequence[DeviceSlice],
+        flags: int = 0,
+        *,
+        atomics: Atomics | None = None,
+    ) -> ControlBlock:
+        if not 1 <= len(devices) <= MAX_DEVICES:
+            raise BlockError(f"a vGPU has 1..{MAX_DEVICES} devices, not {len(devices)}")
+        vid = _put_text(ID_LEN, vgpu_id, "vGPU id")
+        uuids = [_put_text(UUID_LEN, d.uuid, "GPU UUID") for d in devices]
+        for d in devices:
+            _check_ppm(d.share_ppm, "share_ppm")
+
+        def fill(c: ctypes.Structure) -> None:
+            assert isinstance(c, ControlC)
+            c.vgpu_id = vid
+            c.device_count = len(devices)
+            c.flags = flags
+            for i, d in enumerate(devices):
+                e = c.devices[i]
+                e.uuid = uuids[i]
+                e.mem_limit = d.mem_limit
+                e.share_ppm = d.share_ppm
+                e.flags = DEV_SOFT if d.soft else 0
+                e.weight = d.weight
+                # Until the controller's first tick a vGPU runs at its share.
+                e.throttle.quota_ppm = d.share_ppm
+                e.throttle.epoch = 1
+
+        mm = cls._create_file(Path(path), 0o644, fill)
+        return cls(Path(path), mm, atomics or Atomics.load())
+
+    @classmethod
+    def open(cls, path: Path, *, atomics: Atomics | None = None) -> ControlBlock:
+        mm = cls._map(Path(path), writable=True)
+        block = cls(Path(path), mm, atomics or Atomics.load())
+        if not 1 <= block._c.device_count <= MAX_DEVICES:
+            count = block._c.device_count
+            block.close()
+            raise BlockError(f"control block {path}: device_count {count} out of range")
+        return block
+
+    @property
+    def vgpu_id(self) -> str:
+        return _text(self._c.vgpu_id)
+
+    @property
+    def device_count(self) -> int:
+        return int(self._c.device_count)
+
+    @property
+    def uuids(self) -> list[str]:
+        return [_text(self._c.devices[i].uuid) for i in range(self.device_count)]
+
+    @property
+    def flags(self) -> int:
+        return int(self._atomics.load_u32(self._addr(self._c, "flags")))
+
+    def set_flags(self, flags: int) -> None:
+        self._atomics.store_u32(self._addr(self._c, "flags"), flags)
+
+    def _dev(self, index: int) -> ControlDeviceC:
+        if not 0 <= index < self.device_count:
+            raise IndexError(f"device index {index} outside 0..{self.device_count - 1}")
+        return self._c.devices[index]  # type: ignore[no-any-return]
+
+    def devices(self) -> list[ControlDevice]:
+        out = []
+        for i in range(self.device_count):
+            e = self._dev(i)
+            out.append(
+                ControlDevice(
+                    uuid=_text(e.uuid),
+                    mem_limit=int(e.mem_limit),
+                    share_ppm=int(e.share_ppm),
+                    soft=bool(e.flags & DEV_SOFT),
+                    weight=int(e.weight),
+                    throttle=self.read_throttle(i),
+                )
+            )
+        return out
+
+    def set_mem_limit(self, dev_index: int, nbytes: int) -> None:
+        self._atomics.store_u64(self._addr(self._dev(dev_index), "mem_limit"), nbytes)
+
+    def set_share(self, dev_index: int, share_ppm: int, soft: bool, weight: int) -> None:
+        _check_ppm(share_ppm, "share_ppm")
+        e = self._dev(dev_index)
+        self._atomics.store_u32(self._addr(e, "weight"), weight)
+        self._atomics.store_u32(self._addr(e, "flags"), DEV_SOFT if soft else 0)
+        self._atomics.store_u32(self._addr(e, "share_ppm"), share_ppm)
+
+    def write_throttle(self, dev_index: int, quota_ppm: int, window_ns: int = 0) -> bool:
+        """Publish a quota; returns whether anything changed (and was written)."""
+        _check_ppm(quota_ppm, "quota_ppm")
+        current = self.read_throttle(dev_index)
+        if current.quota_ppm == quota_ppm and current.window_ns == window_ns:
+            return False
+        _seqlock_write(
+            self._atomics, self._addr(self._dev(dev_index), "throttle"), quota_ppm, window_ns
+        )
+        return True
+
+    def read_throttle(self, dev_index: int) -> Throttle:
+        return _seqlock_read(self._atomics, self._addr(self._dev(dev_index), "throttle"))
+
+    def heartbeat(self, now_ns: int) -> None:
+        self._atomics.store_u64(self._addr(self._c, "heartbeat_ns"), now_ns)
+
+    @property
+    def heartbeat_ns(self) -> int:
+        return int(self._atomics.load_u64(self._addr(self._c, "heartbeat_ns")))
+
+    def set_slot_host_pid(self, slot: int, pid: int) -> None:
+        if not 0 <= slot < MAX_PROCS:
+            raise IndexError(f"slot {slot} outside 0..{MAX_PROCS - 1}")
+        addr = ctypes.addressof(self._c) + ControlC.slot_host_pid.offset + 4 * slot
+        self._atomics.store_u32(addr, pid & 0xFFFFFFFF)
+
+    def slot_host_pid(self, slot: int) -> int:
+        return int(self._c.slot_host_pid[slot])
+
+
+# --- the usage block --------------------------------------------------------
+
+_SLOTS_OFF = UsageC.slots.offset
+_SLOT_SIZE = ctypes.sizeof(ProcSlotC)
+_UDEV_OFF = UsageC.devices.offset
+_UDEV_SIZE = ctypes.sizeof(UsageDeviceC)
+_PDEV_OFF = ProcSlotC.dev.offset
+_PDEV_WORDS = ctypes.sizeof(ProcDeviceC) // 8
+# The word views below rely on every struct being a whole number of u64s.
+assert _SLOT_SIZE % 8 == 0 and _UDEV_SIZE % 8 == 0 and _SLOTS_OFF % 8 == 0
+assert _UDEV_OFF % 8 == 0 and _PDEV_OFF % 8 == 0 and ctypes.sizeof(UsageC) % 8 == 0
+
+
+def _clamp(
+    values: dict[str, int], bounds: dict[str, int]
+) -> tuple[dict[str, int], tuple[str, ...]]:
+    """Replace values above their bound by the bound; name the ones replaced."""
+    clamped = tuple(k for k, bound in bounds.items() if values[k] > bound)
+    for k in clamped:
+        values[k] = bounds[k]
+    return values, clamped
+
+
+class UsageBlock(_Mapping):
+    """Per-device budgets and per-process slots; written by hooks (untrusted)."""
+
+    struct = UsageC
+    magic = USAGE_MAGIC
+    kind = "usage"
+    _c: UsageC
+
+    def __init__(self, path: Path, mm: mmap.mmap, atomics: Atomics, device_count: int) -> None:
+        super().__init__(path, mm, atomics)
+        # Bulk reads go through word views: one slice per slot instead of a
+        # ctypes object per field keeps a 1000-process scan cheap.
+        self._w32 = memoryview(mm).cast("I")
+        self._w64 = memoryview(mm).cast("Q")
+        self.device_count = device_count
+
+    @classmethod
+    def create(
+        cls, path: Path, *, device_count: int = MAX_DEVICES, atomics: Atomics | None = None
+    ) -> UsageBlock:
+        """An empty usage block for a daemon-owned vGPU. Mode 0666: the
+        processes of a container run as any uid and must be able to write it.
+        ``device_count`` is how many device entries this daemon reads; the
+        block's own device_count field stays 0 (it is standalone-only)."""
+        mm = cls._create_file(Path(path), 0o666, lambda c: None)
+        return cls(Path(path), mm, atomics or Atomics.load(), _check_count(device_count))
+
+    @classmethod
+    def open(
+        cls, path: Path, *, device_count: int | None = None, atomics: Atomics | None = None
+    ) -> UsageBlock:
+        """Map an existing block. ``device_count`` None: a standalone block,
+        which says itself how many devices its environment limited."""
+        mm = cls._map(Path(path), writable=True)
+        if device_count is None:
+            own = UsageC.from_buffer_copy(mm[: ctypes.sizeof(UsageC)]).device_count
+            device_count = min(int(own), MAX_DEVICES)
+        return cls(Path(path), mm, atomics or Atomics.load(), _check_count(device_count))
+
+    def close(self) -> None:
+        if self._mm.closed:
+            return
+        self._w32.release()
+        self._w64.release()
+        super().close()
+
+    # reading
+
+    def devices(self) -> list[UsageDevice]:
+        out = []
+        for d in range(self.device_count):
+            w = (_UDEV_OFF + d * _UDEV_SIZE) // 8
+            used, peak, oom, gtime, launches, throttled, limit, share = self._w64[
+                w : w + 8
+            ].tolist()
+            values, clamped = _clamp(
+                {"used": used, "peak": peak, "mem_limit": limit, "share_ppm": share & 0xFFFFFFFF},
+                {
+                    "used": ABSURD_BYTES,
+                    "peak": ABSURD_BYTES,
+                    "mem_limit": ABSURD_BYTES,
+                    "share_ppm": PPM_FULL,
+                },
+            )
+            out.append(
+                UsageDevice(
+                    oom_count=oom,
+                    gpu_time_ns=gtime,
+                    launches=launches,
+                    throttled_ns=throttled,
+                    clamped=clamped,
+                    **values,
+                )
+            )
+        return out
+
+    def slots(self) -> list[SlotView]:
+        first = _SLOTS_OFF // 4
+        stride = _SLOT_SIZE // 4
+        states = self._w32[first : first + stride * MAX_PROCS : stride].tolist()
+        return [self._slot(i, st) for i, st in enumerate(states) if st != SLOT_FREE]
+
+    def _slot(self, index: int, state: int) -> SlotView:
+        w = (_SLOTS_OFF + index * _SLOT_SIZE) // 8
+        pid = self._w32[2 * w + 1]
+        pidns, start_time, heartbeat = self._w64[w + 1 : w + 4].tolist()
+        first = w + _PDEV_OFF // 8
+        words = self._w64[first : first + _PDEV_WORDS * self.device_count].tolist()
+        devices = []
+        clamped: list[str] = []
+        for d in range(self.device_count):
+            used, overhead, gtime, launches, throttled = words[d * 5 : d * 5 + 5]
+            if used > ABSURD_BYTES or overhead > ABSURD_BYTES:
+                clamped.append(f"dev[{d}].used")
+                used, overhead = min(used, ABSURD_BYTES), min(overhead, ABSURD_BYTES)
+            devices.append(SlotDevice(used, overhead, gtime, launches, throttled))
+        return SlotView(
+            index=index,
+            state=state,
+            pid=pid - (1 << 32) if pid & 0x80000000 else pid,
+            pidns=pidns,
+            start_time=start_time,
+            heartbeat_ns=heartbeat,
+            devices=tuple(devices),
+            clamped=tuple(clamped),
+        )
+
+    def standalone_limits(self) -> StandaloneLimits:
+        count = min(int(self._atomics.load_u32(self._addr(self._c, "device_count"))), MAX_DEVICES)
+        devs = [self._c.devices[d] for d in range(count)]
+        return StandaloneLimits(
+            device_count=count,
+            uuids=tuple(_text(self._c.uuids[d].value) for d in range(count)),
+            mem_limit=tuple(min(int(e.mem_limit), ABSURD_BYTES) for e in devs),
+            share_ppm=tuple(min(int(e.share_ppm), PPM_FULL) for e in devs),
+            flags=int(self._atomics.load_u32(self._addr(self._c, "flags"))),
+        )
+
+    # repairing
+
+    def reclaim_slot(self, index: int, expect: SlotView) -> tuple[int, ...] | None:
+        """Return a dead process's bytes to the vGPU's budgets and free its
+        slot, only if the slot still holds the identity seen in ``expect``.
+
+        The CAS to RECLAIMING shuts out hooks racing for the same slot; the
+        identity is checked again after it, since the slot may have been
+        freed and claimed by another process between the caller's look and
+        the CAS. Returns the bytes freed per device, or None when the slot
+        changed hands (nothing touched)."""
+        if expect.state not in (SLOT_ACTIVE, SLOT_CLAIMING):
+            raise ValueError(f"cannot reclaim a slot in state {expect.state_name}")
+        slot = self._c.slots[index]
+        at = self._atomics
+        state_addr = self._addr(slot, "state")
+        if not at.cas_u32(state_addr, expect.state, SLOT_RECLAIMING):
+            return None
+        if not _same_identity(self._slot(index, SLOT_RECLAIMING), expect):
+            # Another process owns it now: hand it back as it was (CAS, so a
+            # claimer that moved on to ACTIVE meanwhile is not overwritten).
+            at.cas_u32(state_addr, SLOT_RECLAIMING, expect.state)
+            return None
+        freed = []
+        # Every entry, not only device_count: bytes a writer left anywhere
+        # in the slot go back to the budget they came from.
+        for d in range(MAX_DEVICES):
+            pdev = slot.dev[d]
+            nbytes = int(at.load_u64(self._addr(pdev, "used")))
+            if nbytes:
+                at.sub_clamp_u64(self._addr(self._c.devices[d], "used"), nbytes)
+            for field in ("used", "overhead", "gpu_time_ns", "launches", "throttled_ns"):
+                at.store_u64(self._addr(pdev, field), 0)
+            if d < self.device_count:
+                freed.append(nbytes)
+        for field in ("pidns", "start_time", "heartbeat_ns"):
+            at.store_u64(self._addr(slot, field), 0)
+        at.store_u32(self._addr(slot, "pid"), 0)
+        at.store_u32(state_addr, SLOT_FREE)
+        return tuple(freed)
+
+    def reset_used(self, dev_index: int) -> int:
+        """Zero a device's budget; only when no process of the vGPU lives
+        (this also repairs any leak). Returns the bytes that were held."""
+        addr = self._addr(self._c.devices[_index(dev_index, MAX_DEVICES)], "used")
+        held = int(self._atomics.load_u64(addr))
+        self._atomics.store_u64(addr, 0)
+        return held
+
+    # steering adopted standalone processes
+
+    def write_steer(self, dev_index: int, quota_ppm: int, window_ns: int = 0) -> None:
+        _check_ppm(quota_ppm, "quota_ppm")
+        entry = self._c.steer.throttle[_index(dev_index, MAX_DEVICES)]
+        _seqlock_write(self._atomics, ctypes.addressof(entry), quota_ppm, window_ns)
+
+    def read_steer(self, dev_index: int) -> Throttle:
+        entry = self._c.steer.throttle[_index(dev_index, MAX_DEVICES)]
+        return _seqlock_read(self._atomics, ctypes.addressof(entry))
+
+    def steer_heartbeat(self, now_ns: int) -> None:
+        self._atomics.store_u64(self._addr(self._c.steer, "heartbeat_ns"), now_ns)
+
+
+def _same_identity(a: SlotView, b: SlotView) -> bool:
+    return (a.pid, a.pidns, a.start_time) == (b.pid, b.pidns, b.start_time)
+
+
+def _index(value: int, count: int) -> int:
+    if not 0 <= value < count:
+        raise IndexError(f"device index {value} outside 0..{count - 1}")
+    return value
+
+
+def _check_count(count: int) -> int:
+    if not 0 <= count <= MAX_DEVICES:
+        raise BlockError(f"device count {count} outside 0..{MAX_DEVICES}")
+    return count
