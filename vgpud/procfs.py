@@ -1,0 +1,329 @@
+"""Reading /proc: processes, their PID namespaces, cgroups, env and mappings.
+
+The only module that reads /proc. Everything is read relative to a root
+(default ``/proc``) so that tests can point it at a fixture tree. Processes
+vanish at any moment: a file that is gone (ENOENT/ESRCH) or closed to us
+(EACCES/EPERM) means "skip this process", never an error.
+
+Public interface
+----------------
+``ProcFS(root="/proc")`` — single reads, each returning ``None`` when the
+process is gone or unreadable:
+    ``pids() -> list[int]``
+    ``stat(pid) -> ProcStat | None``        comm, state, ppid, threads, start_time
+    ``process(pid) -> Process | None``      stat + NSpid chain, uid, PID namespace
+    ``cgroup(pid) -> str | None``           text of /proc/<pid>/cgroup
+    ``environ(pid) -> dict[str, str] | None`` only the variables in ``ENV_KEYS``
+                                            or with a prefix in ``ENV_PREFIXES``
+    ``maps(pid) -> list[MappedFile] | None`` file-backed mappings
+    ``open_mapped(pid, mapping, write) -> int`` an fd on the mapped object
+``ProcessTable(procfs)`` — the incremental scan the tracker uses every tick:
+    ``refresh() -> dict[int, Process]``     every live process by host pid
+
+Cost (why ProcessTable is shaped like this): a Python read of one small
+/proc file costs ~6-9 us. Each refresh lists /proc and reads each pid's
+``stat`` (start time: tells PID reuse apart, state: tells zombies); a
+process's ``status`` and ``ns/pid`` (NSpid chain, uid, namespace — fixed for
+its lifetime) are read once, when its (pid, start_time) is first seen.
+Cgroup, env and mappings are read on demand, only for candidates.
+
+Trust: /proc/<pid>/root and paths inside a container are never followed. A
+mapped file is reached only through /proc/<pid>/map_files/<range>, a kernel
+link to the exact object the process maps (reading it needs CAP_SYS_ADMIN).
+PID namespace inodes come from readlink of /proc/<pid>/ns/pid
+(``pid:[4026531836]``); fixture trees store the same text as a symlink.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+# Environment variables the tracker may need: the hook's mode and limits.
+ENV_KEYS = frozenset({"LD_PRELOAD", "GPU_DEVICES_UUID", "CUDA_MEMORY_OVERSUBSCRIBE"})
+ENV_PREFIXES = ("VGPU_", "CUDA_MEM_LIMIT", "CUDA_CORE_")
+
+# Errors that mean the process is gone or not ours to read.
+_VANISHED = frozenset({errno.ENOENT, errno.ESRCH, errno.EACCES, errno.EPERM})
+_ENVIRON_MAX = 1 << 20  # the kernel caps argv+env far below this in practice
+_SMALL_FILE = 8192
+
+
+@dataclass(frozen=True)
+class ProcStat:
+    pid: int
+    comm: str
+    state: str
+    ppid: int
+    threads: int
+    start_time: int  # clock ticks since boot: field 22, same in every namespace
+
+
+@dataclass(frozen=True)
+class Process:
+    pid: int  # in the PID namespace of the /proc mount (the host's for vgpud)
+    start_time: int
+    comm: str
+    state: str
+    threads: int
+    uid: int
+    nspid: tuple[int, ...]  # NSpid: outermost first, the process's own view last
+    pidns: int  # inode of its PID namespace
+
+    @property
+    def ns_pid(self) -> int:
+        """The pid the process sees for itself (what the hook writes in a slot)."""
+        return self.nspid[-1]
+
+    @property
+    def exited(self) -> bool:
+        """A zombie with no thread left: it holds no memory, only a pid.
+
+        A zombie thread-group leader whose other threads still run is alive.
+        """
+        return self.state in ("Z", "X") and self.threads <= 1
+
+
+@dataclass(frozen=True)
+class MappedFile:
+    start: int
+    end: int
+    perms: str  # e.g. "rw-s"
+    offset: int
+    dev: int  # os.makedev(major, minor) as in st_dev
+    inode: int
+    path: str  # as the process sees it: informational only, never opened
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+    @property
+    def shared(self) -> bool:
+        return self.perms[3:4] == "s"
+
+    @property
+    def range_name(self) -> str:
+        """The entry name in /proc/<pid>/map_files (hex without padding)."""
+        return f"{self.start:x}-{self.end:x}"
+
+
+class ProcFS:
+    def __init__(self, root: str | os.PathLike[str] = "/proc") -> None:
+        self.root = Path(root)
+
+    def pids(self) -> list[int]:
+        return [int(name) for name in os.listdir(self.root) if name.isdigit()]
+
+    def stat(self, pid: int) -> ProcStat | None:
+        data = self._read(pid, "stat", _SMALL_FILE)
+        return None if data is None else parse_stat(pid, data)
+
+    def process(self, pid: int, stat: ProcStat | None = None) -> Process | None:
+        stat = stat or self.stat(pid)
+        status = self._read(pid, "status", _SMALL_FILE)
+        pidns = self.pidns(pid)
+        if stat is None or status is None or pidns is None:
+            return None
+        uid, nspid = parse_status(pid, status)
+        return Process(
+            pid=pid,
+            start_time=stat.start_time,
+            comm=stat.comm,
+            state=stat.state,
+            threads=stat.threads,
+            uid=uid,
+            nspid=nspid,
+            pidns=pidns,
+        )
+
+    def pidns(self, pid: int) -> int | None:
+        try:
+            link = os.readlink(self.root / str(pid) / "ns" / "pid")
+        except OSError as err:
+            _raise_unless_vanished(err)
+            return None
+        return parse_ns_link(link)
+
+    def cgroup(self, pid: int) -> str | None:
+        data = self._read(pid, "cgroup", _SMALL_FILE * 4)
+        return None if data is None else data.decode(errors="replace")
+
+    def environ(self, pid: int) -> dict[str, str] | None:
+        data = self._read(pid, "environ", _ENVIRON_MAX)
+        return None if data is None else parse_environ(data)
+
+    def maps(self, pid: int) -> list[MappedFile] | None:
+        data = self._read(pid, "maps", None)
+        return None if data is None else parse_maps(data.decode(errors="surrogateescape"))
+
+    def open_mapped(self, pid: int, mapping: MappedFile, *, write: bool) -> int:
+        """An fd on the object behind a mapping, never by its path in the container.
+
+        Raises OSError (the process or mapping is gone, or we lack
+        CAP_SYS_ADMIN); the caller validates what it got (fstat: a regular
+        file; the block's magic, version and size).
+        """
+        flags = (os.O_RDWR if write else os.O_RDONLY) | os.O_CLOEXEC
+        return os.open(self.root / str(pid) / "map_files" / mapping.range_name, flags)
+
+    def _read(self, pid: int, name: str, limit: int | None) -> bytes | None:
+        try:
+            fd = os.open(self.root / str(pid) / name, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as err:
+            _raise_unless_vanished(err)
+            return None
+        try:
+            return _read_all(fd, limit)
+        except OSError as err:
+            _raise_unless_vanished(err)
+            return None
+        finally:
+            os.close(fd)
+
+
+class ProcessTable:
+    """Every live process, re-validated each refresh at the cost of one read."""
+
+    def __init__(self, procfs: ProcFS) -> None:
+        self.procfs = procfs
+        self._known: dict[int, Process] = {}
+
+    def refresh(self) -> dict[int, Process]:
+        seen: dict[int, Process] = {}
+        for pid in self.procfs.pids():
+            stat = self.procfs.stat(pid)
+            if stat is None:
+                continue
+            known = self._known.get(pid)
+            if known is not None and known.start_time == stat.start_time:
+                seen[pid] = _with_stat(known, stat)
+            elif (process := self.procfs.process(pid, stat)) is not None:
+                seen[pid] = process
+        # Zombies stay known (no second deep read) but are not live.
+        self._known = seen
+        return {pid: process for pid, process in seen.items() if not process.exited}
+
+
+def _with_stat(known: Process, stat: ProcStat) -> Process:
+    if (known.comm, known.state, known.threads) == (stat.comm, stat.state, stat.threads):
+        return known
+    return Process(
+        pid=known.pid,
+        start_time=known.start_time,
+        comm=stat.comm,
+        state=stat.state,
+        threads=stat.threads,
+        uid=known.uid,
+        nspid=known.nspid,
+        pidns=known.pidns,
+    )
+
+
+def parse_stat(pid: int, data: bytes) -> ProcStat | None:
+    """Fields of /proc/<pid>/stat; comm may hold spaces and parentheses."""
+    text = data.decode(errors="replace")
+    open_paren = text.find("(")
+    close_paren = text.rfind(")")
+    if open_paren < 0 or close_paren < open_paren:
+        return None
+    comm = text[open_paren + 1 : close_paren]
+    # Fields after comm start at field 3 (state); field N is rest[N - 3].
+    rest = text[close_paren + 1 :].split()
+    if len(rest) < 20:
+        return None
+    try:
+        return ProcStat(
+            pid=pid,
+            comm=comm,
+            state=rest[0],
+            ppid=int(rest[1]),
+            threads=int(rest[17]),
+            start_time=int(rest[19]),
+        )
+    except ValueError:
+        return None
+
+
+def parse_status(pid: int, data: bytes) -> tuple[int, tuple[int, ...]]:
+    """(real uid, NSpid chain) from /proc/<pid>/status.
+
+    Kernels before 4.1 have no NSpid line: the process is then taken to be
+    in the namespace of the /proc mount, with no inner pid.
+    """
+    uid = -1
+    nspid: tuple[int, ...] = (pid,)
+    for line in data.decode(errors="replace").splitlines():
+        key, _, value = line.partition(":")
+        if key == "Uid":
+            fields = value.split()
+            uid = int(fields[0]) if fields and fields[0].isdigit() else -1
+        elif key == "NSpid":
+            chain = tuple(int(v) for v in value.split() if v.isdigit())
+            nspid = chain or nspid
+    return uid, nspid
+
+
+def parse_ns_link(link: str) -> int | None:
+    """``pid:[4026531836]`` -> 4026531836."""
+    prefix, _, rest = link.partition(":[")
+    if not prefix or not rest.endswith("]") or not rest[:-1].isdigit():
+        return None
+    return int(rest[:-1])
+
+
+def parse_environ(data: bytes) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for entry in data.split(b"\0"):
+        key, sep, value = entry.partition(b"=")
+        if not sep:
+            continue
+        name = key.decode(errors="replace")
+        if name in ENV_KEYS or name.startswith(ENV_PREFIXES):
+            env[name] = value.decode(errors="surrogateescape")
+    return env
+
+
+def parse_maps(text: str) -> list[MappedFile]:
+    """File-backed mappings (inode != 0) of /proc/<pid>/maps."""
+    mappings: list[MappedFile] = []
+    for line in text.splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) < 6 or fields[4] == "0":
+            continue
+        try:
+            start_hex, end_hex = fields[0].split("-")
+            major, minor = fields[3].split(":")
+            mappings.append(
+                MappedFile(
+                    start=int(start_hex, 16),
+                    end=int(end_hex, 16),
+                    perms=fields[1],
+                    offset=int(fields[2], 16),
+                    dev=os.makedev(int(major, 16), int(minor, 16)),
+                    inode=int(fields[4]),
+                    path=fields[5],
+                )
+            )
+        except ValueError:
+            continue
+    return mappings
+
+
+def _read_all(fd: int, limit: int | None) -> bytes:
+    chunks: list[bytes] = []
+    total = 0
+    while limit is None or total < limit:
+        chunk = os.read(fd, 65536 if limit is None else min(65536, limit - total))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        total += len(chunk)
+    return b"".join(chunks)
+
+
+def _raise_unless_vanished(err: OSError) -> None:
+    if err.errno not in _VANISHED:
+        raise err
