@@ -1,0 +1,298 @@
+"""The compute controller as a pure function: tables of single ticks, then a
+closed loop against a small plant model of a GPU shared by paced vGPUs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from vgpud.controller import (
+    PPM_FULL,
+    Allocation,
+    ControllerState,
+    GpuSample,
+    SliceSample,
+    Snapshot,
+    compute_quotas,
+)
+
+GPU = "GPU-0"
+TICK_NS = 100_000_000
+
+
+def ppm(percent: float) -> int:
+    return round(percent * PPM_FULL / 100)
+
+
+# --- single ticks ---------------------------------------------------------
+
+
+def tick(
+    allocs: list[Allocation],
+    slices: dict[str, SliceSample],
+    device_util: float | None = None,
+    state: ControllerState | None = None,
+    now_ns: int = 0,
+) -> tuple[dict[tuple[str, str], int], ControllerState]:
+    snap = Snapshot(now_ns=now_ns, gpus={GPU: GpuSample(util=device_util, slices=slices)})
+    return compute_quotas(snap, allocs, state or ControllerState())
+
+
+@pytest.mark.parametrize(
+    ("share", "soft", "active", "util", "expected"),
+    [
+        # A share of 100 is never paced, whatever is measured.
+        (100, False, True, 100.0, PPM_FULL),
+        (100, True, True, 40.0, PPM_FULL),
+        # Hard, no history: the share itself.
+        (30, False, True, 30.0, ppm(30)),
+        (30, False, False, None, ppm(30)),
+        # Soft alone and hungry: the whole device, so no pacing at all.
+        (30, True, True, None, PPM_FULL),
+        # Soft without processes keeps its share for when they come.
+        (30, True, False, None, ppm(30)),
+    ],
+)
+def test_first_tick(
+    share: int, soft: bool, active: bool, util: float | None, expected: int
+) -> None:
+    allocs = [Allocation("a", GPU, ppm(share), soft=soft)]
+    quotas, _ = tick(allocs, {"a": SliceSample(active=active, util=util)})
+    assert quotas == {("a", GPU): expected}
+
+
+def test_every_allocation_gets_a_quota_even_on_an_unsampled_gpu() -> None:
+    allocs = [Allocation("a", "GPU-x", ppm(40)), Allocation("b", "GPU-y", ppm(20), soft=True)]
+    quotas, _ = compute_quotas(Snapshot(now_ns=0), allocs, ControllerState())
+    assert quotas == {("a", "GPU-x"): ppm(40), ("b", "GPU-y"): ppm(20)}
+
+
+@pytest.mark.parametrize(
+    "alloc",
+    [
+        Allocation("a", GPU, 0),
+        Allocation("a", GPU, PPM_FULL + 1),
+        Allocation("a", GPU, 10, weight=0),
+    ],
+)
+def test_bad_allocation_is_refused(alloc: Allocation) -> None:
+    with pytest.raises(ValueError, match="a on GPU-0"):
+        tick([alloc], {})
+
+
+def test_soft_spare_divides_by_weight() -> None:
+    allocs = [
+        Allocation("a", GPU, ppm(20), soft=True, weight=1),
+        Allocation("b", GPU, ppm(20), soft=True, weight=3),
+    ]
+    busy = {v: SliceSample(active=True, util=None) for v in ("a", "b")}
+    quotas, _ = tick(allocs, busy)
+    # 60 % spare: a gets a quarter, b three quarters, on top of their shares.
+    assert quotas[("a", GPU)] == ppm(35)
+    assert quotas[("b", GPU)] == ppm(65)
+
+
+def test_soft_gets_what_an_idle_hard_vgpu_does_not_use() -> None:
+    allocs = [Allocation("h", GPU, ppm(50)), Allocation("s", GPU, ppm(30), soft=True)]
+    state = ControllerState()
+    quotas: dict[tuple[str, str], int] = {}
+    for i in range(3):
+        slices = {
+            "h": SliceSample(active=True, util=5.0, gpu_time_ns=i * 5_000_000),
+            "s": SliceSample(active=True, util=60.0, throttled_ns=i * 50_000_000),
+        }
+        quotas, state = tick(allocs, slices, device_util=65.0, state=state, now_ns=i * TICK_NS)
+    # The hard vGPU keeps 2 x 5 % + 10 % room to grow; the soft one the rest.
+    assert quotas[("h", GPU)] == ppm(50)
+    assert quotas[("s", GPU)] == ppm(80)
+
+
+def test_soft_yields_at_once_when_a_hard_vgpu_is_held_back() -> None:
+    allocs = [Allocation("h", GPU, ppm(70)), Allocation("s", GPU, ppm(30), soft=True)]
+    state = ControllerState()
+    slices = {"h": SliceSample(active=True, util=2.0), "s": SliceSample(active=True, util=88.0)}
+    quotas, state = tick(allocs, slices, device_util=90.0, state=state)
+    assert quotas[("s", GPU)] > ppm(60)
+    slices = {
+        "h": SliceSample(active=True, util=20.0, throttled_ns=30_000_000),
+        "s": SliceSample(active=True, util=80.0),
+    }
+    quotas, state = tick(allocs, slices, device_util=100.0, state=state, now_ns=TICK_NS)
+    assert quotas[("s", GPU)] == ppm(30)
+
+
+def test_counters_that_go_backwards_are_not_a_rate() -> None:
+    """A usage block recreated under a running daemon restarts its counters."""
+    allocs = [Allocation("a", GPU, ppm(30), soft=True)]
+    _, state = tick(allocs, {"a": SliceSample(active=True, gpu_time_ns=10**12)}, now_ns=0)
+    quotas, _ = tick(
+        allocs, {"a": SliceSample(active=True, gpu_time_ns=5)}, state=state, now_ns=TICK_NS
+    )
+    assert quotas[("a", GPU)] == PPM_FULL  # unknown use: treated as hungry, no crash
+
+
+# --- closed loop ------------------------------------------------------------
+
+
+@dataclass
+class FakeVgpu:
+    """A vGPU in the plant: `demand` is the device fraction it would use
+    unpaced; `bias` is how NVML's figure relates to the hook's measure (the
+    hook paces what it measures; NVML sees bias x that)."""
+
+    name: str
+    share: float
+    demand: float
+    soft: bool = False
+    weight: int = 1
+    bias: float = 1.0
+    gpu_time_ns: int = 0
+    throttled_ns: int = 0
+    history: list[float] = field(default_factory=list)  # true use per tick
+
+
+def _fair(wants: dict[str, float]) -> dict[str, float]:
+    """Time-slicing: busy contexts split the device equally, water-filled."""
+    got: dict[str, float] = {}
+    left, open_ = 1.0, dict(wants)
+    while open_:
+        each = left / len(open_)
+        small = {k: v for k, v in open_.items() if v <= each}
+        if not small:
+            got.update(dict.fromkeys(open_, each))
+            break
+        for k, v in small.items():
+            got[k] = v
+            left -= v
+            del open_[k]
+    return got
+
+
+def run_plant(
+    vgpus: list[FakeVgpu], seconds: float, events: dict[int, dict[str, float]] | None = None
+) -> dict[str, list[int]]:
+    """Ticks of 100 ms. A quota written at one tick paces the next; NVML
+    reports every second tick the average of the two ticks before."""
+    allocs = [
+        Allocation(v.name, GPU, ppm(v.share * 100), soft=v.soft, weight=v.weight) for v in vgpus
+    ]
+    state = ControllerState()
+    quota = {v.name: v.share for v in vgpus}
+    quotas_seen: dict[str, list[int]] = {v.name: [] for v in vgpus}
+    for step in range(round(seconds * 10)):
+        for name, demand in (events or {}).get(step, {}).items():
+            next(v for v in vgpus if v.name == name).demand = demand
+        # What each vGPU would get from its pacer, then from time slicing.
+        paced = {
+            v.name: v.demand if quota[v.name] >= 1.0 else min(v.demand, quota[v.name] * v.bias)
+            for v in vgpus
+        }
+        got = _fair(paced)
+        for v in vgpus:
+            v.history.append(got[v.name])
+            v.gpu_time_ns += round(got[v.name] / v.bias * TICK_NS)
+            if quota[v.name] < 1.0 and v.demand > quota[v.name] * v.bias + 1e-9:
+                v.throttled_ns += TICK_NS // 2
+        nvml_tick = step % 2 == 1
+        slices = {
+            v.name: SliceSample(
+                active=v.demand > 0,
+                util=100 * sum(v.history[-2:]) / 2 if nvml_tick else None,
+                gpu_time_ns=v.gpu_time_ns,
+                throttled_ns=v.throttled_ns,
+            )
+            for v in vgpus
+        }
+        device = 100 * sum(got.values()) if nvml_tick else None
+        snap = Snapshot(now_ns=(step + 1) * TICK_NS, gpus={GPU: GpuSample(device, slices)})
+        out, state = compute_quotas(snap, allocs, state)
+        for v in vgpus:
+            quotas_seen[v.name].append(out[(v.name, GPU)])
+            quota[v.name] = out[(v.name, GPU)] / PPM_FULL
+    return quotas_seen
+
+
+def window_mean(history: list[float], start_s: float, end_s: float) -> float:
+    part = history[round(start_s * 10) : round(end_s * 10)]
+    return sum(part) / len(part)
+
+
+@pytest.mark.parametrize("share", [0.1, 0.3, 0.5, 0.7, 0.9])
+@pytest.mark.parametrize("bias", [0.9, 1.0, 1.25])
+def test_hard_converges_to_its_share_within_a_second(share: float, bias: float) -> None:
+    """Whatever the hook's measure is off by (within what a quota below the
+    whole device can reach), NVML's figure lands on the share."""
+    v = FakeVgpu("a", share, demand=1.0, bias=bias)
+    run_plant([v], seconds=6)
+    # Settled one second after the start (the first second is the transient).
+    for start in (1.0, 2.0, 3.0, 4.0, 5.0):
+        assert window_mean(v.history, start, start + 1.0) == pytest.approx(share, abs=0.02)
+    # Steady state: every tick close, no oscillation.
+    assert max(abs(u - share) for u in v.history[20:]) <= 0.02
+
+
+def test_hard_never_unpaced_even_when_its_share_is_out_of_reach() -> None:
+    """The hook over-counts so much that even a full quota is below the share:
+    the pacer stays on (below the share), it never flips to unpaced (above)."""
+    v = FakeVgpu("a", 0.9, demand=1.0, bias=0.8)
+    quotas = run_plant([v], seconds=3)
+    assert max(quotas["a"]) < PPM_FULL
+    assert max(v.history) <= 0.9
+
+
+def test_hard_that_uses_less_does_not_bank_credit() -> None:
+    """Anti-windup: a long time at 5 % must not let a later burst pass the share."""
+    v = FakeVgpu("a", 0.3, demand=0.05)
+    quotas = run_plant([v], seconds=8, events={60: {"a": 1.0}})
+    assert quotas["a"][59] == ppm(30)
+    # From the burst on, no 1 s window is above the share.
+    for start in (6.0, 6.5, 7.0):
+        assert window_mean(v.history, start, start + 1.0) <= 0.3 + 1e-9
+
+
+def test_soft_alone_takes_the_whole_device() -> None:
+    v = FakeVgpu("s", 0.3, demand=1.0, soft=True)
+    quotas = run_plant([v], seconds=2)
+    assert quotas["s"][-1] == PPM_FULL
+    assert window_mean(v.history, 1.0, 2.0) >= 0.9
+
+
+def test_soft_yields_within_a_second_and_takes_spare_back() -> None:
+    soft = FakeVgpu("s", 0.3, demand=1.0, soft=True)
+    hard = FakeVgpu("h", 0.7, demand=0.0)
+    run_plant([soft, hard], seconds=6, events={20: {"h": 1.0}, 40: {"h": 0.0}})
+    assert window_mean(soft.history, 1.0, 2.0) >= 0.9
+    # The hard vGPU starts at 2 s: one second later both are on their shares.
+    assert window_mean(hard.history, 3.0, 4.0) == pytest.approx(0.7, abs=0.03)
+    assert window_mean(soft.history, 3.0, 4.0) == pytest.approx(0.3, abs=0.03)
+    # It stops at 4 s: the soft vGPU has the device back within a second.
+    assert window_mean(soft.history, 5.0, 6.0) >= 0.9
+
+
+@pytest.mark.parametrize("shares", [(0.3, 0.7), (0.2, 0.3, 0.5)])
+def test_hard_colocation_each_on_its_share(shares: tuple[float, ...]) -> None:
+    vgpus = [
+        FakeVgpu(f"v{i}", s, demand=1.0, bias=b)
+        for i, (s, b) in enumerate(zip(shares, (1.1, 0.9, 1.0), strict=False))
+    ]
+    run_plant(vgpus, seconds=5)
+    for v in vgpus:
+        assert window_mean(v.history, 2.0, 5.0) == pytest.approx(v.share, abs=0.02)
+
+
+def test_two_soft_split_spare_by_weight_and_stay_stable() -> None:
+    a = FakeVgpu("a", 0.2, demand=1.0, soft=True, weight=1)
+    b = FakeVgpu("b", 0.2, demand=1.0, soft=True, weight=3)
+    quotas = run_plant([a, b], seconds=4)
+    assert window_mean(a.history, 2.0, 4.0) == pytest.approx(0.35, abs=0.02)
+    assert window_mean(b.history, 2.0, 4.0) == pytest.approx(0.65, abs=0.02)
+    assert len(set(quotas["a"][20:])) == 1  # no oscillation
+
+
+def test_soft_with_modest_demand_is_not_held_back() -> None:
+    """A soft vGPU using 50 % of a device nobody else wants keeps getting it,
+    with no flapping between its share and the spare."""
+    v = FakeVgpu("s", 0.3, demand=0.5, soft=True)
+    run_plant([v], seconds=4)
+    assert min(v.history[10:]) == pytest.approx(0.5)

@@ -1,0 +1,345 @@
+"""The compute controller: measured use in, per-vGPU quotas out.
+
+A pure function: no clock, socket, GPU or file. The daemon loop calls it
+about every 100 ms and writes each quota into the vGPU's control block
+(``ControlBlock.write_throttle``) with a heartbeat::
+
+    state = ControllerState()
+    ...
+    quotas, state = compute_quotas(snapshot, allocations, state)
+    for (vgpu_id, uuid), quota_ppm in quotas.items():
+        control[vgpu_id].write_throttle(dev_index(uuid), quota_ppm, WINDOW_NS)
+
+Inputs:
+
+- ``allocations``: every (vGPU, GPU) slice as configured (``Allocation``:
+  share in ppm, hard or soft, weight). A quota comes out for each one.
+- ``snapshot``: what the tick measured (``Snapshot``): a monotonic
+  timestamp and, per GPU, the device utilization and per vGPU a
+  ``SliceSample``: whether it has processes, the NVML per-process
+  utilization summed over its processes (None when no new 200 ms sample
+  arrived since the last call), and the hook's cumulative counters from the
+  usage block (``gpu_time_ns``, ``throttled_ns`` of the device). The
+  controller keeps the previous counters in its state and differentiates
+  them itself, so the caller passes what it reads, as it reads it.
+- ``state``: what the previous call returned (start with
+  ``ControllerState()``). Frozen; a new one is returned each call.
+
+The algorithm and its tuning are described in docs/compute.md. In short:
+
+- A share of 100 % is never paced (``PPM_FULL``).
+- Hard: quota = share x correction. The correction is an integral
+  controller on the error between the share and the NVML-measured
+  utilization, so that the truth (NVML), not the hook's own estimate, lands
+  on the share. It only integrates upward while the vGPU is held back by
+  the pacer (anti-windup: a vGPU that uses less than its share by choice
+  does not bank credit) and always integrates downward when NVML sees it
+  above its share. Clamped to [0.5, 2] x share and to 100 %.
+- Soft: share plus a part of the spare time. Each active vGPU claims its
+  full share when it wants it (throttled, close to its share, or unknown)
+  and otherwise what it uses plus room to grow; what nobody claims is
+  divided by weight among active soft vGPUs (water-filling: a soft vGPU
+  that does not use its part leaves it to the others). A vGPU that starts
+  wanting its share is claimed for at the next tick, so soft vGPUs return
+  to their shares within a few ticks plus one NVML sample period.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+PPM_FULL = 1_000_000
+NS_PER_S = 1_000_000_000
+
+# The window the quotas apply to: 0 lets the hook use its default (see
+# docs/compute.md for why the window belongs to the pacer).
+WINDOW_NS = 0
+
+# The most a hard vGPU with a share below 100 % is given (see _hard).
+HARD_MAX = 0.99
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """The controller's constants; docs/compute.md explains each choice."""
+
+    # Integral gain of the hard correction, per second, on the relative error
+    # (share - util) / share.
+    ki: float = 2.0
+    # Bounds of the correction factor on the share.
+    correction_min: float = 0.5
+    correction_max: float = 2.0
+    # A vGPU whose launches waited this fraction of the tick is held back.
+    throttled_min: float = 0.01
+    # A vGPU using this fraction of its share or more may want all of it.
+    near_share: float = 0.9
+    # Device utilization (fraction) above which a vGPU below its share is
+    # taken to be squeezed by others rather than idle by choice.
+    saturated: float = 0.97
+    # A vGPU that is not held back may grow to 2 x use + this before it has
+    # to be held back; it claims that much.
+    ramp: float = 0.1
+    # How long an NVML figure stands in for the ticks that bring none.
+    nvml_max_age_s: float = 0.5
+    # Longest interval one integration step may cover (a stalled loop must
+    # not turn one error into a jump).
+    max_step_s: float = 0.5
+    # Quotas are rounded to this many ppm so that noise does not rewrite
+    # the control block every tick.
+    quantum_ppm: int = 100
+
+
+DEFAULT_TUNING = Tuning()
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """One vGPU on one GPU, as configured."""
+
+    vgpu_id: str
+    gpu: str  # UUID
+    share_ppm: int
+    soft: bool = False
+    weight: int = 1
+
+
+@dataclass(frozen=True)
+class SliceSample:
+    """What one tick measured for a vGPU on a GPU."""
+
+    active: bool  # it has processes
+    util: float | None = None  # NVML per-process %, summed; None: no new sample
+    gpu_time_ns: int = 0  # the hook's cumulative GPU time (usage block)
+    throttled_ns: int = 0  # the hook's cumulative pacer waits (usage block)
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    util: float | None = None  # NVML device utilization %, None if unknown
+    slices: Mapping[str, SliceSample] = field(default_factory=dict)  # by vGPU id
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    now_ns: int  # CLOCK_MONOTONIC of the measurement
+    gpus: Mapping[str, GpuSample] = field(default_factory=dict)  # by UUID
+
+
+@dataclass(frozen=True)
+class SliceState:
+    """What the controller remembers about one (vGPU, GPU)."""
+
+    gpu_time_ns: int = 0
+    throttled_ns: int = 0
+    counters_at_ns: int | None = None  # when the counters above were read
+    correction: float = 1.0
+    quota: float = 1.0  # the last quota given (fraction)
+    nvml_util: float | None = None  # the last NVML figure (fraction)
+    nvml_at_ns: int = 0
+
+
+@dataclass(frozen=True)
+class ControllerState:
+    slices: Mapping[tuple[str, str], SliceState] = field(default_factory=dict)
+
+
+Key = tuple[str, str]  # (vgpu_id, gpu uuid)
+
+
+@dataclass(frozen=True)
+class _Reading:
+    """One slice's measurements for this tick, as fractions of the device."""
+
+    alloc: Allocation
+    share: float
+    active: bool
+    use: float | None  # best figure of its utilization
+    fresh_nvml: float | None  # NVML figure that arrived this tick
+    nvml_dt_s: float  # time since the previous NVML figure
+    throttled: float  # fraction of the tick its launches waited
+    state: SliceState
+
+
+def compute_quotas(
+    snapshot: Snapshot,
+    allocations: Sequence[Allocation],
+    state: ControllerState,
+    tuning: Tuning = DEFAULT_TUNING,
+) -> tuple[dict[Key, int], ControllerState]:
+    """Quota (ppm) per (vGPU id, GPU UUID) for every allocation, and the new state."""
+    by_gpu: dict[str, list[Allocation]] = {}
+    for alloc in allocations:
+        _check(alloc)
+        by_gpu.setdefault(alloc.gpu, []).append(alloc)
+
+    quotas: dict[Key, int] = {}
+    new_states: dict[Key, SliceState] = {}
+    for gpu, allocs in by_gpu.items():
+        sample = snapshot.gpus.get(gpu, GpuSample())
+        readings = [_read(a, sample, snapshot.now_ns, state, tuning) for a in allocs]
+        fractions = _divide_gpu(readings, sample.util, tuning)
+        for reading in readings:
+            key = (reading.alloc.vgpu_id, gpu)
+            quota, new_state = fractions[key]
+            quotas[key] = _to_ppm(quota, tuning)
+            new_states[key] = new_state
+    return quotas, ControllerState(slices=new_states)
+
+
+def _check(alloc: Allocation) -> None:
+    if not 0 < alloc.share_ppm <= PPM_FULL:
+        raise ValueError(
+            f"{alloc.vgpu_id} on {alloc.gpu}: share_ppm {alloc.share_ppm} not in 1..{PPM_FULL}"
+        )
+    if alloc.weight < 1:
+        raise ValueError(f"{alloc.vgpu_id} on {alloc.gpu}: weight {alloc.weight} < 1")
+
+
+def _rate(new: int, old: int, dt_s: float | None) -> float | None:
+    """Counter increase per second; None when it cannot be known (first read,
+    counters reset because the block was recreated)."""
+    if dt_s is None or dt_s <= 0 or new < old:
+        return None
+    return (new - old) / NS_PER_S / dt_s
+
+
+def _read(
+    alloc: Allocation, gpu: GpuSample, now_ns: int, state: ControllerState, tuning: Tuning
+) -> _Reading:
+    key = (alloc.vgpu_id, alloc.gpu)
+    prev = state.slices.get(key, SliceState(quota=alloc.share_ppm / PPM_FULL))
+    sample = gpu.slices.get(alloc.vgpu_id, SliceSample(active=False))
+
+    dt_s = None if prev.counters_at_ns is None else (now_ns - prev.counters_at_ns) / NS_PER_S
+    hook_use = _rate(sample.gpu_time_ns, prev.gpu_time_ns, dt_s)
+    throttled = _rate(sample.throttled_ns, prev.throttled_ns, dt_s) or 0.0
+
+    fresh = None if sample.util is None else max(0.0, sample.util) / 100.0
+    nvml_dt_s = (now_ns - prev.nvml_at_ns) / NS_PER_S if prev.nvml_util is not None else 0.0
+    use: float | None
+    nvml: float | None
+    if fresh is not None:
+        use = nvml = fresh
+        nvml_at = now_ns
+    else:
+        recent = prev.nvml_util is not None and nvml_dt_s <= tuning.nvml_max_age_s
+        use = prev.nvml_util if recent else hook_use
+        nvml, nvml_at = prev.nvml_util, prev.nvml_at_ns
+
+    new_state = replace(
+        prev,
+        gpu_time_ns=sample.gpu_time_ns,
+        throttled_ns=sample.throttled_ns,
+        counters_at_ns=now_ns,
+        nvml_util=nvml,
+        nvml_at_ns=nvml_at,
+    )
+    return _Reading(
+        alloc=alloc,
+        share=alloc.share_ppm / PPM_FULL,
+        active=sample.active,
+        use=use,
+        fresh_nvml=fresh,
+        nvml_dt_s=nvml_dt_s,
+        throttled=throttled,
+        state=new_state,
+    )
+
+
+def _wants_share(r: _Reading, device_util: float | None, tuning: Tuning) -> bool:
+    """Whether an active vGPU may want all of its share right now."""
+    if r.use is None or r.throttled > tuning.throttled_min:
+        return True
+    if r.use >= tuning.near_share * r.share:
+        return True
+    # Below its share on a full device: squeezed by the others, not idle.
+    return device_util is not None and device_util >= tuning.saturated
+
+
+def _claim(r: _Reading, device_util: float | None, tuning: Tuning) -> float:
+    """The part of the device this vGPU keeps from soft vGPUs' spare time."""
+    if not r.active:
+        return 0.0
+    if r.alloc.soft or _wants_share(r, device_util, tuning):
+        return r.share
+    assert r.use is not None  # _wants_share is True when it is None
+    return min(r.share, 2.0 * r.use + tuning.ramp)
+
+
+def _hard(r: _Reading, tuning: Tuning) -> tuple[float, SliceState]:
+    """Share x correction, the correction integrating the NVML error."""
+    if r.share >= 1.0:
+        return 1.0, replace(r.state, quota=1.0)
+    correction = r.state.correction
+    if r.active and r.fresh_nvml is not None:
+        error = (r.share - r.fresh_nvml) / r.share
+        held_back = r.throttled > tuning.throttled_min
+        # Anti-windup: credit only while the pacer holds it back; always
+        # correct downward when it is above its share.
+        if error < 0 or held_back:
+            step_s = min(r.nvml_dt_s, tuning.max_step_s)
+            correction += tuning.ki * error * step_s
+            correction = min(max(correction, tuning.correction_min), tuning.correction_max)
+    # Below a share of 100 the pacer never turns off: a quota that rounds to
+    # the whole device would stop pacing, overshoot, and swing back.
+    quota = min(HARD_MAX, r.share * correction)
+    return quota, replace(r.state, correction=correction, quota=quota)
+
+
+def _divide_gpu(
+    readings: list[_Reading], device_util_pct: float | None, tuning: Tuning
+) -> dict[Key, tuple[float, SliceState]]:
+    device_util = None if device_util_pct is None else device_util_pct / 100.0
+    out: dict[Key, tuple[float, SliceState]] = {}
+    for r in readings:
+        if not r.alloc.soft:
+            out[(r.alloc.vgpu_id, r.alloc.gpu)] = _hard(r, tuning)
+
+    spare = max(0.0, 1.0 - sum(_claim(r, device_util, tuning) for r in readings))
+    soft = [r for r in readings if r.alloc.soft]
+    extras = _water_fill(spare, [r for r in soft if r.active], tuning)
+    for r in soft:
+        key = (r.alloc.vgpu_id, r.alloc.gpu)
+        quota = min(1.0, r.share + extras.get(key, 0.0))
+        out[key] = (quota, replace(r.state, quota=quota))
+    return out
+
+
+def _extra_cap(r: _Reading, tuning: Tuning) -> float:
+    """How much spare time a soft vGPU can use beyond its share now: all of it
+    when it uses what it was given (or is held back), else room to grow."""
+    if r.use is None or r.throttled > tuning.throttled_min:
+        return 1.0
+    if r.use >= r.state.quota - tuning.ramp / 2:
+        return 1.0
+    return max(0.0, 2.0 * r.use + tuning.ramp - r.share)
+
+
+def _water_fill(spare: float, soft: list[_Reading], tuning: Tuning) -> dict[Key, float]:
+    """Divide `spare` by weight; what a capped vGPU cannot use goes to the rest."""
+    extras: dict[Key, float] = {}
+    open_ = list(soft)
+    while open_ and spare > 1e-9:
+        total_weight = sum(r.alloc.weight for r in open_)
+        capped = [
+            r for r in open_ if _extra_cap(r, tuning) <= spare * r.alloc.weight / total_weight
+        ]
+        if not capped:
+            for r in open_:
+                extras[(r.alloc.vgpu_id, r.alloc.gpu)] = spare * r.alloc.weight / total_weight
+            break
+        for r in capped:
+            cap = _extra_cap(r, tuning)
+            extras[(r.alloc.vgpu_id, r.alloc.gpu)] = cap
+            spare -= cap
+            open_.remove(r)
+    return extras
+
+
+def _to_ppm(quota: float, tuning: Tuning) -> int:
+    ppm = round(quota * PPM_FULL / tuning.quantum_ppm) * tuning.quantum_ppm
+    # Within a quantum of the whole device is the whole device: no pacing.
+    if ppm >= PPM_FULL - tuning.quantum_ppm:
+        return PPM_FULL
+    return max(tuning.quantum_ppm, ppm)
