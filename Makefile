@@ -33,7 +33,7 @@ TOOLS := $(patsubst libhook/tools/%.c,$(BUILD)/%,$(TOOL_SRC))
 CTESTS := $(patsubst libhook/tests/%.c,$(BUILD)/tests/%,$(CTEST_SRC))
 VENV_STAMP := $(VENV)/.installed
 
-.PHONY: all lib sim tools venv test test-c test-py lint test-gpu demo install clean bench
+.PHONY: all lib sim tools venv test test-c test-py lint test-gpu demo install clean bench e2e-deps
 all: lib sim tools venv
 
 lib: $(LIB) $(ATOMICS)
@@ -92,7 +92,11 @@ lint: venv
 test-c: lib sim tools $(CTESTS)
 	@set -e; for t in $(CTESTS); do echo "== $$t"; VGPU_BUILD=$(BUILD) $$t; done
 
-test-py: all
+# podman and runc for tests/e2e (installs only what is missing; needs root).
+e2e-deps:
+	@tests/e2e/install_deps.sh
+
+test-py: all e2e-deps
 	$(VENV)/bin/python -m pytest -q tests/unit tests/integration tests/e2e
 
 test: lint test-c test-py
