@@ -1,0 +1,324 @@
+"""NvmlGateway against a fake binding: degrading, probing, sampling, health."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import AsyncIterator
+from types import SimpleNamespace
+from typing import Any
+
+import pynvml  # only to raise the binding's own errors, as the real one does
+import pytest
+
+from vgpud.nvml import (
+    APPLICATION_XIDS,
+    HealthEvent,
+    NullNvml,
+    NvmlGateway,
+    NvmlUnavailable,
+    TopologyLevel,
+    open_nvml,
+)
+
+UUIDS = ["GPU-aaaa", "GPU-bbbb"]
+GIB = 1 << 30
+
+
+def nvml_error(code: int) -> pynvml.NVMLError:
+    return pynvml.NVMLError(code)
+
+
+class FakeNvml:
+    """The subset of pynvml the gateway calls, with switches for failures."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.missing: set[str] = set()  # functions the "driver" lacks
+        self.failing: dict[str, int] = {}  # function -> error code it returns
+        self.lost: set[int] = set()  # device handles that are lost
+        self.procs: dict[int, list[tuple[int, int | None]]] = {1: [], 2: []}
+        self.util_samples: dict[int, list[tuple[int, int, int]]] = {1: [], 2: []}
+        self.insufficient_once = False
+        self.pending_events: list[SimpleNamespace] = []
+        self.posted = threading.Event()
+        self.registered: list[int] = []
+
+    def _enter(self, name: str, handle: int | None = None) -> None:
+        self.calls.append(name)
+        if name in self.missing:
+            raise nvml_error(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        if name in self.failing:
+            raise nvml_error(self.failing[name])
+        if handle in self.lost:
+            raise nvml_error(pynvml.NVML_ERROR_GPU_IS_LOST)
+
+    def nvmlInit(self) -> None:
+        self._enter("nvmlInit")
+
+    def nvmlShutdown(self) -> None:
+        self._enter("nvmlShutdown")
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        return "580.0-fake"
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(UUIDS)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        return index + 1  # handles are non-null pointers
+
+    def nvmlDeviceGetUUID(self, handle: int) -> bytes:
+        return UUIDS[handle - 1].encode()
+
+    def nvmlDeviceGetName(self, handle: int) -> str:
+        return "Fake H200"
+
+    def nvmlDeviceGetMemoryInfo(self, handle: int, version: int | None = None) -> Any:
+        self._enter("nvmlDeviceGetMemoryInfo_v2" if version else "nvmlDeviceGetMemoryInfo", handle)
+        used = sum(b or 0 for _, b in self.procs[handle])
+        return SimpleNamespace(total=80 * GIB, used=used)
+
+    def nvmlDeviceGetAttributes(self, handle: int) -> Any:
+        self._enter("nvmlDeviceGetAttributes")
+        return SimpleNamespace(multiprocessorCount=132)
+
+    def nvmlDeviceGetMigMode(self, handle: int) -> list[int]:
+        return [1 if handle == 2 else 0, 0]
+
+    def nvmlDeviceGetPciInfo(self, handle: int) -> Any:
+        return SimpleNamespace(busId=f"00000000:0{handle}:00.0".encode())
+
+    def nvmlDeviceGetTopologyCommonAncestor(self, a: int, b: int) -> int:
+        return pynvml.NVML_TOPOLOGY_SINGLE
+
+    def nvmlDeviceGetUtilizationRates(self, handle: int) -> Any:
+        self._enter("nvmlDeviceGetUtilizationRates", handle)
+        return SimpleNamespace(gpu=40 + handle, memory=0)
+
+    def _procs(self, name: str, handle: int) -> list[Any]:
+        self._enter(name, handle)
+        return [SimpleNamespace(pid=p, usedGpuMemory=b) for p, b in self.procs[handle]]
+
+    def nvmlDeviceGetComputeRunningProcesses_v3(self, handle: int) -> list[Any]:
+        return self._procs("nvmlDeviceGetComputeRunningProcesses_v3", handle)
+
+    def nvmlDeviceGetComputeRunningProcesses_v2(self, handle: int) -> list[Any]:
+        return self._procs("nvmlDeviceGetComputeRunningProcesses_v2", handle)
+
+    def nvmlDeviceGetProcessUtilization(self, handle: int, last_seen: int) -> list[Any]:
+        self._enter(f"nvmlDeviceGetProcessUtilization({last_seen})", handle)
+        if self.insufficient_once:
+            self.insufficient_once = False
+            raise nvml_error(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
+        newer = [s for s in self.util_samples[handle] if s[1] > last_seen]
+        if not newer:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_FOUND)
+        return [SimpleNamespace(pid=p, timeStamp=t, smUtil=u) for p, t, u in newer]
+
+    def nvmlEventSetCreate(self) -> str:
+        self._enter("nvmlEventSetCreate")
+        return "event-set"
+
+    def nvmlDeviceRegisterEvents(self, handle: int, types: int, event_set: str) -> None:
+        self._enter("nvmlDeviceRegisterEvents")
+        self.registered.append(handle)
+
+    def nvmlEventSetWait_v2(self, event_set: str, timeout_ms: int) -> Any:
+        # Called on the health thread: hand out queued events, else time out
+        # after a short wait, as the driver does (never spin).
+        self.posted.wait(min(timeout_ms / 1000, 0.05))
+        if self.pending_events:
+            return self.pending_events.pop(0)
+        self.posted.clear()
+        raise nvml_error(pynvml.NVML_ERROR_TIMEOUT)
+
+    def nvmlEventSetFree(self, event_set: str) -> None:
+        self.calls.append("nvmlEventSetFree")
+
+
+def xid_event(handle: int, xid: int) -> SimpleNamespace:
+    return SimpleNamespace(
+        device=handle, eventType=pynvml.nvmlEventTypeXidCriticalError, eventData=xid
+    )
+
+
+@pytest.fixture
+def fake() -> FakeNvml:
+    return FakeNvml()
+
+
+@pytest.fixture
+async def events() -> asyncio.Queue[HealthEvent]:
+    return asyncio.Queue()
+
+
+@pytest.fixture
+async def gateway(fake: FakeNvml, events: asyncio.Queue[HealthEvent]) -> AsyncIterator[NvmlGateway]:
+    gw = NvmlGateway(on_health=events.put_nowait, binding=fake)
+    await gw.start()
+    yield gw
+    await gw.close()
+
+
+async def test_inventory(gateway: NvmlGateway) -> None:
+    devices = gateway.devices()
+    assert [(d.index, d.uuid, d.name, d.memory_total) for d in devices] == [
+        (0, "GPU-aaaa", "Fake H200", 80 * GIB),
+        (1, "GPU-bbbb", "Fake H200", 80 * GIB),
+    ]
+    assert [d.sms for d in devices] == [132, 132]
+    assert [d.mig_mode for d in devices] == [False, True]
+    assert devices[1].pci_bus_id == "00000000:02:00.0"
+    assert all(d.healthy for d in devices)
+    assert gateway.driver_version == "580.0-fake"
+    assert gateway.topology("GPU-aaaa", "GPU-bbbb") is TopologyLevel.SINGLE
+    assert gateway.topology("GPU-bbbb", "GPU-aaaa") is TopologyLevel.SINGLE
+    assert gateway.topology("GPU-aaaa", "GPU-aaaa") is TopologyLevel.INTERNAL
+    assert gateway.topology("GPU-aaaa", "GPU-none") is None
+
+
+async def test_missing_function_degrades_one_figure_and_is_logged_once(
+    fake: FakeNvml, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake.failing["nvmlDeviceGetAttributes"] = pynvml.NVML_ERROR_NOT_SUPPORTED
+    fake.missing.add("nvmlDeviceGetUtilizationRates")
+    gw = NvmlGateway(binding=fake)
+    with caplog.at_level(logging.INFO, logger="vgpud.nvml"):
+        await gw.start()
+        first = await gw.sample()
+        second = await gw.sample()
+    await gw.close()
+    assert [d.sms for d in gw.devices()] == [None, None]
+    assert first.gpus["GPU-aaaa"].utilization_gpu is None
+    assert second.gpus["GPU-aaaa"].memory_total == 80 * GIB  # the rest still comes
+    missing = [r for r in caplog.records if "nvmlDeviceGetUtilizationRates" in r.getMessage()]
+    assert len(missing) == 1
+
+
+async def test_other_errors_give_none_and_one_warning(
+    fake: FakeNvml, caplog: pytest.LogCaptureFixture
+) -> None:
+    gw = NvmlGateway(binding=fake)
+    await gw.start()
+    fake.failing["nvmlDeviceGetUtilizationRates"] = pynvml.NVML_ERROR_UNKNOWN
+    with caplog.at_level(logging.WARNING, logger="vgpud.nvml"):
+        samples = [await gw.sample() for _ in range(3)]
+    await gw.close()
+    assert all(s.gpus["GPU-bbbb"].utilization_gpu is None for s in samples)
+    assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
+
+
+async def test_running_processes_probe_newest_first_once(fake: FakeNvml) -> None:
+    fake.missing.add("nvmlDeviceGetComputeRunningProcesses_v3")
+    fake.procs[1] = [(100, 2 * GIB), (101, None)]
+    gw = NvmlGateway(binding=fake)
+    await gw.start()
+    first = await gw.sample()
+    second = await gw.sample()
+    await gw.close()
+    assert first.gpus["GPU-aaaa"].processes == {100: 2 * GIB, 101: None}
+    assert second.gpus["GPU-aaaa"].processes == first.gpus["GPU-aaaa"].processes
+    assert fake.calls.count("nvmlDeviceGetComputeRunningProcesses_v3") == 1
+    assert fake.calls.count("nvmlDeviceGetComputeRunningProcesses_v2") == 4  # 2 GPUs x 2
+    assert first.memory_of(100) == {"GPU-aaaa": 2 * GIB}
+    assert first.pids() == {100, 101}
+
+
+async def test_memory_info_falls_back_to_v1(fake: FakeNvml) -> None:
+    fake.failing["nvmlDeviceGetMemoryInfo_v2"] = pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+    fake.procs[2] = [(7, GIB)]
+    gw = NvmlGateway(binding=fake)
+    await gw.start()
+    sample = await gw.sample()
+    await gw.close()
+    assert (sample.gpus["GPU-bbbb"].memory_used, sample.gpus["GPU-bbbb"].memory_total) == (
+        GIB,
+        80 * GIB,
+    )
+    assert fake.calls.count("nvmlDeviceGetMemoryInfo_v2") == 1
+
+
+async def test_process_utilization_follows_last_seen(gateway: NvmlGateway, fake: FakeNvml) -> None:
+    base = 1 << 60  # later than the gateway's start time, in microseconds
+    fake.util_samples[1] = [
+        (100, base + 200_000, 30),
+        (100, base + 400_000, 50),
+        (101, base + 400_000, 10),
+    ]
+    first = (await gateway.sample()).gpus["GPU-aaaa"]
+    assert first.process_util == {100: 40.0, 101: 10.0}
+    assert [s.timestamp_us for s in first.util_samples] == [
+        base + 200_000,
+        base + 400_000,
+        base + 400_000,
+    ]
+    # Nothing newer: NOT_FOUND is "no new sample", not an error.
+    assert (await gateway.sample()).gpus["GPU-aaaa"].process_util == {}
+    assert f"nvmlDeviceGetProcessUtilization({base + 400_000})" in fake.calls
+    fake.util_samples[1].append((100, base + 600_000, 90))
+    fake.insufficient_once = True  # a process appeared between size and data calls
+    assert (await gateway.sample()).gpus["GPU-aaaa"].process_util == {100: 90.0}
+
+
+async def test_history_before_start_is_ignored(gateway: NvmlGateway, fake: FakeNvml) -> None:
+    fake.util_samples[1] = [(100, 1_000, 99)]
+    assert (await gateway.sample()).gpus["GPU-aaaa"].process_util == {}
+
+
+async def test_lost_gpu_is_marked_and_reported_the_rest_goes_on(
+    gateway: NvmlGateway, fake: FakeNvml, events: asyncio.Queue[HealthEvent]
+) -> None:
+    fake.lost.add(2)
+    fake.procs[1] = [(5, GIB)]
+    sample = await gateway.sample()
+    assert list(sample.gpus) == ["GPU-aaaa"]
+    assert sample.gpus["GPU-aaaa"].processes == {5: GIB}
+    event = await asyncio.wait_for(events.get(), 5)
+    assert (event.uuid, event.kind, event.critical) == ("GPU-bbbb", "gpu_lost", True)
+    healthy = {d.uuid: d.healthy for d in gateway.devices()}
+    assert healthy == {"GPU-aaaa": True, "GPU-bbbb": False}
+    await gateway.sample()
+    assert events.empty()  # reported once
+
+
+async def test_xid_events(
+    gateway: NvmlGateway, fake: FakeNvml, events: asyncio.Queue[HealthEvent]
+) -> None:
+    assert sorted(fake.registered) == [1, 2]
+    app_xid = min(APPLICATION_XIDS)
+    fake.pending_events += [xid_event(1, app_xid), xid_event(2, 79)]
+    fake.posted.set()
+    first = await asyncio.wait_for(events.get(), 5)
+    second = await asyncio.wait_for(events.get(), 5)
+    assert (first.uuid, first.xid, first.critical) == ("GPU-aaaa", app_xid, False)
+    assert (second.uuid, second.xid, second.critical) == ("GPU-bbbb", 79, True)
+    devices = {d.uuid: d for d in gateway.devices()}
+    assert devices["GPU-aaaa"].healthy
+    assert not devices["GPU-bbbb"].healthy and devices["GPU-bbbb"].health_reason == "Xid 79"
+
+
+async def test_no_event_support_leaves_health_to_queries(fake: FakeNvml) -> None:
+    fake.failing["nvmlEventSetCreate"] = pynvml.NVML_ERROR_NOT_SUPPORTED
+    gw = NvmlGateway(binding=fake)
+    await gw.start()
+    assert len((await gw.sample()).gpus) == 2
+    await gw.close()
+    assert fake.calls[-1] == "nvmlShutdown"
+
+
+async def test_init_failure_raises_unavailable(fake: FakeNvml) -> None:
+    fake.failing["nvmlInit"] = pynvml.NVML_ERROR_DRIVER_NOT_LOADED
+    gw = NvmlGateway(binding=fake)
+    with pytest.raises(NvmlUnavailable, match="nvmlInit failed"):
+        await gw.start()
+    await gw.close()
+
+
+async def test_open_nvml_without_a_library_is_null(tmp_path: Any) -> None:
+    nvml = await open_nvml(library_path=str(tmp_path / "libnvidia-ml.so.1"))
+    assert isinstance(nvml, NullNvml) and not nvml.available
+    assert nvml.devices() == [] and (await nvml.sample()).gpus == {}
+    assert nvml.topology("a", "b") is None
+    await nvml.close()

@@ -1,0 +1,521 @@
+"""The NVML gateway: every NVML call of the daemon goes through here.
+
+The only importer of pynvml. Every call runs on one worker thread (NVML
+calls block, sometimes for milliseconds); health events are awaited on a
+second, dedicated thread with ``nvmlEventSetWait_v2`` timeouts, so a wait
+never delays a sample.
+
+Public interface
+----------------
+``open_nvml(library_path=None, on_health=None) -> NvmlGateway | NullNvml``
+    (async) a started gateway, or the null one when no driver loads (the
+    reason is logged once).
+``NvmlGateway(library_path=None, on_health=None)``
+    ``library_path``: an explicit ``libnvidia-ml.so.1`` (e.g.
+    ``build/sim/libnvidia-ml.so.1`` for ``--sim``). It is loaded with
+    RTLD_GLOBAL before ``nvmlInit``; pynvml's own ``dlopen`` by soname then
+    finds that copy, so no LD_LIBRARY_PATH is needed.
+    ``on_health(HealthEvent)`` runs on the event loop that called ``start``.
+    ``async start()``     nvmlInit, device inventory, topology, health thread;
+                          raises ``NvmlUnavailable`` when NVML cannot start.
+    ``devices() -> list[GpuInfo]``  the inventory, health included (no I/O).
+    ``driver_version -> str | None``
+    ``async sample() -> NvmlSample``  one read of every device.
+    ``topology(uuid_a, uuid_b) -> TopologyLevel | None`` (cached, no I/O).
+    ``async close()``     stops the health thread, nvmlShutdown.
+``NullNvml``: the same interface with no devices; ``available`` is False.
+
+Degrading, never failing: a function the driver lacks or does not support
+is logged once and its figure is ``None``; running-process queries are
+probed once (v3, then v2) and the answer kept; a device that reports "GPU is
+lost" is marked unhealthy and emits a HealthEvent, the other devices go on.
+Per-process utilization follows NVML's protocol: samples newer than the
+last timestamp seen on that GPU, buffer sized by the driver's
+INSUFFICIENT_SIZE answer (pynvml does the two calls), NOT_FOUND = no new
+sample.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from enum import IntEnum
+from typing import Any, TypeVar
+
+import pynvml
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# Xids that name an application's fault, not the GPU's (the same list the
+# NVIDIA device plugin ignores): a user's bad kernel must not retire a GPU.
+APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
+HEALTH_WAIT_MS = 1000
+_SAMPLE_RETRIES = 3  # a process may appear between NVML's size and data calls
+
+
+class TopologyLevel(IntEnum):
+    """nvmlGpuTopologyLevel_t: lower is closer."""
+
+    INTERNAL = 0
+    SINGLE = 10  # one PCIe switch (or NVLink-paired in the simulator)
+    MULTIPLE = 20
+    HOSTBRIDGE = 30
+    NODE = 40
+    SYSTEM = 50
+
+
+class NvmlUnavailable(Exception):
+    """NVML could not be started: no driver, no library, no permission."""
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    index: int
+    uuid: str
+    name: str
+    memory_total: int
+    sms: int | None  # None: the driver does not say (e.g. H200 outside MIG)
+    mig_mode: bool | None
+    pci_bus_id: str | None
+    healthy: bool = True
+    health_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class UtilSample:
+    pid: int
+    timestamp_us: int  # CLOCK_REALTIME microseconds, as NVML gives it
+    sm_util: int
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    uuid: str
+    index: int
+    utilization_gpu: int | None  # percent over the driver's last period
+    memory_used: int | None
+    memory_total: int | None
+    processes: Mapping[int, int | None]  # host pid -> used bytes (None: not given)
+    process_util: Mapping[int, float]  # host pid -> mean SM % of its new samples
+    util_samples: tuple[UtilSample, ...] = ()
+
+
+@dataclass(frozen=True)
+class NvmlSample:
+    monotonic: float
+    gpus: Mapping[str, GpuSample] = field(default_factory=dict)  # by uuid
+
+    def memory_of(self, pid: int) -> dict[str, int]:
+        """Device memory a host process uses, per GPU uuid (known figures only)."""
+        return {
+            uuid: used
+            for uuid, gpu in self.gpus.items()
+            if (used := gpu.processes.get(pid)) is not None
+        }
+
+    def pids(self) -> set[int]:
+        return {pid for gpu in self.gpus.values() for pid in gpu.processes}
+
+
+@dataclass(frozen=True)
+class HealthEvent:
+    uuid: str
+    kind: str  # "xid" | "gpu_lost"
+    xid: int | None
+    critical: bool  # True: the GPU is now marked unhealthy
+    message: str
+
+
+HealthCallback = Callable[[HealthEvent], None]
+
+
+def _code(err: BaseException) -> int | None:
+    return getattr(err, "value", None) if isinstance(err, pynvml.NVMLError) else None
+
+
+_UNAVAILABLE_CODES = frozenset(
+    {pynvml.NVML_ERROR_FUNCTION_NOT_FOUND, pynvml.NVML_ERROR_NOT_SUPPORTED}
+)
+# A versioned variant answering these is absent: try the next older one.
+_TRY_OLDER_CODES = frozenset(
+    {pynvml.NVML_ERROR_FUNCTION_NOT_FOUND, pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH}
+)
+
+
+class NvmlGateway:
+    available = True
+
+    def __init__(
+        self,
+        library_path: str | None = None,
+        on_health: HealthCallback | None = None,
+        *,
+        binding: Any = pynvml,
+    ) -> None:
+        self._library_path = library_path
+        self._on_health = on_health
+        self._nvml = binding  # pynvml, or a fake with the same functions in tests
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nvml")
+        self._lock = threading.Lock()  # guards _devices against the health thread
+        self._devices: list[GpuInfo] = []
+        self._handles: dict[str, Any] = {}
+        self._topology: dict[frozenset[str], TopologyLevel] = {}
+        self._last_seen_us: dict[str, int] = {}
+        self._logged_missing: set[str] = set()
+        self._logged_failures: set[tuple[str, int | None]] = set()
+        self._choices: dict[str, str | None] = {}  # probed variant per query, None: none
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop = threading.Event()
+        self._health_thread: threading.Thread | None = None
+        self._library: ctypes.CDLL | None = None
+        self.driver_version: str | None = None
+
+    # lifecycle
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        await self._run(self._start_sync)
+        self._health_thread = threading.Thread(
+            target=self._watch_health, name="nvml-health", daemon=True
+        )
+        self._health_thread.start()
+
+    async def close(self) -> None:
+        self._stop.set()
+        if self._health_thread is not None:
+            await asyncio.to_thread(self._health_thread.join)
+        await self._run(self._shutdown_sync)
+        self._pool.shutdown(wait=True)
+
+    # queries
+
+    def devices(self) -> list[GpuInfo]:
+        with self._lock:
+            return list(self._devices)
+
+    def topology(self, uuid_a: str, uuid_b: str) -> TopologyLevel | None:
+        if uuid_a == uuid_b:
+            return TopologyLevel.INTERNAL
+        return self._topology.get(frozenset((uuid_a, uuid_b)))
+
+    async def sample(self) -> NvmlSample:
+        return await self._run(self._sample_sync)
+
+    # worker-thread side
+
+    async def _run(self, fn: Callable[[], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
+
+    def _start_sync(self) -> None:
+        nv = self._nvml
+        try:
+            if self._library_path is not None:
+                self._library = ctypes.CDLL(self._library_path, mode=ctypes.RTLD_GLOBAL)
+            nv.nvmlInit()
+        except OSError as err:
+            raise NvmlUnavailable(f"cannot load {self._library_path}: {err}") from err
+        except pynvml.NVMLError as err:
+            raise NvmlUnavailable(f"nvmlInit failed: {err}") from err
+        self.driver_version = self._optional(
+            "nvmlSystemGetDriverVersion", lambda: _text(nv.nvmlSystemGetDriverVersion())
+        )
+        devices = []
+        for index in range(nv.nvmlDeviceGetCount()):
+            try:
+                handle = nv.nvmlDeviceGetHandleByIndex(index)
+                info = self._inventory(index, handle)
+            except pynvml.NVMLError as err:
+                # Without its identity a GPU cannot be sliced; the rest can.
+                log.error("GPU %d left out: NVML cannot describe it: %s", index, err)
+                continue
+            self._handles[info.uuid] = handle
+            devices.append(info)
+        with self._lock:
+            self._devices = devices
+        self._topology = self._read_topology()
+        # Utilization history before the daemon started is not ours to act on.
+        now_us = int(time.time() * 1_000_000)
+        self._last_seen_us = {uuid: now_us for uuid in self._handles}
+        log.info("NVML started: driver %s, %d GPU(s)", self.driver_version, len(devices))
+
+    def _inventory(self, index: int, handle: Any) -> GpuInfo:
+        nv = self._nvml
+        uuid = _text(nv.nvmlDeviceGetUUID(handle))
+        memory = self._memory_info(handle)
+        attributes = self._optional(
+            "nvmlDeviceGetAttributes", lambda: nv.nvmlDeviceGetAttributes(handle)
+        )
+        mig = self._optional("nvmlDeviceGetMigMode", lambda: nv.nvmlDeviceGetMigMode(handle))
+        pci = self._optional("nvmlDeviceGetPciInfo", lambda: nv.nvmlDeviceGetPciInfo(handle))
+        return GpuInfo(
+            index=index,
+            uuid=uuid,
+            name=_text(nv.nvmlDeviceGetName(handle)),
+            memory_total=int(memory.total) if memory is not None else 0,
+            sms=None if attributes is None else int(attributes.multiprocessorCount),
+            mig_mode=None if mig is None else bool(mig[0]),
+            pci_bus_id=None if pci is None else _text(pci.busId),
+        )
+
+    def _read_topology(self) -> dict[frozenset[str], TopologyLevel]:
+        levels: dict[frozenset[str], TopologyLevel] = {}
+        uuids = list(self._handles)
+        for i, a in enumerate(uuids):
+            for b in uuids[i + 1 :]:
+                level = self._optional("nvmlDeviceGetTopologyCommonAncestor", self._ancestor(a, b))
+                if level is not None:
+                    levels[frozenset((a, b))] = TopologyLevel(int(level))
+        return levels
+
+    def _ancestor(self, a: str, b: str) -> Callable[[], int]:
+        handles = self._handles
+        return lambda: int(self._nvml.nvmlDeviceGetTopologyCommonAncestor(handles[a], handles[b]))
+
+    def _sample_sync(self) -> NvmlSample:
+        gpus: dict[str, GpuSample] = {}
+        for info in self.devices():
+            if not info.healthy:
+                continue
+            try:
+                gpus[info.uuid] = self._sample_gpu(info)
+            except pynvml.NVMLError as err:  # only "GPU is lost" gets here
+                self._mark_unhealthy(info.uuid, "gpu_lost", None, str(err))
+        return NvmlSample(monotonic=time.monotonic(), gpus=gpus)
+
+    def _sample_gpu(self, info: GpuInfo) -> GpuSample:
+        handle = self._handles[info.uuid]
+        nv = self._nvml
+        util = self._optional(
+            "nvmlDeviceGetUtilizationRates", lambda: nv.nvmlDeviceGetUtilizationRates(handle)
+        )
+        memory = self._optional("memory", lambda: self._memory_info(handle))
+        procs = self._optional("running processes", lambda: self._processes(handle))
+        samples = self._optional("process utilization", lambda: self._util(info.uuid, handle)) or ()
+        return GpuSample(
+            uuid=info.uuid,
+            index=info.index,
+            utilization_gpu=None if util is None else int(util.gpu),
+            memory_used=None if memory is None else int(memory.used),
+            memory_total=None if memory is None else int(memory.total),
+            processes=procs or {},
+            process_util=_mean_by_pid(samples),
+            util_samples=samples,
+        )
+
+    def _memory_info(self, handle: Any) -> Any:
+        return self._versioned(
+            "memory",
+            [
+                (
+                    "nvmlDeviceGetMemoryInfo(v2)",
+                    lambda: self._nvml.nvmlDeviceGetMemoryInfo(
+                        handle, version=pynvml.nvmlMemory_v2
+                    ),
+                ),
+                ("nvmlDeviceGetMemoryInfo", lambda: self._nvml.nvmlDeviceGetMemoryInfo(handle)),
+            ],
+        )
+
+    def _processes(self, handle: Any) -> dict[int, int | None]:
+        nv = self._nvml
+        infos = self._versioned(
+            "running processes",
+            [
+                (
+                    "nvmlDeviceGetComputeRunningProcesses_v3",
+                    lambda: nv.nvmlDeviceGetComputeRunningProcesses_v3(handle),
+                ),
+                (
+                    "nvmlDeviceGetComputeRunningProcesses_v2",
+                    lambda: nv.nvmlDeviceGetComputeRunningProcesses_v2(handle),
+                ),
+            ],
+        )
+        if infos is None:
+            return {}
+        return {
+            int(p.pid): None if p.usedGpuMemory is None else int(p.usedGpuMemory) for p in infos
+        }
+
+    def _util(self, uuid: str, handle: Any) -> tuple[UtilSample, ...]:
+        last_seen = self._last_seen_us.get(uuid, 0)
+        for _ in range(_SAMPLE_RETRIES):
+            try:
+                raw = self._nvml.nvmlDeviceGetProcessUtilization(handle, last_seen)
+                break
+            except pynvml.NVMLError as err:
+                if _code(err) == pynvml.NVML_ERROR_NOT_FOUND:
+                    return ()  # no sample newer than last_seen
+                if _code(err) != pynvml.NVML_ERROR_INSUFFICIENT_SIZE:
+                    raise
+        else:
+            return ()
+        samples = tuple(
+            UtilSample(int(s.pid), int(s.timeStamp), int(s.smUtil))
+            for s in raw
+            if int(s.timeStamp) > last_seen
+        )
+        if samples:
+            self._last_seen_us[uuid] = max(s.timestamp_us for s in samples)
+        return samples
+
+    # error mapping: the one place NVML errors become values
+
+    def _optional(self, name: str, fn: Callable[[], T]) -> T | None:
+        """A figure the driver may lack or fail to give: None, logged once per
+        cause. "GPU is lost" is not swallowed: the caller marks the device."""
+        try:
+            return fn()
+        except pynvml.NVMLError as err:
+            if _code(err) == pynvml.NVML_ERROR_GPU_IS_LOST:
+                raise
+            if _code(err) in _UNAVAILABLE_CODES:
+                self._log_missing(name, err)
+            elif (name, _code(err)) not in self._logged_failures:
+                self._logged_failures.add((name, _code(err)))
+                log.warning("NVML %s failed: %s (figure reported as not available)", name, err)
+            return None
+
+    def _versioned(self, what: str, variants: Sequence[tuple[str, Callable[[], T]]]) -> T | None:
+        """Probe versioned variants once, newest first; keep the one that works.
+
+        None when the driver has none of them (logged once)."""
+        if what in self._choices:
+            chosen = self._choices[what]
+            return None if chosen is None else dict(variants)[chosen]()
+        for name, fn in variants:
+            try:
+                result = fn()
+            except pynvml.NVMLError as err:
+                if _code(err) in _TRY_OLDER_CODES:
+                    self._log_missing(name, err)
+                    continue
+                raise
+            self._choices[what] = name
+            return result
+        self._choices[what] = None
+        return None
+
+    def _log_missing(self, name: str, err: BaseException) -> None:
+        if name not in self._logged_missing:
+            self._logged_missing.add(name)
+            log.info("NVML %s not available (%s): figure reported as not available", name, err)
+
+    # health
+
+    def _watch_health(self) -> None:
+        nv = self._nvml
+        try:
+            event_set = nv.nvmlEventSetCreate()
+        except pynvml.NVMLError as err:
+            self._log_missing("nvmlEventSetCreate", err)
+            return
+        by_handle: dict[int | None, str] = {}
+        for uuid, handle in self._handles.items():
+            try:
+                nv.nvmlDeviceRegisterEvents(handle, pynvml.nvmlEventTypeXidCriticalError, event_set)
+                by_handle[_handle_key(handle)] = uuid
+            except pynvml.NVMLError as err:
+                self._log_missing(f"Xid events on {uuid}", err)
+        try:
+            while by_handle and not self._stop.is_set():
+                try:
+                    data = nv.nvmlEventSetWait_v2(event_set, HEALTH_WAIT_MS)
+                except pynvml.NVMLError as err:
+                    if _code(err) == pynvml.NVML_ERROR_TIMEOUT:
+                        continue
+                    log.warning("NVML event wait failed, health watching stops: %s", err)
+                    return
+                source = by_handle.get(_handle_key(data.device))
+                if source is not None and data.eventType & pynvml.nvmlEventTypeXidCriticalError:
+                    self._on_xid(source, int(data.eventData))
+        finally:
+            try:
+                nv.nvmlEventSetFree(event_set)
+            except pynvml.NVMLError as err:
+                log.debug("nvmlEventSetFree: %s", err)
+
+    def _on_xid(self, uuid: str, xid: int) -> None:
+        if xid in APPLICATION_XIDS:
+            self._emit(HealthEvent(uuid, "xid", xid, False, f"Xid {xid} (application error)"))
+        else:
+            self._mark_unhealthy(uuid, "xid", xid, f"Xid {xid}")
+
+    def _mark_unhealthy(self, uuid: str, kind: str, xid: int | None, reason: str) -> None:
+        with self._lock:
+            was_healthy = any(d.uuid == uuid and d.healthy for d in self._devices)
+            self._devices = [
+                replace(d, healthy=False, health_reason=reason) if d.uuid == uuid else d
+                for d in self._devices
+            ]
+        if was_healthy:
+            log.error("GPU %s marked unhealthy: %s", uuid, reason)
+            self._emit(HealthEvent(uuid, kind, xid, True, reason))
+
+    def _emit(self, event: HealthEvent) -> None:
+        if self._on_health is not None and self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._on_health, event)
+
+    def _shutdown_sync(self) -> None:
+        try:
+            self._nvml.nvmlShutdown()
+        except pynvml.NVMLError as err:
+            log.debug("nvmlShutdown: %s", err)
+
+
+class NullNvml:
+    """No driver: no devices, empty samples; the daemon runs on regardless."""
+
+    available = False
+    driver_version: str | None = None
+
+    async def start(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    def devices(self) -> list[GpuInfo]:
+        return []
+
+    def topology(self, uuid_a: str, uuid_b: str) -> TopologyLevel | None:
+        return None
+
+    async def sample(self) -> NvmlSample:
+        return NvmlSample(monotonic=time.monotonic())
+
+
+async def open_nvml(
+    library_path: str | None = None, on_health: HealthCallback | None = None
+) -> NvmlGateway | NullNvml:
+    gateway = NvmlGateway(library_path, on_health)
+    try:
+        await gateway.start()
+    except NvmlUnavailable as err:
+        log.warning("no NVML, running without GPU data: %s", err)
+        await gateway.close()
+        return NullNvml()
+    return gateway
+
+
+def _mean_by_pid(samples: Sequence[UtilSample]) -> dict[int, float]:
+    sums: dict[int, list[int]] = {}
+    for s in samples:
+        sums.setdefault(s.pid, []).append(s.sm_util)
+    return {pid: sum(v) / len(v) for pid, v in sums.items()}
+
+
+def _handle_key(handle: Any) -> int | None:
+    return ctypes.cast(handle, ctypes.c_void_p).value
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
