@@ -13,7 +13,8 @@ Public interface (H4's tracker/reaper and H5's controller code against it):
   ``.heartbeat(now_ns)``, ``.set_slot_host_pid(slot, pid)``,
   ``.slot_host_pid(slot)``, ``.devices()``, ``.uuids``, ``.vgpu_id``,
   ``.flags``, ``.set_flags(flags)``, ``.close()``.
-- ``UsageBlock.create(path, device_count=0)`` / ``.open(path, device_count=None)``;
+- ``UsageBlock.create(path, device_count=0)`` / ``.open(path, device_count=None)``
+  / ``.open_fd(fd, name, device_count=None)``;
   ``.devices() -> list[UsageDevice]``, ``.slots() -> list[SlotView]`` (non-FREE
   slots only), ``.reclaim_slot(index, expect) -> tuple[int, ...] | None``,
   ``.reset_used(dev)``, ``.write_steer(dev, quota_ppm, window_ns)``,
@@ -388,18 +389,24 @@ class _Mapping:
         except OSError as exc:
             raise BlockError(f"cannot open {cls.kind} block {path}: {exc.strerror}") from exc
         try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise BlockError(f"{cls.kind} block {path} is not a regular file")
-            size = ctypes.sizeof(cls.struct)
-            if st.st_size != size:
-                raise BlockError(
-                    f"{cls.kind} block {path} has {st.st_size} bytes, layout v{ABI_VERSION} "
-                    f"needs {size}"
-                )
-            mm = mmap.mmap(fd, size, mmap.MAP_SHARED)
+            return cls._map_fd(fd, path)
         finally:
             os.close(fd)
+
+    @classmethod
+    def _map_fd(cls, fd: int, path: Path) -> mmap.mmap:
+        """Map an open block file; ``path`` only names it in errors. The
+        caller keeps (and closes) ``fd``."""
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise BlockError(f"{cls.kind} block {path} is not a regular file")
+        size = ctypes.sizeof(cls.struct)
+        if st.st_size != size:
+            raise BlockError(
+                f"{cls.kind} block {path} has {st.st_size} bytes, layout v{ABI_VERSION} "
+                f"needs {size}"
+            )
+        mm = mmap.mmap(fd, size, mmap.MAP_SHARED)
         hdr = BlockHeader.from_buffer_copy(mm, 0)
         problem = None
         if hdr.magic != cls.magic:
@@ -694,7 +701,23 @@ class UsageBlock(_Mapping):
     ) -> UsageBlock:
         """Map an existing block. ``device_count`` None: a standalone block,
         which says itself how many devices its environment limited."""
-        mm = cls._map(Path(path), writable=True)
+        return cls._open_mapped(
+            cls._map(Path(path), writable=True), Path(path), device_count, atomics
+        )
+
+    @classmethod
+    def open_fd(
+        cls, fd: int, name: str, *, device_count: int | None = None, atomics: Atomics | None = None
+    ) -> UsageBlock:
+        """Map a block from an fd opened read-write by the caller (the tracker
+        reaches a standalone block through /proc/<pid>/map_files, a kernel
+        link that O_NOFOLLOW would refuse); validated like ``open``."""
+        return cls._open_mapped(cls._map_fd(fd, Path(name)), Path(name), device_count, atomics)
+
+    @classmethod
+    def _open_mapped(
+        cls, mm: mmap.mmap, path: Path, device_count: int | None, atomics: Atomics | None
+    ) -> UsageBlock:
         if device_count is None:
             own = UsageC.from_buffer_copy(mm[: ctypes.sizeof(UsageC)]).device_count
             device_count = min(int(own), MAX_DEVICES)
