@@ -1,0 +1,103 @@
+/*
+ * pacer.h - compute pacing: the quota in force and the vGPU's shared token
+ * bucket of GPU time. Pure logic over the shared blocks (vgpu_abi.h) and an
+ * injectable clock, so it is unit-tested with a fake clock and no driver
+ * (libhook/tests/test_pacer.c). What measures GPU time and calls in here is
+ * gputime.c; the launch wrappers are launch_hooks.c. docs/compute.md has the
+ * design and the reasons behind each constant.
+ *
+ * The bucket (vgpu_usage_device.pacer_balance_ns / pacer_stamp_ns) is shared
+ * by every process of the vGPU on that device:
+ *   refill  balance += quota x elapsed, capped at quota x window; whoever
+ *           moves pacer_stamp_ns forward (CAS) adds the time it covered;
+ *   debit   measured GPU time (and, ahead of it, an estimate of work just
+ *           queued, corrected once measured);
+ *   admit   new work is queued while balance >= 0; otherwise the thread
+ *           sleeps for about -balance / quota (never spins or polls).
+ */
+#ifndef VGPU_PACER_H
+#define VGPU_PACER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "vgpu_abi.h"
+
+/* Window a quota applies to when the daemon leaves it 0: bounds the burst a
+ * vGPU can save up while idle to quota x 100 ms. */
+#define PACER_DEFAULT_WINDOW_NS 100000000ull
+#define PACER_MAX_WINDOW_NS 10000000000ull
+/* A pacer sleep is cut into pieces of at most this, so that a live quota
+ * change (or a quota of 100 %) is noticed quickly by a sleeping thread. */
+#define PACER_MAX_SLEEP_NS 20000000ull
+/* The bucket is refilled in steps of at least this much time. */
+#define PACER_REFILL_GRAIN_NS 20000ull
+/* The steering area of an adopted standalone process counts while the
+ * daemon's heartbeat there is younger than this. */
+#define PACER_STEER_FRESH_NS 2000000000ull
+
+struct pacer_quota {
+    uint32_t ppm;       /* VGPU_PPM_FULL: no pacing */
+    uint64_t window_ns; /* never 0 */
+};
+
+/*
+ * Where one device's quota comes from, and this process's memory of it.
+ * vGPU mode sets `control`; standalone sets `steer` (may be NULL) and reads
+ * the env limit from the bucket's share_ppm.
+ */
+struct pacer_dev {
+    const struct vgpu_control_device *control;
+    struct vgpu_steer *steer;
+    const _Atomic uint64_t *steer_heartbeat;
+    int index;                       /* device index in the blocks */
+    struct vgpu_usage_device *bucket;
+    struct vgpu_proc_device *slot;   /* this process's counters; may be NULL */
+    struct pacer_quota last;         /* fail static: what the last good read said */
+};
+
+struct pacer_clock {
+    uint64_t (*now)(void *ctx);                /* CLOCK_MONOTONIC ns */
+    void (*sleep)(void *ctx, uint64_t ns);
+    void *ctx;
+};
+extern const struct pacer_clock pacer_monotonic;
+
+/* Set a device up: vGPU mode (control != NULL) or standalone. */
+void pacer_dev_init(struct pacer_dev *pd, int index, const struct vgpu_control *control,
+                    struct vgpu_usage *usage, struct vgpu_proc_device *slot);
+
+/*
+ * One consistent read of a throttle entry (seqlock). 0 on success; -1 when
+ * the writer kept it busy for every try (the caller keeps what it had).
+ */
+int pacer_read_throttle(const struct vgpu_throttle *t, struct pacer_quota *out);
+
+/* The quota in force now; updates pd->last. Fail static: a stopped daemon
+ * leaves the table as it was and we keep obeying it. */
+struct pacer_quota pacer_quota_now(struct pacer_dev *pd, uint64_t now);
+
+static inline bool pacer_quota_full(const struct pacer_quota *q)
+{
+    return q->ppm >= VGPU_PPM_FULL;
+}
+
+/* Add the time since the last refill at the quota rate; returns the balance. */
+int64_t pacer_refill(struct vgpu_usage_device *b, const struct pacer_quota *q, uint64_t now);
+
+/* Debit (ns > 0) or give back (ns < 0) GPU time. */
+void pacer_charge(struct vgpu_usage_device *b, int64_t ns);
+
+/* How long a deficit takes to refill at the quota rate. */
+uint64_t pacer_deficit_ns(int64_t balance, uint32_t quota_ppm);
+
+/*
+ * Wait, sleeping, until the bucket has a non-negative balance (or the quota
+ * is 100 %). Returns the ns waited, already added to the throttled counters.
+ */
+uint64_t pacer_admit(struct pacer_dev *pd, const struct pacer_clock *clock);
+
+/* Add measured GPU time of `launches` launches to the usage counters. */
+void pacer_account(struct pacer_dev *pd, uint64_t gpu_ns, uint64_t launches);
+
+#endif

@@ -1,0 +1,328 @@
+/*
+ * test_pacer.c - the pacer's quota reading and token bucket, with a fake
+ * clock and blocks in plain memory: no driver, no daemon.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../src/pacer.c"
+
+static int failures;
+#define CHECK(cond) \
+    do { \
+        if (!(cond)) { \
+            fprintf(stderr, "%s:%d: CHECK(%s) failed\n", __FILE__, __LINE__, #cond); \
+            failures++; \
+        } \
+    } while (0)
+#define CHECK_NEAR(a, b, tol) \
+    do { \
+        double a_ = (double)(a), b_ = (double)(b); \
+        if (a_ < b_ - (tol) || a_ > b_ + (tol)) { \
+            fprintf(stderr, "%s:%d: %s = %.0f, expected %.0f +- %.0f\n", __FILE__, __LINE__, #a, \
+                    a_, b_, (double)(tol)); \
+            failures++; \
+        } \
+    } while (0)
+
+#define MS 1000000ull
+#define PPM(percent) ((uint32_t)((percent) * 10000))
+
+/* ---- a fake clock: sleeping advances time and can run a callback ------- */
+struct fake_clock {
+    uint64_t now;
+    uint64_t slept;
+    unsigned sleeps;
+    void (*on_sleep)(struct fake_clock *);
+    void *arg;
+};
+
+static uint64_t fake_now(void *ctx) { return ((struct fake_clock *)ctx)->now; }
+
+static void fake_sleep(void *ctx, uint64_t ns)
+{
+    struct fake_clock *fc = ctx;
+    fc->now += ns;
+    fc->slept += ns;
+    fc->sleeps++;
+    if (fc->on_sleep != NULL)
+        fc->on_sleep(fc);
+}
+
+static struct pacer_clock clock_of(struct fake_clock *fc)
+{
+    return (struct pacer_clock){fake_now, fake_sleep, fc};
+}
+
+/* ---- blocks in plain memory ----------------------------------------- */
+static struct vgpu_control *new_control(uint32_t share, uint32_t quota)
+{
+    struct vgpu_control *c = calloc(1, sizeof *c);
+    c->device_count = 1;
+    atomic_store(&c->devices[0].share_ppm, share);
+    c->devices[0].throttle.quota_ppm = quota;
+    return c;
+}
+
+static struct vgpu_usage *new_usage(uint32_t env_share)
+{
+    struct vgpu_usage *u = calloc(1, sizeof *u);
+    atomic_store(&u->devices[0].share_ppm, env_share);
+    return u;
+}
+
+static void write_throttle(struct vgpu_throttle *t, uint32_t ppm, uint64_t window)
+{
+    atomic_fetch_add(&t->seq, 1);
+    t->quota_ppm = ppm;
+    t->window_ns = window;
+    t->epoch++;
+    atomic_fetch_add(&t->seq, 1);
+}
+
+/* ---- tests ------------------------------------------------------------- */
+
+static void test_refill_rate_cap_and_first_use(void)
+{
+    struct vgpu_usage *u = new_usage(0);
+    struct pacer_quota q = {PPM(30), 100 * MS};
+    struct vgpu_usage_device *b = &u->devices[0];
+
+    CHECK(pacer_refill(b, &q, 1000 * MS) == 0); /* first use: starts empty */
+    CHECK_NEAR(pacer_refill(b, &q, 1050 * MS), 15 * MS, 1);
+    /* A long idle saves at most quota x window. */
+    CHECK_NEAR(pacer_refill(b, &q, 9000 * MS), 30 * MS, 1);
+    /* The same instant again adds nothing. */
+    CHECK_NEAR(pacer_refill(b, &q, 9000 * MS), 30 * MS, 1);
+    /* A lower quota lowers what was saved to its own cap. */
+    struct pacer_quota low = {PPM(10), 100 * MS};
+    CHECK_NEAR(pacer_refill(b, &low, 9001 * MS), 10 * MS, 1);
+    free(u);
+}
+
+static void test_deficit(void)
+{
+    CHECK(pacer_deficit_ns(0, PPM(30)) == 0);
+    CHECK(pacer_deficit_ns(5, PPM(30)) == 0);
+    CHECK_NEAR(pacer_deficit_ns(-(int64_t)(3 * MS), PPM(30)), 10 * MS, 1);
+    CHECK_NEAR(pacer_deficit_ns(-(int64_t)(1 * MS), PPM(100) / 2), 2 * MS, 1);
+}
+
+static void test_admit_sleeps_off_the_debt_and_counts_it(void)
+{
+    struct vgpu_usage *u = new_usage(PPM(30));
+    struct pacer_dev pd;
+    pacer_dev_init(&pd, 0, NULL, u, &u->slots[0].dev[0]);
+    struct fake_clock fc = {.now = 5000 * MS};
+    struct pacer_clock clk = clock_of(&fc);
+
+    CHECK(pacer_admit(&pd, &clk) == 0); /* fresh bucket: no wait */
+    pacer_charge(pd.bucket, (int64_t)(6 * MS));
+    uint64_t waited = pacer_admit(&pd, &clk);
+    CHECK_NEAR(waited, 20 * MS, 2);
+    CHECK(fc.sleeps >= 1);
+    CHECK(atomic_load(&u->devices[0].throttled_ns) == waited);
+    CHECK(atomic_load(&u->slots[0].dev[0].throttled_ns) == waited);
+    free(u);
+}
+
+static void test_full_quota_never_waits(void)
+{
+    struct vgpu_usage *u = new_usage(VGPU_PPM_FULL);
+    struct pacer_dev pd;
+    pacer_dev_init(&pd, 0, NULL, u, NULL);
+    struct fake_clock fc = {.now = 1000 * MS};
+    struct pacer_clock clk = clock_of(&fc);
+    pacer_charge(pd.bucket, (int64_t)(500 * MS));
+    CHECK(pacer_admit(&pd, &clk) == 0);
+    CHECK(fc.sleeps == 0);
+    free(u);
+}
+
+static void test_vgpu_quota_from_the_table(void)
+{
+    struct vgpu_control *c = new_control(PPM(40), 0);
+    struct vgpu_usage *u = new_usage(0);
+    struct pacer_dev pd;
+    pacer_dev_init(&pd, 0, c, u, NULL);
+
+    /* Before the daemon's first tick (quota 0): the configured share. */
+    struct pacer_quota q = pacer_quota_now(&pd, 0);
+    CHECK(q.ppm == PPM(40));
+    CHECK(q.window_ns == PACER_DEFAULT_WINDOW_NS);
+
+    write_throttle(&c->devices[0].throttle, PPM(25), 50 * MS);
+    q = pacer_quota_now(&pd, 0);
+    CHECK(q.ppm == PPM(25));
+    CHECK(q.window_ns == 50 * MS);
+
+    /* Fail static: a writer that died mid-write (odd seq) and a heartbeat
+     * that stopped long ago change nothing: the last quota stands. */
+    atomic_fetch_add(&c->devices[0].throttle.seq, 1);
+    c->devices[0].throttle.quota_ppm = VGPU_PPM_FULL;
+    atomic_store(&c->heartbeat_ns, 1);
+    q = pacer_quota_now(&pd, 3600000 * MS);
+    CHECK(q.ppm == PPM(25));
+    free(c);
+    free(u);
+}
+
+static void test_vgpu_no_share_no_quota_is_unlimited(void)
+{
+    struct vgpu_control *c = new_control(0, 0);
+    struct vgpu_usage *u = new_usage(0);
+    struct pacer_dev pd;
+    pacer_dev_init(&pd, 0, c, u, NULL);
+    CHECK(pacer_quota_full(&(struct pacer_quota){pacer_quota_now(&pd, 0).ppm, 0}));
+    free(c);
+    free(u);
+}
+
+static void test_standalone_steer_can_only_lower(void)
+{
+    struct vgpu_usage *u = new_usage(PPM(50));
+    struct pacer_dev pd;
+    pacer_dev_init(&pd, 0, NULL, u, NULL);
+    uint64_t now = 100000 * MS;
+
+    CHECK(pacer_quota_now(&pd, now).ppm == PPM(50));
+    write_throttle(&u->steer.throttle[0], PPM(20), 0);
+    CHECK(pacer_quota_now(&pd, now).ppm == PPM(50)); /* no heartbeat yet */
+    atomic_store(&u->steer.heartbeat_ns, now - 100 * MS);
+    CHECK(pacer_quota_now(&pd, now).ppm == PPM(20));
+    /* The daemon stopped: back to the environment's limit, never above. */
+    CHECK(pacer_quota_now(&pd, now + PACER_STEER_FRESH_NS).ppm == PPM(50));
+    /* A raise written into the (container-writable) block is ignored. */
+    write_throttle(&u->steer.throttle[0], PPM(90), 0);
+    CHECK(pacer_quota_now(&pd, now).ppm == PPM(50));
+    /* No env limit (share 0): unlimited, and still only lowered by steering. */
+    atomic_store(&u->devices[0].share_ppm, 0);
+    CHECK(pacer_quota_now(&pd, now).ppm == PPM(90));
+    free(u);
+}
+
+/* A live change noticed by a sleeping thread within one sleep piece. */
+static void raise_to_full(struct fake_clock *fc)
+{
+    struct vgpu_control *c = fc->arg;
+    write_throttle(&c->devices[0].throttle, VGPU_PPM_FULL, 0);
+}
+
+static void test_live_change_wakes_a_sleeping_thread(void)
+{
+    struct vgpu_control *c = new_control(PPM(10), PPM(10));
+    struct vgpu_usage *u = new_usage(0);
+    struct pacer_dev pd;
+    pacer_dev_init(&pd, 0, c, u, NULL);
+    struct fake_clock fc = {.now = 1000 * MS, .on_sleep = raise_to_full, .arg = c};
+    struct pacer_clock clk = clock_of(&fc);
+    pacer_admit(&pd, &clk);
+    pacer_charge(pd.bucket, (int64_t)(1000 * MS)); /* 10 s of debt at 10 % */
+    uint64_t waited = pacer_admit(&pd, &clk);
+    CHECK(waited == PACER_MAX_SLEEP_NS);
+    free(c);
+    free(u);
+}
+
+/*
+ * Closed loop on the fake clock: processes sharing one bucket each queue
+ * batches of GPU work whenever admitted; the work is charged as it is
+ * queued. Over 10 s, the device time they get is the quota.
+ */
+static void run_shared_bucket(unsigned procs, uint32_t ppm, uint64_t batch_ns, double tolerance)
+{
+    struct vgpu_usage *u = new_usage(ppm);
+    struct pacer_dev pd[4];
+    for (unsigned p = 0; p < procs; p++)
+        pacer_dev_init(&pd[p], 0, NULL, u, &u->slots[p].dev[0]);
+    struct fake_clock fc = {.now = 1000 * MS};
+    struct pacer_clock clk = clock_of(&fc);
+    uint64_t start = fc.now, busy = 0;
+    /* The GPU runs one batch at a time; a process queues its next batch
+     * when admitted, at the earliest when the GPU is free. */
+    while (fc.now - start < 10000 * MS) {
+        for (unsigned p = 0; p < procs; p++) {
+            pacer_admit(&pd[p], &clk);
+            pacer_charge(pd[p].bucket, (int64_t)batch_ns);
+            pacer_account(&pd[p], batch_ns, 1);
+            fc.now += batch_ns;
+            busy += batch_ns;
+        }
+    }
+    double share = (double)busy / (double)(fc.now - start);
+    double want = (double)ppm / VGPU_PPM_FULL;
+    if (share < want - tolerance || share > want + tolerance) {
+        fprintf(stderr, "shared bucket: %u procs at %u ppm with %llu ns batches got %.4f\n",
+                procs, ppm, (unsigned long long)batch_ns, share);
+        failures++;
+    }
+    CHECK(atomic_load(&u->devices[0].gpu_time_ns) == busy);
+    free(u);
+}
+
+static void test_shared_bucket_holds_the_quota(void)
+{
+    /* Big batches overshoot by at most one batch per window's worth. */
+    run_shared_bucket(1, PPM(30), 2 * MS, 0.005);
+    run_shared_bucket(1, PPM(10), 20 * MS, 0.005);
+    run_shared_bucket(3, PPM(30), 1 * MS, 0.005);
+    run_shared_bucket(3, PPM(90), 20 * MS, 0.005);
+    run_shared_bucket(2, PPM(50), 10000, 0.005);
+}
+
+/* Real threads refilling one bucket at once: every instant is credited
+ * exactly once (the CAS on the stamp), so the balance equals quota x time
+ * (less at most 1 ns of rounding per refill grain). */
+struct refill_arg {
+    struct vgpu_usage_device *b;
+    uint64_t until;
+};
+
+static void *refill_thread(void *p)
+{
+    struct refill_arg *a = p;
+    struct pacer_quota q = {PPM(50), PACER_MAX_WINDOW_NS};
+    while (pacer_monotonic.now(NULL) < a->until)
+        pacer_refill(a->b, &q, pacer_monotonic.now(NULL));
+    return NULL;
+}
+
+static void test_concurrent_refill_credits_time_once(void)
+{
+    struct vgpu_usage *u = new_usage(0);
+    struct pacer_quota q = {PPM(50), PACER_MAX_WINDOW_NS};
+    uint64_t t0 = pacer_monotonic.now(NULL);
+    pacer_refill(&u->devices[0], &q, t0);
+    struct refill_arg arg = {&u->devices[0], t0 + 200 * MS};
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++)
+        pthread_create(&th[i], NULL, refill_thread, &arg);
+    for (int i = 0; i < 4; i++)
+        pthread_join(th[i], NULL);
+    uint64_t stamp = atomic_load(&u->devices[0].pacer_stamp_ns);
+    int64_t balance = atomic_load(&u->devices[0].pacer_balance_ns);
+    CHECK_NEAR(balance, (stamp - t0) / 2, (stamp - t0) / PACER_REFILL_GRAIN_NS + 1);
+    free(u);
+}
+
+int main(void)
+{
+    test_refill_rate_cap_and_first_use();
+    test_deficit();
+    test_admit_sleeps_off_the_debt_and_counts_it();
+    test_full_quota_never_waits();
+    test_vgpu_quota_from_the_table();
+    test_vgpu_no_share_no_quota_is_unlimited();
+    test_standalone_steer_can_only_lower();
+    test_live_change_wakes_a_sleeping_thread();
+    test_shared_bucket_holds_the_quota();
+    test_concurrent_refill_credits_time_once();
+    if (failures) {
+        fprintf(stderr, "test_pacer: %d failure(s)\n", failures);
+        return 1;
+    }
+    printf("test_pacer: ok\n");
+    return 0;
+}
