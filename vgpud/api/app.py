@@ -1,0 +1,216 @@
+"""The HTTP API (aiohttp): routes, error answers, request timing.
+
+Every error is JSON {"error": code, "detail": text} with its 4xx/5xx status,
+including aiohttp's own (unknown route 404, wrong method 405, body over
+max_request_bytes 413). Handlers are thin: parse, call the Service, answer.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Awaitable, Callable
+from importlib import resources
+from typing import Any
+
+import structlog
+from aiohttp import web
+
+from vgpud.api import schemas
+from vgpud.errors import ApiError, BadRequest, PayloadTooLarge, Unprocessable
+from vgpud.events import EventLog
+from vgpud.metrics import CONTENT_TYPE, Metrics
+from vgpud.service import Service
+
+log = structlog.get_logger("vgpud.api")
+
+SERVICE = web.AppKey("service", Service)
+METRICS = web.AppKey("metrics", Metrics)
+EVENTS = web.AppKey("events", EventLog)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def make_app(service: Service, metrics: Metrics) -> web.Application:
+    app = web.Application(
+        client_max_size=service.config.max_request_bytes,
+        middlewares=[_timing, _errors],
+    )
+    app[SERVICE] = service
+    app[METRICS] = metrics
+    app[EVENTS] = service.events
+    app.router.add_get("/v1/health", health)
+    app.router.add_get("/v1/devices", devices)
+    app.router.add_get("/v1/vgpus", list_vgpus)
+    app.router.add_post("/v1/vgpus", create_vgpu)
+    app.router.add_get("/v1/vgpus/{id}", get_vgpu)
+    app.router.add_patch("/v1/vgpus/{id}", update_vgpu)
+    app.router.add_delete("/v1/vgpus/{id}", delete_vgpu)
+    app.router.add_get("/v1/processes", processes)
+    app.router.add_get("/v1/events", events)
+    app.router.add_get("/metrics", metrics_handler)
+    app.router.add_get("/openapi.json", openapi)
+    return app
+
+
+def make_metrics_app(metrics: Metrics) -> web.Application:
+    """/metrics alone, for the optional TCP listener."""
+    app = web.Application()
+    app[METRICS] = metrics
+    app.router.add_get("/metrics", metrics_handler)
+    return app
+
+
+def openapi_document() -> dict[str, Any]:
+    text = resources.files("vgpud.api").joinpath("openapi.json").read_text()
+    doc: dict[str, Any] = json.loads(text)
+    return doc
+
+
+# --- middleware ---------------------------------------------------------------
+
+
+def error_response(status: int, code: str, detail: str) -> web.Response:
+    return web.json_response({"error": code, "detail": detail}, status=status)
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ApiError as exc:
+        return error_response(exc.status, exc.code, exc.detail)
+    except web.HTTPRequestEntityTooLarge:
+        limit = request.app[SERVICE].config.max_request_bytes
+        err = PayloadTooLarge(f"the body is over the {limit} bytes this daemon accepts")
+        return error_response(err.status, err.code, err.detail)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status, "http_error")
+        return error_response(exc.status, code, exc.reason)
+    except Exception:
+        log.exception("API handler failed", method=request.method, path=request.path)
+        return error_response(500, "internal", "internal error; see the daemon's log")
+
+
+@web.middleware
+async def _timing(request: web.Request, handler: Handler) -> web.StreamResponse:
+    start = time.perf_counter()
+    status = 500
+    try:
+        response = await handler(request)
+        status = response.status
+        return response
+    finally:
+        route = request.match_info.route.resource
+        name = route.canonical if route is not None else "unmatched"
+        request.app[METRICS].request_seconds.labels(request.method, name, str(status)).observe(
+            time.perf_counter() - start
+        )
+
+
+# --- handlers -----------------------------------------------------------------
+
+
+async def _json_body(request: web.Request) -> object:
+    raw = await request.read()
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"the body is not valid JSON: {exc}") from None
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.json_response(request.app[SERVICE].health_json())
+
+
+async def devices(request: web.Request) -> web.Response:
+    return web.json_response(request.app[SERVICE].devices_json())
+
+
+async def list_vgpus(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    q = request.query
+    label = q.get("label")
+    if label is not None:
+        schemas.parse_label_query(label)
+    chosen = [
+        e
+        for e in service.registry.all()
+        if service.matches(e, q.get("gpu"), label, q.get("owner_pod"))
+    ]
+    return web.json_response([service.vgpu_json(e) for e in chosen])
+
+
+async def create_vgpu(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    req = schemas.parse_create(await _json_body(request))
+    entry = service.create(req)
+    return web.json_response(service.vgpu_json(entry), status=201)
+
+
+async def get_vgpu(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    return web.json_response(service.vgpu_json(service.registry.get(request.match_info["id"])))
+
+
+async def update_vgpu(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    key = request.match_info["id"]
+    service.registry.get(key)  # 404 before a body error: the id is the first thing wrong
+    req = schemas.parse_update(await _json_body(request))
+    entry, warnings = service.update(key, req)
+    return web.json_response({**service.vgpu_json(entry), "warnings": warnings})
+
+
+async def delete_vgpu(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    force = schemas.parse_bool_query(request.query, "force")
+    vgpu = service.delete(request.match_info["id"], force)
+    return web.json_response({"deleted": vgpu.id})
+
+
+async def processes(request: web.Request) -> web.Response:
+    return web.json_response([p.to_json() for p in request.app[SERVICE].processes])
+
+
+async def events(request: web.Request) -> web.StreamResponse:
+    """NDJSON by default, server-sent events with Accept: text/event-stream
+    or ?format=sse. ?since=N resumes after event N; ?follow=false ends after
+    the backlog instead of streaming new events."""
+    log_ = request.app[EVENTS]
+    since = schemas.parse_int_query(request.query, "since", 0)
+    follow = schemas.parse_bool_query(request.query, "follow", default=True)
+    fmt = request.query.get("format")
+    if fmt not in (None, "ndjson", "sse"):
+        raise Unprocessable(f"format: ndjson or sse, not {fmt!r}")
+    sse = fmt == "sse" or (fmt is None and "text/event-stream" in request.headers.get("Accept", ""))
+    response = web.StreamResponse(
+        headers={
+            "Content-Type": "text/event-stream" if sse else "application/x-ndjson",
+            "Cache-Control": "no-cache",
+        }
+    )
+    await response.prepare(request)
+    source = log_.follow(since) if follow else _replay(log_, since)
+    async for event in source:
+        line = json.dumps(event.to_json())
+        data = f"id: {event.seq}\nevent: {event.type}\ndata: {line}\n\n" if sse else line + "\n"
+        await response.write(data.encode())
+    await response.write_eof()
+    return response
+
+
+async def _replay(log_: EventLog, since: int) -> Any:
+    for event in log_.since(since):
+        yield event
+
+
+async def metrics_handler(request: web.Request) -> web.Response:
+    body = request.app[METRICS].render()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+
+async def openapi(request: web.Request) -> web.Response:
+    return web.json_response(openapi_document())

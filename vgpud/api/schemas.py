@@ -1,0 +1,183 @@
+"""Request bodies and query strings: parsed strictly into domain requests.
+
+Anything the document (openapi.json) does not allow is refused as a whole
+before anything changes: unknown fields, wrong types (a bool is not a
+number), values out of range. 422 with the field named.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from vgpud.errors import Unprocessable
+from vgpud.model import MODES, CreateRequest, UpdateRequest
+from vgpud.units import MemoryAmount, parse_memory
+
+MAX_GPUS = 16
+MAX_LABELS = 64
+MAX_TEXT = 253
+
+CREATE_FIELDS = frozenset(
+    {
+        "name",
+        "gpus",
+        "count",
+        "memory",
+        "share",
+        "mode",
+        "weight",
+        "oversubscribe",
+        "exclusive",
+        "labels",
+        "owner",
+    }
+)
+UPDATE_FIELDS = frozenset({"memory", "share", "mode", "weight"})
+
+
+def parse_create(body: object) -> CreateRequest:
+    obj = _object(body, CREATE_FIELDS)
+    gpus = _gpus(obj.get("gpus", ["any"]))
+    count = _int(obj, "count", 1, MAX_GPUS, default=1)
+    if gpus != ("any",) and "count" in obj and count != len(gpus):
+        raise Unprocessable('count: only with gpus ["any"] (the GPUs named give the count)')
+    return CreateRequest(
+        name=_opt(obj, "name", _text("name")),
+        gpus=gpus,
+        count=count if gpus == ("any",) else len(gpus),
+        memory=_opt(obj, "memory", _memory),
+        share=_opt_int(obj, "share", 1, 100),
+        mode=_opt(obj, "mode", _mode),
+        weight=_opt_int(obj, "weight", 1, 1000),
+        oversubscribe=_bool(obj, "oversubscribe"),
+        exclusive=_bool(obj, "exclusive"),
+        labels=_string_map(obj.get("labels", {}), "labels"),
+        owner=_string_map(obj.get("owner", {}), "owner"),
+    )
+
+
+def parse_update(body: object) -> UpdateRequest:
+    obj = _object(body, UPDATE_FIELDS)
+    if not obj:
+        raise Unprocessable("nothing to change: give memory, share, mode or weight")
+    return UpdateRequest(
+        memory=_opt(obj, "memory", _memory),
+        share=_opt_int(obj, "share", 1, 100),
+        mode=_opt(obj, "mode", _mode),
+        weight=_opt_int(obj, "weight", 1, 1000),
+    )
+
+
+def parse_bool_query(query: Mapping[str, str], key: str, default: bool = False) -> bool:
+    value = query.get(key)
+    if value is None:
+        return default
+    if value.lower() in ("true", "1"):
+        return True
+    if value.lower() in ("false", "0"):
+        return False
+    raise Unprocessable(f"{key}: use true or false, not {value!r}")
+
+
+def parse_int_query(query: Mapping[str, str], key: str, default: int) -> int:
+    value = query.get(key)
+    if value is None:
+        return default
+    if not value.isdigit():
+        raise Unprocessable(f"{key}: a non-negative integer, not {value!r}")
+    return int(value)
+
+
+def parse_label_query(value: str) -> tuple[str, str]:
+    key, sep, val = value.partition("=")
+    if not sep or not key:
+        raise Unprocessable(f"label: use key=value, not {value!r}")
+    return key, val
+
+
+# --- pieces -------------------------------------------------------------------
+
+
+def _object(body: object, allowed: frozenset[str]) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise Unprocessable("the body must be a JSON object")
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise Unprocessable(f"unknown field(s): {', '.join(unknown)}")
+    return body
+
+
+def _opt(obj: Mapping[str, Any], key: str, parse: Callable[[Any], Any]) -> Any:
+    if key not in obj or obj[key] is None:
+        return None
+    return parse(obj[key])
+
+
+def _int(obj: Mapping[str, Any], key: str, low: int, high: int, *, default: int) -> int:
+    value = obj.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise Unprocessable(f"{key}: an integer {low}..{high}, not {value!r}")
+    if not low <= value <= high:
+        raise Unprocessable(f"{key}: {value} is outside {low}..{high}")
+    return int(value)
+
+
+def _opt_int(obj: Mapping[str, Any], key: str, low: int, high: int) -> int | None:
+    if key not in obj or obj[key] is None:
+        return None
+    return _int(obj, key, low, high, default=low)
+
+
+def _bool(obj: Mapping[str, Any], key: str) -> bool:
+    value = obj.get(key, False)
+    if not isinstance(value, bool):
+        raise Unprocessable(f"{key}: true or false, not {value!r}")
+    return value
+
+
+def _text(key: str) -> Callable[[Any], str]:
+    def parse(value: Any) -> str:
+        if not isinstance(value, str) or not 0 < len(value) <= MAX_TEXT:
+            raise Unprocessable(f"{key}: a string of 1..{MAX_TEXT} characters")
+        return value
+
+    return parse
+
+
+def _memory(value: Any) -> MemoryAmount:
+    try:
+        return parse_memory(value)
+    except ValueError as exc:
+        raise Unprocessable(f"memory: {exc}") from None
+
+
+def _mode(value: Any) -> str:
+    if value not in MODES:
+        raise Unprocessable(f"mode: {' or '.join(MODES)}, not {value!r}")
+    return str(value)
+
+
+def _gpus(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not 1 <= len(value) <= MAX_GPUS:
+        raise Unprocessable(f'gpus: a list of 1..{MAX_GPUS} GPUs (UUIDs or indices) or ["any"]')
+    out = []
+    for item in value:
+        if isinstance(item, int) and not isinstance(item, bool) and 0 <= item < 1024:
+            out.append(str(item))
+        elif isinstance(item, str) and 0 < len(item) <= MAX_TEXT:
+            out.append(item)
+        else:
+            raise Unprocessable(f"gpus: {item!r} is neither a GPU UUID nor an index")
+    if "any" in out and len(out) > 1:
+        raise Unprocessable('gpus: "any" stands alone (use count for several)')
+    return tuple(out)
+
+
+def _string_map(value: Any, key: str) -> dict[str, str]:
+    if not isinstance(value, dict) or len(value) > MAX_LABELS:
+        raise Unprocessable(f"{key}: an object of at most {MAX_LABELS} string values")
+    for k, v in value.items():
+        if not isinstance(v, str) or not 0 < len(k) <= MAX_TEXT or len(v) > MAX_TEXT:
+            raise Unprocessable(f"{key}: {k!r} must map to a string (keys 1..{MAX_TEXT} chars)")
+    return dict(value)

@@ -1,0 +1,418 @@
+"""vgpud: the node daemon's entry point and lifecycle.
+
+Start: config (flags > env > file; the effective config is logged), the
+atomics library, NVML (the simulator with --sim), adoption of the recorded
+vGPUs, the API on the unix socket (a stale socket from a crash is replaced;
+a live one means another vgpud runs: refused), READY=1 once the socket
+answers. A failed start exits with EXIT_START_FAILED (3).
+
+Running: three periodic loops, each timed into a histogram:
+  control (control_interval): quotas and heartbeats into the control blocks;
+          the watchdog ping rides on it;
+  sample  (sample_interval):  NVML figures, off the event loop (NVML's thread);
+  scan    (scan_interval):    host processes, reaping, the backstop, events.
+
+Stop (SIGTERM/SIGINT), in this order: STOPPING=1; stop accepting; end event
+streams; wait for running requests up to shutdown_timeout, then cancel the
+stragglers with a log line; stop the loops; unmap blocks and close NVML;
+remove the socket. A second SIGTERM/SIGINT exits at once. SIGHUP reloads the
+config: what changed is logged, keys that need a restart are said so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import grp
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import structlog
+from aiohttp import web
+
+from vgpud import __version__, nvml, systemd
+from vgpud import events as ev
+from vgpud import log as logsetup
+from vgpud.api.app import make_app, make_metrics_app
+from vgpud.blocks import Atomics, BlockError, find_library
+from vgpud.config import RESTART_KEYS, Config, ConfigError, changed_keys, load_config
+from vgpud.errors import ApiError
+from vgpud.events import EventLog
+from vgpud.metrics import Metrics
+from vgpud.registry import Registry
+from vgpud.service import GpuFigures, Service
+from vgpud.state import StateStore
+from vgpud.steering import Steering
+from vgpud.watch import Watch
+
+EXIT_START_FAILED = 3
+log = structlog.get_logger("vgpud")
+
+
+class StartError(Exception):
+    """vgpud cannot start; the message says why."""
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="vgpud", description="GPU sharing daemon (vGPUs on one node)")
+    p.add_argument("--config", type=Path, help="config file (default /etc/vgpud/vgpud.toml)")
+    p.add_argument("--socket", help="API unix socket path")
+    p.add_argument("--run-dir", help="directory of the vGPU blocks")
+    p.add_argument("--state-dir", help="directory of the durable state")
+    p.add_argument(
+        "--sim", action="store_true", default=None, help="use the simulated GPU (build/sim)"
+    )
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--version", action="version", version=f"vgpud {__version__}")
+    return p.parse_args(argv)
+
+
+def flags_of(args: argparse.Namespace) -> dict[str, Any]:
+    def absolute(value: str | None) -> str | None:
+        return os.path.abspath(value) if value else None
+
+    return {
+        "socket": absolute(args.socket),
+        "run_dir": absolute(args.run_dir),
+        "state_dir": absolute(args.state_dir),
+        "sim": args.sim,
+        "log_level": args.log_level,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    flags = flags_of(args)
+    try:
+        config = load_config(args.config, os.environ, flags)
+    except ConfigError as exc:
+        print(f"vgpud: {exc}", file=sys.stderr)
+        return EXIT_START_FAILED
+    logsetup.configure(config.log_level, config.log_format, os.environ)
+    daemon = Daemon(config, lambda: load_config(args.config, os.environ, flags))
+    return asyncio.run(daemon.run())
+
+
+class Daemon:
+    def __init__(self, config: Config, reload: Callable[[], Config]) -> None:
+        self.config = config
+        self.reload_config = reload
+        self.notifier = systemd.notifier(os.environ)
+        self.stop_event = asyncio.Event()
+        self.events = EventLog(config.event_buffer)
+        self.steering = Steering()
+        self.inflight: set[asyncio.Task[Any]] = set()
+        self.loops: list[asyncio.Task[None]] = []
+        self.runner: web.AppRunner | None = None
+        self.metrics_runner: web.AppRunner | None = None
+        self.registry: Registry | None = None
+        self.gpus: nvml.NvmlGateway | nvml.NullNvml | None = None
+        self.socket_inode: int | None = None
+        self.last_watchdog = 0.0
+
+    async def run(self) -> int:
+        self._install_signals()
+        try:
+            service = await self._start()
+        except (StartError, ApiError, BlockError, OSError) as exc:
+            log.error("vgpud failed to start", reason=str(exc))
+            await self._release()
+            return EXIT_START_FAILED
+        self.notifier.ready()
+        self.notifier.status(self._summary(service))
+        log.info("vgpud ready", socket=self.config.socket, vgpus=len(service.registry.entries))
+        await self.stop_event.wait()
+        await self._stop()
+        return 0
+
+    # --- start ----------------------------------------------------------------
+
+    async def _start(self) -> Service:
+        c = self.config
+        log.info("starting vgpud", version=__version__, config=c.as_dict())
+        atomics = Atomics.load(Path(c.lib_dir))
+        library = self._hook_library()
+        self.gpus = await self._open_nvml()
+        store = StateStore(Path(c.state_dir))
+        self.registry = Registry(Path(c.run_dir), store, library, atomics, self.events)
+        self.registry.adopt()
+        service = Service(c, self.registry, self.gpus, self.events)
+        self.service = service
+        metrics = Metrics(service)
+        self.metrics = metrics
+        self.watch = Watch(service, self.events)
+        await self._serve(service, metrics)
+        self.loops = [
+            self._loop("control", c.control_interval, self._control),
+            self._loop("sample", c.sample_interval, self._sample),
+            self._loop("scan", c.scan_interval, self._scan),
+        ]
+        return service
+
+    def _hook_library(self) -> Path:
+        try:
+            return find_library("libvgpu.so", Path(self.config.lib_dir))
+        except BlockError:
+            path = Path(self.config.lib_dir) / "libvgpu.so"
+            log.warning("libvgpu.so not found: recipes name it where it should be", path=str(path))
+            return path
+
+    async def _open_nvml(self) -> nvml.NvmlGateway | nvml.NullNvml:
+        if not self.config.sim:
+            return await nvml.open_nvml(on_health=self._on_health)
+        try:
+            path = find_library("sim/libnvidia-ml.so.1", Path(self.config.lib_dir))
+        except BlockError as exc:
+            raise StartError(f"--sim: {exc}") from exc
+        log.info("GPU: SIMULATED (build/sim), not a real driver", library=str(path))
+        gateway = nvml.NvmlGateway(str(path), on_health=self._on_health)
+        try:
+            await gateway.start()
+        except nvml.NvmlUnavailable as exc:
+            raise StartError(f"the simulated NVML does not start: {exc}") from exc
+        return gateway
+
+    def _on_health(self, event: nvml.HealthEvent) -> None:
+        self.events.publish(
+            ev.GPU_HEALTH,
+            gpu=event.uuid,
+            kind=event.kind,
+            xid=event.xid,
+            critical=event.critical,
+            message=event.message,
+        )
+
+    async def _serve(self, service: Service, metrics: Metrics) -> None:
+        app = make_app(service, metrics)
+        app.middlewares.insert(0, self._track_inflight)
+        # shutdown_timeout is ours to handle (see _stop): aiohttp's must not wait again.
+        self.runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
+        await self.runner.setup()
+        path = self.config.socket
+        _claim_socket_path(path)
+        old_umask = os.umask(0o117)  # never a moment with a world-writable socket
+        try:
+            await web.UnixSite(self.runner, path).start()
+        finally:
+            os.umask(old_umask)
+        self.socket_inode = os.stat(path).st_ino
+        os.chmod(path, 0o660)
+        self._set_socket_group(path)
+        if self.config.metrics_listen:
+            host, _, port = self.config.metrics_listen.rpartition(":")
+            self.metrics_runner = web.AppRunner(make_metrics_app(metrics), access_log=None)
+            await self.metrics_runner.setup()
+            await web.TCPSite(self.metrics_runner, host.strip("[]"), int(port)).start()
+            log.info("metrics on TCP", address=self.config.metrics_listen)
+        await _check_answers(path)
+
+    def _set_socket_group(self, path: str) -> None:
+        name = self.config.socket_group
+        if not name:
+            return
+        try:
+            gid = grp.getgrnam(name).gr_gid
+        except KeyError:
+            log.warning("socket group does not exist: socket is root-only", group=name)
+            return
+        try:
+            os.chown(path, -1, gid)
+        except PermissionError:
+            log.warning("cannot give the socket to its group (not root?)", group=name)
+
+    @web.middleware
+    async def _track_inflight(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        task = asyncio.current_task()
+        assert task is not None
+        self.inflight.add(task)
+        try:
+            return await handler(request)
+        finally:
+            self.inflight.discard(task)
+
+    # --- loops ----------------------------------------------------------------
+
+    def _loop(
+        self, name: str, interval: float, body: Callable[[], Awaitable[None]]
+    ) -> asyncio.Task[None]:
+        async def run() -> None:
+            histogram = self.metrics.loop_seconds.labels(name)
+            next_at = time.monotonic()
+            while True:
+                start = time.monotonic()
+                try:
+                    await body()
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("loop iteration failed", loop=name)
+                histogram.observe(time.monotonic() - start)
+                # Fixed rate, but never a burst to catch up after a stall.
+                next_at = max(next_at + self._interval(name, interval), time.monotonic())
+                await asyncio.sleep(next_at - time.monotonic())
+
+        return asyncio.get_running_loop().create_task(run(), name=f"vgpud-{name}")
+
+    def _interval(self, name: str, default: float) -> float:
+        """The current period (a reload may have changed it)."""
+        return float(getattr(self.config, f"{name}_interval", default))
+
+    async def _control(self) -> None:
+        assert self.registry is not None
+        self.steering.tick(self.registry.all(), time.monotonic_ns())
+        interval = self.notifier.watchdog_interval
+        if interval is not None and time.monotonic() - self.last_watchdog >= interval:
+            self.notifier.watchdog()
+            self.last_watchdog = time.monotonic()
+
+    async def _sample(self) -> None:
+        assert self.gpus is not None
+        sample = await self.gpus.sample()
+        self.service.figures = {
+            uuid: GpuFigures(
+                memory_used=g.memory_used,
+                utilization=None if g.utilization_gpu is None else float(g.utilization_gpu),
+                process_util=dict(g.process_util),
+            )
+            for uuid, g in sample.gpus.items()
+        }
+
+    async def _scan(self) -> None:
+        await self.watch.scan()
+        self.notifier.status(self._summary(self.service))
+
+    def _summary(self, service: Service) -> str:
+        return (
+            f"{len(service.registry.entries)} vGPUs, {len(service.processes)} processes, "
+            f"{len(service.devices())} GPUs"
+        )
+
+    # --- signals and stop -----------------------------------------------------
+
+    def _install_signals(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._on_stop_signal, sig)
+        loop.add_signal_handler(signal.SIGHUP, self._on_reload)
+
+    def _on_stop_signal(self, sig: signal.Signals) -> None:
+        if self.stop_event.is_set():
+            log.warning("second stop signal: exiting now", signal=sig.name)
+            self._remove_socket()
+            os._exit(128 + sig.value)
+        log.info("stopping", signal=sig.name)
+        self.stop_event.set()
+
+    def _on_reload(self) -> None:
+        try:
+            new = self.reload_config()
+        except ConfigError as exc:
+            log.error("reload refused: config kept as it was", reason=str(exc))
+            return
+        diff = changed_keys(self.config, new)
+        later = {k: v for k, v in diff.items() if k in RESTART_KEYS}
+        now = {k: v for k, v in diff.items() if k not in RESTART_KEYS}
+        # Keys read once at start keep their running value until a restart.
+        effective = replace(new, **{k: old for k, (old, _) in later.items()})
+        self.config = effective
+        if hasattr(self, "service"):
+            self.service.config = effective
+        logsetup.set_level(effective.log_level)
+        for key, (old, value) in now.items():
+            log.info("config changed", key=key, old=old, new=value)
+        for key, (old, value) in later.items():
+            log.warning("config change needs a restart", key=key, running=old, configured=value)
+        if not diff:
+            log.info("config reloaded: nothing changed")
+
+    async def _stop(self) -> None:
+        self.notifier.stopping()
+        if self.runner is not None:
+            for site in list(self.runner.sites):
+                await site.stop()  # stop accepting
+        self.events.close()  # event streams end rather than hold the drain
+        await self._drain()
+        await self._release()
+        log.info("vgpud stopped")
+
+    async def _drain(self) -> None:
+        pending = {t for t in self.inflight if not t.done()}
+        if pending:
+            _, pending = await asyncio.wait(pending, timeout=self.config.shutdown_timeout)
+        if pending:
+            log.warning(
+                "cancelling requests still running at the shutdown timeout",
+                count=len(pending),
+                timeout_s=self.config.shutdown_timeout,
+            )
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    async def _release(self) -> None:
+        for task in self.loops:
+            task.cancel()
+        await asyncio.gather(*self.loops, return_exceptions=True)
+        for runner in (self.runner, self.metrics_runner):
+            if runner is not None:
+                await runner.cleanup()
+        if self.registry is not None:
+            self.registry.close()
+        if self.gpus is not None:
+            await self.gpus.close()
+        self._remove_socket()
+
+    def _remove_socket(self) -> None:
+        """Remove our socket, and only ours (a successor may own the path)."""
+        with contextlib.suppress(OSError):
+            if (
+                self.socket_inode is not None
+                and os.stat(self.config.socket).st_ino == self.socket_inode
+            ):
+                os.unlink(self.config.socket)
+
+
+def _claim_socket_path(path: str) -> None:
+    """Replace a stale socket left by a crash; refuse when one answers."""
+    if not os.path.lexists(path):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        return
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+    except ConnectionRefusedError:
+        log.info("replacing a stale socket", path=path)
+        os.unlink(path)
+        return
+    except OSError as exc:
+        raise StartError(f"{path} exists and is not a usable socket: {exc.strerror}") from exc
+    finally:
+        probe.close()
+    raise StartError(f"another vgpud answers on {path}")
+
+
+async def _check_answers(path: str) -> None:
+    """READY=1 means the socket answers: ask it once."""
+    reader, writer = await asyncio.open_unix_connection(path)
+    try:
+        writer.write(b"GET /v1/health HTTP/1.1\r\nHost: vgpud\r\nConnection: close\r\n\r\n")
+        await writer.drain()
+        status = await asyncio.wait_for(reader.readline(), timeout=5)
+    finally:
+        writer.close()
+    if b" 200 " not in status:
+        raise StartError(f"the API does not answer on {path}: {status!r}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

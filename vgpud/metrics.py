@@ -1,0 +1,114 @@
+"""Prometheus metrics, in a registry of our own (no globals).
+
+GPU and vGPU figures are produced at scrape time from the service's current
+state by a collector, so the label sets of a deleted vGPU or a vanished GPU
+disappear with it; nothing has to be removed by hand. The daemon's own loop
+timings and API request durations are histograms.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from vgpud.blocks import PPM_FULL, SLOT_ACTIVE
+
+if TYPE_CHECKING:
+    from vgpud.service import Service
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+GPU_LABELS = ["gpu", "uuid"]
+VGPU_LABELS = ["vgpu", "name", "gpu", "uuid"]
+
+
+class Metrics:
+    def __init__(self, service: Service) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.loop_seconds = Histogram(
+            "vgpud_loop_duration_seconds",
+            "Time one iteration of a daemon loop took.",
+            ["loop"],
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
+            registry=self.registry,
+        )
+        self.request_seconds = Histogram(
+            "vgpud_api_request_duration_seconds",
+            "Time the API took to answer, by route and status.",
+            ["method", "route", "status"],
+            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5),
+            registry=self.registry,
+        )
+        self.registry.register(_StateCollector(service))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _StateCollector(Collector):
+    def __init__(self, service: Service) -> None:
+        self.service = service
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._gpus()
+        yield from self._vgpus()
+
+    def _gpus(self) -> Iterator[Metric]:
+        used = GaugeMetricFamily(
+            "vgpud_gpu_memory_used_bytes", "GPU memory in use (NVML).", labels=GPU_LABELS
+        )
+        total = GaugeMetricFamily("vgpud_gpu_memory_total_bytes", "GPU memory.", labels=GPU_LABELS)
+        util = GaugeMetricFamily(
+            "vgpud_gpu_utilization_percent", "GPU utilization (NVML).", labels=GPU_LABELS
+        )
+        healthy = GaugeMetricFamily(
+            "vgpud_gpu_healthy", "1 when the GPU is healthy.", labels=GPU_LABELS
+        )
+        count = GaugeMetricFamily("vgpud_gpu_vgpus", "vGPUs placed on the GPU.", labels=GPU_LABELS)
+        for d in self.service.devices_json():
+            labels = [str(d["index"]), d["uuid"]]
+            total.add_metric(labels, d["memory_total"])
+            healthy.add_metric(labels, 1.0 if d["healthy"] else 0.0)
+            count.add_metric(labels, len(d["vgpus"]))
+            if d["memory_used"] is not None:
+                used.add_metric(labels, d["memory_used"])
+            if d["utilization"] is not None:
+                util.add_metric(labels, d["utilization"])
+        yield from (used, total, util, healthy, count)
+
+    def _vgpus(self) -> Iterator[Metric]:
+        def gauge(name: str, doc: str) -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, doc, labels=VGPU_LABELS)
+
+        def counter(name: str, doc: str) -> CounterMetricFamily:
+            return CounterMetricFamily(name, doc, labels=VGPU_LABELS)
+
+        used = gauge("vgpud_vgpu_memory_used_bytes", "Memory the vGPU holds (hook-tracked).")
+        limit = gauge("vgpud_vgpu_memory_limit_bytes", "The vGPU's memory limit.")
+        util = gauge("vgpud_vgpu_utilization_percent", "GPU time the vGPU's processes use (NVML).")
+        quota = gauge("vgpud_vgpu_quota_ratio", "Compute quota the controller gives now (0-1).")
+        share = gauge("vgpud_vgpu_share_ratio", "Configured compute share (0-1).")
+        throttled = counter("vgpud_vgpu_throttled_seconds", "Time launches waited in the pacer.")
+        ooms = counter("vgpud_vgpu_oom", "Allocations refused for the limit.")
+        procs = gauge("vgpud_vgpu_processes", "Processes using the vGPU.")
+        for entry in self.service.registry.all():
+            v = entry.vgpu
+            nprocs = sum(1 for s in entry.usage.slots() if s.state == SLOT_ACTIVE)
+            for s, u, c in zip(
+                v.slices, entry.usage.devices(), entry.control.devices(), strict=True
+            ):
+                labels = [v.id, v.name or "", str(s.gpu_index), s.gpu_uuid]
+                used.add_metric(labels, u.used)
+                limit.add_metric(labels, s.memory)
+                quota.add_metric(labels, c.throttle.quota_ppm / PPM_FULL)
+                share.add_metric(labels, c.share_ppm / PPM_FULL)
+                throttled.add_metric(labels, u.throttled_ns / 1e9)
+                ooms.add_metric(labels, u.oom_count)
+                procs.add_metric(labels, nprocs)
+                figure = self.service.vgpu_utilization(v.id, s.gpu_uuid)
+                if figure is not None:
+                    util.add_metric(labels, figure)
+        yield from (used, limit, util, quota, share, throttled, ooms, procs)

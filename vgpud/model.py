@@ -1,0 +1,95 @@
+"""Domain data of vgpud: what a vGPU is, as recorded and as answered."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from vgpud.units import MemoryAmount
+
+MODES = ("hard", "soft")
+
+
+class GpuLike(Protocol):
+    """What placement and the API need to know about a physical GPU
+    (nvml.GpuInfo provides it)."""
+
+    @property
+    def index(self) -> int: ...
+    @property
+    def uuid(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def memory_total(self) -> int: ...
+    @property
+    def mig_mode(self) -> bool: ...
+    @property
+    def healthy(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class Slice:
+    """The part of one GPU a vGPU holds."""
+
+    gpu_uuid: str
+    gpu_index: int
+    memory: int  # bytes: the vGPU's limit on this GPU
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The live-updatable limits of a vGPU (same on each of its GPUs)."""
+
+    memory: MemoryAmount
+    share: int  # percent of GPU time, 1..100
+    mode: str  # "hard" | "soft"
+    weight: int  # 1..1000: how soft vGPUs divide spare time
+
+
+@dataclass(frozen=True)
+class Vgpu:
+    id: str
+    name: str | None
+    slices: tuple[Slice, ...]
+    limits: Limits
+    oversubscribe: bool
+    exclusive: bool
+    created_at: float
+    labels: Mapping[str, str] = field(default_factory=dict)
+    owner: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def uuids(self) -> list[str]:
+        return [s.gpu_uuid for s in self.slices]
+
+    def on_gpu(self, uuid: str) -> Slice | None:
+        return next((s for s in self.slices if s.gpu_uuid == uuid), None)
+
+
+@dataclass(frozen=True)
+class CreateRequest:
+    """A validated create request; None = use the configured default."""
+
+    name: str | None = None
+    gpus: tuple[str, ...] = ("any",)
+    count: int = 1
+    memory: MemoryAmount | None = None
+    share: int | None = None
+    mode: str | None = None
+    weight: int | None = None
+    oversubscribe: bool = False
+    exclusive: bool = False
+    labels: Mapping[str, str] = field(default_factory=dict)
+    owner: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class UpdateRequest:
+    """A validated PATCH; None = unchanged."""
+
+    memory: MemoryAmount | None = None
+    share: int | None = None
+    mode: str | None = None
+    weight: int | None = None

@@ -1,0 +1,70 @@
+"""The injection recipe: what a container or a process needs to run in a vGPU.
+
+Built as a pipeline of small steps over an empty answer (environment,
+mounts, CDI name), once for containers (paths as mounted inside) and once
+for plain processes on the host (host paths).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vgpud.model import Vgpu
+
+CONTAINER_BLOCK_DIR = Path("/run/vgpud/vgpu")
+CONTAINER_LIBRARY = Path("/usr/lib/vgpud/libvgpu.so")
+CDI_KIND = "vgpud.io/vgpu"
+
+
+@dataclass(frozen=True)
+class Paths:
+    """Where a vGPU's pieces are on the host."""
+
+    control: Path
+    usage: Path
+    library: Path
+
+
+def container_recipe(vgpu: Vgpu, host: Paths) -> dict[str, Any]:
+    env = _env(
+        vgpu, CONTAINER_BLOCK_DIR / "control", CONTAINER_BLOCK_DIR / "usage", CONTAINER_LIBRARY
+    )
+    mounts = [
+        _mount(host.control, CONTAINER_BLOCK_DIR / "control", read_only=True),
+        # The hook writes its usage counters: the one writable mount.
+        _mount(host.usage, CONTAINER_BLOCK_DIR / "usage", read_only=False),
+        _mount(host.library, CONTAINER_LIBRARY, read_only=True),
+    ]
+    return {"env": env, "mounts": mounts, "cdi_device": cdi_device(vgpu)}
+
+
+def host_env(vgpu: Vgpu, host: Paths) -> dict[str, str]:
+    return _env(vgpu, host.control, host.usage, host.library)
+
+
+def cdi_device(vgpu: Vgpu) -> str:
+    return f"{CDI_KIND}={vgpu.name or vgpu.id}"
+
+
+def _env(vgpu: Vgpu, control: Path, usage: Path, library: Path) -> dict[str, str]:
+    uuids = ",".join(vgpu.uuids)
+    return {
+        "LD_PRELOAD": str(library),
+        "VGPU_ID": vgpu.id,
+        "VGPU_CONTROL": str(control),
+        "VGPU_USAGE": str(usage),
+        # UUIDs rather than indices: right both on the host and in a
+        # container that sees only its own GPUs, renumbered from 0.
+        "CUDA_VISIBLE_DEVICES": uuids,
+        "NVIDIA_VISIBLE_DEVICES": uuids,
+    }
+
+
+def _mount(host_path: Path, container_path: Path, *, read_only: bool) -> dict[str, Any]:
+    return {
+        "host_path": str(host_path),
+        "container_path": str(container_path),
+        "read_only": read_only,
+    }

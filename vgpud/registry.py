@@ -1,0 +1,316 @@
+"""The vGPUs this node has: admission, blocks on disk, durable state.
+
+Every change is all-or-nothing: a create that fails at any step removes what
+it made; an update is saved before it is applied to the control block, so a
+crash in between is repaired at the next start (the state file is the truth
+and adoption re-applies it).
+
+Run dir layout: <run_dir>/<vgpu_id>/control (0644) and usage (0666), the
+directory 0755. Adoption at start: each recorded vGPU's blocks are opened
+and validated, not recreated, so running processes do not notice; a missing
+or corrupt block is recreated and reported. Directories in run_dir with no
+state entry are reported and left alone: a process may still map them, and
+removing a file it maps would not free anything anyway.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import structlog
+
+from vgpud import events as ev
+from vgpud.blocks import (
+    FLAG_OVERSUBSCRIBE,
+    PPM_FULL,
+    Atomics,
+    BlockError,
+    ControlBlock,
+    DeviceSlice,
+    UsageBlock,
+)
+from vgpud.errors import Conflict, NotFound, ServerError, Unprocessable, for_status
+from vgpud.events import EventLog
+from vgpud.model import CreateRequest, GpuLike, Limits, UpdateRequest, Vgpu
+from vgpud.placement import Ask, Distance, PlacementError, Rules, check_update, place
+from vgpud.recipe import Paths
+from vgpud.state import StateError, StateStore
+from vgpud.units import format_bytes
+
+log = structlog.get_logger("vgpud.registry")
+
+ID_PATTERN = re.compile(r"vg-[0-9a-f]{8}")
+NAME_PATTERN = re.compile(r"[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?")
+
+
+@dataclass
+class Entry:
+    """A vGPU with its mapped blocks."""
+
+    vgpu: Vgpu
+    control: ControlBlock
+    usage: UsageBlock
+    paths: Paths
+
+    def close(self) -> None:
+        self.control.close()
+        self.usage.close()
+
+
+def device_slices(v: Vgpu) -> list[DeviceSlice]:
+    share_ppm = v.limits.share * (PPM_FULL // 100)
+    soft = v.limits.mode == "soft"
+    return [DeviceSlice(s.gpu_uuid, s.memory, share_ppm, soft, v.limits.weight) for s in v.slices]
+
+
+def apply_limits(control: ControlBlock, v: Vgpu) -> None:
+    """Write a vGPU's limits into its control block (live: hooks read them
+    at the next allocation or pacer refresh)."""
+    for i, d in enumerate(device_slices(v)):
+        control.set_mem_limit(i, d.mem_limit)
+        control.set_share(i, d.share_ppm, d.soft, d.weight)
+    control.set_flags(FLAG_OVERSUBSCRIBE if v.oversubscribe else 0)
+
+
+class Registry:
+    def __init__(
+        self,
+        run_dir: Path,
+        store: StateStore,
+        library: Path,
+        atomics: Atomics,
+        events: EventLog,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.store = store
+        self.library = library
+        self.atomics = atomics
+        self.events = events
+        self.clock = clock
+        self.entries: dict[str, Entry] = {}
+
+    # --- lookup ----------------------------------------------------------
+
+    def all(self) -> list[Entry]:
+        return sorted(self.entries.values(), key=lambda e: e.vgpu.created_at)
+
+    def get(self, key: str) -> Entry:
+        """By id or by name."""
+        entry = self.entries.get(key)
+        if entry is None:
+            entry = next((e for e in self.entries.values() if e.vgpu.name == key), None)
+        if entry is None:
+            raise NotFound(f"no vGPU {key!r}")
+        return entry
+
+    # --- start --------------------------------------------------------------
+
+    def adopt(self) -> None:
+        """Reload the recorded vGPUs and take over their blocks as they are."""
+        self.run_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+        try:
+            recorded = self.store.load()
+        except StateError as exc:
+            raise ServerError(str(exc)) from exc
+        for v in recorded:
+            entry = self._adopt_one(v)
+            self.entries[v.id] = entry
+            self.events.publish(ev.VGPU_ADOPTED, vgpu=v.id, name=v.name)
+        for orphan in sorted(self._orphans()):
+            log.warning(
+                "blocks with no vGPU in the state file: left alone",
+                path=str(self.run_dir / orphan),
+            )
+
+    def _adopt_one(self, v: Vgpu) -> Entry:
+        paths = self.paths(v.id)
+        paths.control.parent.mkdir(mode=0o755, exist_ok=True)
+        try:
+            control = ControlBlock.open(paths.control, atomics=self.atomics)
+            if control.uuids != v.uuids or control.vgpu_id != v.id:
+                control.close()
+                raise BlockError(f"control block {paths.control} belongs to another vGPU")
+        except BlockError as exc:
+            self._repaired(v, "control", str(exc))
+            control = ControlBlock.create(
+                paths.control, v.id, device_slices(v), atomics=self.atomics
+            )
+        # The state file is the truth: re-applying equal limits is invisible
+        # to running processes, and repairs an update a crash interrupted.
+        apply_limits(control, v)
+        try:
+            usage = UsageBlock.open(paths.usage, device_count=len(v.slices), atomics=self.atomics)
+        except BlockError as exc:
+            self._repaired(v, "usage", str(exc))
+            usage = UsageBlock.create(paths.usage, device_count=len(v.slices), atomics=self.atomics)
+        return Entry(v, control, usage, paths)
+
+    def _repaired(self, v: Vgpu, which: str, why: str) -> None:
+        log.warning("block missing or corrupt: recreated", vgpu=v.id, block=which, reason=why)
+        self.events.publish(ev.BLOCK_REPAIRED, vgpu=v.id, block=which, reason=why)
+
+    def _orphans(self) -> set[str]:
+        try:
+            names = {p.name for p in self.run_dir.iterdir() if p.is_dir() and not p.is_symlink()}
+        except OSError:
+            return set()
+        return {n for n in names if ID_PATTERN.fullmatch(n)} - set(self.entries)
+
+    # --- changes --------------------------------------------------------------
+
+    def create(
+        self,
+        req: CreateRequest,
+        limits: Limits,
+        gpus: Sequence[GpuLike],
+        rules: Rules,
+        distance: Distance | None = None,
+    ) -> Entry:
+        """Admit, place, make the blocks, record. ``limits`` are the
+        request's with the configured defaults filled in."""
+        if req.name is not None:
+            self._check_name(req.name)
+        if req.exclusive:
+            limits = replace(limits, share=100, mode="hard")
+        ask = Ask(limits.memory, limits.share, limits.mode, req.oversubscribe, req.exclusive)
+        try:
+            slices = place(req.gpus, req.count, ask, gpus, self._vgpus(), rules, distance)
+        except PlacementError as exc:
+            raise for_status(exc.status, str(exc)) from exc
+        vgpu = Vgpu(
+            id=self._new_id(),
+            name=req.name,
+            slices=slices,
+            limits=limits,
+            oversubscribe=req.oversubscribe,
+            exclusive=req.exclusive,
+            created_at=self.clock(),
+            labels=dict(req.labels),
+            owner=dict(req.owner),
+        )
+        entry = self._make_blocks(vgpu)
+        try:
+            self.store.save([*self._vgpus(), vgpu])
+        except OSError as exc:
+            entry.close()
+            shutil.rmtree(entry.paths.control.parent, ignore_errors=True)
+            raise ServerError(f"cannot record the vGPU: {exc}") from exc
+        self.entries[vgpu.id] = entry
+        self.events.publish(ev.VGPU_CREATED, vgpu=vgpu.id, name=vgpu.name, gpus=vgpu.uuids)
+        log.info("vGPU created", vgpu=vgpu.id, name=vgpu.name, gpus=vgpu.uuids)
+        return entry
+
+    def update(
+        self, key: str, req: UpdateRequest, gpus: Sequence[GpuLike], rules: Rules
+    ) -> tuple[Entry, list[str]]:
+        """New limits, live. Returns the entry and warnings (memory set
+        below what is in use now: allowed, said)."""
+        entry = self.get(key)
+        old = entry.vgpu
+        if old.exclusive and (req.memory is not None or req.share is not None or req.mode):
+            raise Unprocessable(
+                "an exclusive vGPU holds whole GPUs: its memory and share are fixed"
+            )
+        limits = Limits(
+            memory=req.memory or old.limits.memory,
+            share=req.share if req.share is not None else old.limits.share,
+            mode=req.mode or old.limits.mode,
+            weight=req.weight if req.weight is not None else old.limits.weight,
+        )
+        ask = Ask(limits.memory, limits.share, limits.mode, old.oversubscribe, old.exclusive)
+        try:
+            slices = check_update(old, ask, gpus, self._vgpus(), rules)
+        except PlacementError as exc:
+            raise for_status(exc.status, str(exc)) from exc
+        new = replace(old, limits=limits, slices=slices)
+        try:
+            self.store.save([new if v.id == new.id else v for v in self._vgpus()])
+        except OSError as exc:
+            raise ServerError(f"cannot record the change: {exc}") from exc
+        apply_limits(entry.control, new)
+        entry.vgpu = new
+        warnings = self._below_use(entry)
+        self.events.publish(ev.VGPU_UPDATED, vgpu=new.id, warnings=warnings)
+        log.info("vGPU updated", vgpu=new.id, memory=str(limits.memory), share=limits.share)
+        return entry, warnings
+
+    def delete(self, key: str, *, force: bool, processes: int) -> Vgpu:
+        entry = self.get(key)
+        if processes and not force:
+            raise Conflict(
+                f"vGPU {entry.vgpu.id} is used by {processes} process(es); add ?force=true"
+            )
+        remaining = [v for v in self._vgpus() if v.id != entry.vgpu.id]
+        try:
+            self.store.save(remaining)
+        except OSError as exc:
+            raise ServerError(f"cannot record the deletion: {exc}") from exc
+        del self.entries[entry.vgpu.id]
+        entry.close()
+        shutil.rmtree(entry.paths.control.parent, ignore_errors=True)
+        self.events.publish(ev.VGPU_DELETED, vgpu=entry.vgpu.id, forced=bool(processes))
+        log.info("vGPU deleted", vgpu=entry.vgpu.id, processes=processes)
+        return entry.vgpu
+
+    def close(self) -> None:
+        for entry in self.entries.values():
+            entry.close()
+        self.entries.clear()
+
+    # --- helpers --------------------------------------------------------------
+
+    def paths(self, vgpu_id: str) -> Paths:
+        d = self.run_dir / vgpu_id
+        return Paths(control=d / "control", usage=d / "usage", library=self.library)
+
+    def _vgpus(self) -> list[Vgpu]:
+        return [e.vgpu for e in self.all()]
+
+    def _new_id(self) -> str:
+        while True:
+            vid = f"vg-{secrets.token_hex(4)}"
+            if vid not in self.entries and not (self.run_dir / vid).exists():
+                return vid
+
+    def _check_name(self, name: str) -> None:
+        if not NAME_PATTERN.fullmatch(name) or ID_PATTERN.fullmatch(name):
+            raise Unprocessable(
+                f"name {name!r}: use 1-63 lower-case letters, digits, '-' or '.', "
+                "starting and ending with a letter or digit, not shaped like an id (vg-xxxxxxxx)"
+            )
+        if any(e.vgpu.name == name for e in self.entries.values()):
+            raise Conflict(f"a vGPU named {name!r} exists")
+
+    def _make_blocks(self, v: Vgpu) -> Entry:
+        paths = self.paths(v.id)
+        directory = paths.control.parent
+        try:
+            directory.mkdir(mode=0o755)
+            os.chmod(directory, 0o755)  # not the umask's choice: containers must reach usage
+            control = ControlBlock.create(
+                paths.control, v.id, device_slices(v), atomics=self.atomics
+            )
+            apply_limits(control, v)
+            usage = UsageBlock.create(paths.usage, device_count=len(v.slices), atomics=self.atomics)
+        except (OSError, BlockError) as exc:
+            shutil.rmtree(directory, ignore_errors=True)
+            raise ServerError(f"cannot create the blocks in {directory}: {exc}") from exc
+        return Entry(v, control, usage, paths)
+
+    def _below_use(self, entry: Entry) -> list[str]:
+        out = []
+        for s, dev in zip(entry.vgpu.slices, entry.usage.devices(), strict=True):
+            if dev.used > s.memory:
+                out.append(
+                    f"GPU {s.gpu_index}: limit {format_bytes(s.memory)} is below the "
+                    f"{format_bytes(dev.used)} in use; allocations fail until use drops"
+                )
+        return out

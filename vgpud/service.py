@@ -1,0 +1,220 @@
+"""What the API does, apart from HTTP: the daemon's state as answers.
+
+Holds the registry, the GPU gateway and the latest measurements; the daemon
+loops refresh the measurements, the API reads them. Handlers get a Service
+and nothing global.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from vgpud import recipe
+from vgpud.blocks import SLOT_ACTIVE
+from vgpud.config import Config
+from vgpud.errors import Unprocessable
+from vgpud.events import EventLog
+from vgpud.model import CreateRequest, GpuLike, Limits, UpdateRequest, Vgpu
+from vgpud.placement import Rules
+from vgpud.registry import Entry, Registry
+from vgpud.units import parse_memory
+
+
+class GpuInventory(Protocol):
+    """The part of nvml.NvmlGateway / NullNvml the API reads."""
+
+    def devices(self) -> Sequence[Any]: ...
+    def topology(self, uuid_a: str, uuid_b: str) -> int | None: ...
+
+
+@dataclass(frozen=True)
+class ProcessView:
+    """A process of a vGPU, as the API lists it."""
+
+    host_pid: int | None
+    container_pid: int
+    vgpu: str
+    slot: int
+    memory: dict[str, int]  # GPU uuid -> bytes (hook-tracked)
+    utilization: dict[str, float]  # GPU uuid -> % (NVML)
+    container: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "host_pid": self.host_pid,
+            "container_pid": self.container_pid,
+            "vgpu": self.vgpu,
+            "slot": self.slot,
+            "memory": self.memory,
+            "utilization": self.utilization,
+            "container": self.container,
+        }
+
+
+@dataclass(frozen=True)
+class GpuFigures:
+    """The latest NVML figures of one GPU (None: not known)."""
+
+    memory_used: int | None = None
+    utilization: float | None = None
+    process_util: dict[int, float] | None = None
+
+
+class Service:
+    def __init__(
+        self, config: Config, registry: Registry, gpus: GpuInventory, events: EventLog
+    ) -> None:
+        self.config = config
+        self.registry = registry
+        self.gpus = gpus
+        self.events = events
+        self.started = time.time()
+        self.figures: dict[str, GpuFigures] = {}  # by GPU uuid, from the sampler
+        self.processes: list[ProcessView] = []  # from the last scan
+
+    # --- rules ------------------------------------------------------------------
+
+    def rules(self) -> Rules:
+        c = self.config
+        return Rules(
+            c.placement_policy, c.allow_oversubscribe, c.memory_scaling, c.max_vgpus_per_gpu
+        )
+
+    def limits_for(self, req: CreateRequest) -> Limits:
+        c = self.config
+        return Limits(
+            memory=req.memory or parse_memory(c.default_memory),
+            share=req.share if req.share is not None else c.default_share,
+            mode=req.mode or c.default_mode,
+            weight=req.weight if req.weight is not None else c.default_weight,
+        )
+
+    def devices(self) -> list[GpuLike]:
+        return list(self.gpus.devices())
+
+    # --- changes ----------------------------------------------------------------
+
+    def create(self, req: CreateRequest) -> Entry:
+        if req.exclusive and (req.memory is not None or req.share not in (None, 100)):
+            raise Unprocessable("exclusive: the vGPU gets whole GPUs; leave memory and share out")
+        return self.registry.create(
+            req, self.limits_for(req), self.devices(), self.rules(), self.gpus.topology
+        )
+
+    def update(self, key: str, req: UpdateRequest) -> tuple[Entry, list[str]]:
+        return self.registry.update(key, req, self.devices(), self.rules())
+
+    def delete(self, key: str, force: bool) -> Vgpu:
+        entry = self.registry.get(key)
+        return self.registry.delete(key, force=force, processes=self.process_count(entry))
+
+    # --- views ------------------------------------------------------------------
+
+    def process_count(self, entry: Entry) -> int:
+        """Processes holding a slot now (a dead one's slot is reclaimed
+        within one scan, so it does not block a delete for long)."""
+        return sum(1 for s in entry.usage.slots() if s.state == SLOT_ACTIVE)
+
+    def vgpu_json(self, entry: Entry) -> dict[str, Any]:
+        v = entry.vgpu
+        usage = entry.usage.devices()
+        throttles = entry.control.devices()
+        gpus = []
+        for s, u, t in zip(v.slices, usage, throttles, strict=True):
+            gpus.append(
+                {
+                    "uuid": s.gpu_uuid,
+                    "index": s.gpu_index,
+                    "memory_limit": s.memory,
+                    "memory_used": u.used,
+                    "memory_peak": u.peak,
+                    "oom_count": u.oom_count,
+                    "gpu_time_ns": u.gpu_time_ns,
+                    "throttled_ns": u.throttled_ns,
+                    "quota_ppm": t.throttle.quota_ppm,
+                    "utilization": self.vgpu_utilization(v.id, s.gpu_uuid),
+                }
+            )
+        return {
+            "id": v.id,
+            "name": v.name,
+            "created_at": v.created_at,
+            "memory": v.limits.memory.to_json(),
+            "share": v.limits.share,
+            "mode": v.limits.mode,
+            "weight": v.limits.weight,
+            "oversubscribe": v.oversubscribe,
+            "exclusive": v.exclusive,
+            "labels": dict(v.labels),
+            "owner": dict(v.owner),
+            "gpus": gpus,
+            "processes": self.process_count(entry),
+            "recipe": recipe.container_recipe(v, entry.paths),
+            "host_env": recipe.host_env(v, entry.paths),
+        }
+
+    def vgpu_utilization(self, vgpu_id: str, uuid: str) -> float | None:
+        figures = self.figures.get(uuid)
+        if figures is None or figures.process_util is None:
+            return None
+        pids = {p.host_pid for p in self.processes if p.vgpu == vgpu_id}
+        return round(sum(u for pid, u in figures.process_util.items() if pid in pids), 1)
+
+    def matches(
+        self, entry: Entry, gpu: str | None, label: str | None, owner_pod: str | None
+    ) -> bool:
+        v = entry.vgpu
+        if gpu is not None and not any(gpu in (s.gpu_uuid, str(s.gpu_index)) for s in v.slices):
+            return False
+        if label is not None:
+            key, _, value = label.partition("=")
+            if v.labels.get(key) != value:
+                return False
+        return owner_pod is None or v.owner.get("pod_uid") == owner_pod
+
+    def devices_json(self) -> list[dict[str, Any]]:
+        on_gpu: dict[str, list[str]] = {}
+        for e in self.registry.all():
+            for uuid in e.vgpu.uuids:
+                on_gpu.setdefault(uuid, []).append(e.vgpu.id)
+        out = []
+        for g in self.gpus.devices():
+            f = self.figures.get(g.uuid, GpuFigures())
+            out.append(
+                {
+                    "index": g.index,
+                    "uuid": g.uuid,
+                    "name": g.name,
+                    "memory_total": g.memory_total,
+                    "memory_used": f.memory_used,
+                    "sms": getattr(g, "sms", None),
+                    "utilization": f.utilization,
+                    "mig_mode": bool(g.mig_mode),
+                    "healthy": g.healthy,
+                    "health_reason": getattr(g, "health_reason", None),
+                    "vgpus": on_gpu.get(g.uuid, []),
+                }
+            )
+        return out
+
+    def health_json(self) -> dict[str, Any]:
+        devices = self.gpus.devices()
+        return {
+            "status": "ok",
+            "version": _version(),
+            "uptime_s": round(time.time() - self.started, 3),
+            "gpus": len(devices),
+            "gpus_unhealthy": sum(1 for g in devices if not g.healthy),
+            "vgpus": len(self.registry.entries),
+            "nvml": bool(getattr(self.gpus, "available", True)),
+            "driver_version": getattr(self.gpus, "driver_version", None),
+        }
+
+
+def _version() -> str:
+    from vgpud import __version__
+
+    return __version__
