@@ -843,12 +843,16 @@ class UsageBlock(_Mapping):
         at.store_u32(state_addr, SLOT_FREE)
         return tuple(freed)
 
-    def reset_used(self, dev_index: int) -> int:
+    def reset_used(self, dev_index: int) -> int | None:
         """Zero a device's budget; only when no process of the vGPU lives
-        (this also repairs any leak). Returns the bytes that were held."""
+        (this also repairs any leak). Returns the bytes that were held, or
+        None when a hook changed the budget meanwhile (CAS: a process that
+        started after the caller looked reserves against the total, and a
+        plain store would erase its reservation); the caller retries later."""
         addr = self._addr(self._c.devices[_index(dev_index, MAX_DEVICES)], "used")
         held = int(self._atomics.load_u64(addr))
-        self._atomics.store_u64(addr, 0)
+        if held and not self._atomics.cas_u64(addr, held, 0):
+            return None
         return held
 
     # steering adopted standalone processes
