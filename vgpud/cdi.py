@@ -20,6 +20,12 @@ Public interface (the daemon calls these on create, patch, delete, start):
   do not match our name pattern are never touched.
 - ``validate_device_name(name)``, ``spec_path(cdi_dir, vgpu_id)``,
   ``CdiError``.
+- ``publisher(cdi_dir)``: what the registry calls on every change —
+  ``.publish(vgpu, paths)``, ``.withdraw(vgpu_id)``, ``.sync(entries)`` at
+  start. A ``Publisher`` for a directory, a ``NullPublisher`` when
+  ``cdi_dir`` is empty (CDI off). It logs failures and never raises: a vGPU
+  works without its spec (``vgpuctl env``), and an unwritable CDI directory
+  must not stop the daemon.
 
 Spec version: the lowest CDI version that has every feature the spec uses,
 as the CDI project asks of producers. Runtimes reject versions newer than
@@ -37,7 +43,12 @@ import re
 import secrets
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
+
+import structlog
+
+from vgpud.model import Vgpu
+from vgpud.recipe import Paths, container_recipe
 
 KIND = "vgpud.io/vgpu"
 FILE_PREFIX = "vgpud.io-vgpu-"
@@ -63,6 +74,9 @@ _DIGIT_NAME_VERSION = "0.5.0"
 
 # Bind mounts that give the container nothing beyond the file itself.
 _MOUNT_OPTIONS = ("nosuid", "nodev", "bind")
+
+
+log = structlog.get_logger("vgpud.cdi")
 
 
 class CdiError(Exception):
@@ -206,3 +220,62 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+class SpecPublisher(Protocol):
+    def publish(self, vgpu: Vgpu, paths: Paths) -> None: ...
+    def withdraw(self, vgpu_id: str) -> None: ...
+    def sync(self, entries: Iterable[tuple[Vgpu, Paths]]) -> None: ...
+
+
+class Publisher:
+    """Keeps one directory's specs in step with the vGPUs."""
+
+    def __init__(self, cdi_dir: Path) -> None:
+        self.cdi_dir = cdi_dir
+
+    def publish(self, vgpu: Vgpu, paths: Paths) -> None:
+        try:
+            spec = build_spec(vgpu.id, vgpu.name, container_recipe(vgpu, paths))
+            path = write_spec(self.cdi_dir, vgpu.id, spec)
+        except CdiError as exc:
+            log.warning("CDI spec not written: use `vgpuctl env`", vgpu=vgpu.id, reason=str(exc))
+            return
+        log.debug("CDI spec written", vgpu=vgpu.id, path=str(path))
+
+    def withdraw(self, vgpu_id: str) -> None:
+        try:
+            remove_spec(self.cdi_dir, vgpu_id)
+        except CdiError as exc:
+            log.warning("CDI spec not removed", vgpu=vgpu_id, reason=str(exc))
+
+    def sync(self, entries: Iterable[tuple[Vgpu, Paths]]) -> None:
+        """At start: (re)write every vGPU's spec, remove our stale ones."""
+        known = []
+        for vgpu, paths in entries:
+            self.publish(vgpu, paths)
+            known.append(vgpu.id)
+        try:
+            removed = cleanup_stale(self.cdi_dir, known)
+        except CdiError as exc:
+            log.warning("stale CDI specs not cleaned", reason=str(exc))
+            return
+        for path in removed:
+            log.info("stale CDI spec removed", path=str(path))
+
+
+class NullPublisher:
+    """CDI off (``cdi_dir = ""``)."""
+
+    def publish(self, vgpu: Vgpu, paths: Paths) -> None:
+        pass
+
+    def withdraw(self, vgpu_id: str) -> None:
+        pass
+
+    def sync(self, entries: Iterable[tuple[Vgpu, Paths]]) -> None:
+        pass
+
+
+def publisher(cdi_dir: str) -> SpecPublisher:
+    return Publisher(Path(cdi_dir)) if cdi_dir else NullPublisher()

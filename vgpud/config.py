@@ -32,6 +32,7 @@ class Config:
     run_dir: str = "/run/vgpud"
     state_dir: str = "/var/lib/vgpud"
     lib_dir: str = "/usr/lib/vgpud"
+    cdi_dir: str = "/var/run/cdi"
     sim: bool = False
     log_level: str = "info"
     log_format: str = "auto"
@@ -65,7 +66,16 @@ class Config:
 
 # Keys read once at start: a reload that changes them is told so.
 RESTART_KEYS = frozenset(
-    {"socket", "socket_group", "run_dir", "state_dir", "lib_dir", "sim", "metrics_listen"}
+    {
+        "socket",
+        "socket_group",
+        "run_dir",
+        "state_dir",
+        "lib_dir",
+        "cdi_dir",
+        "sim",
+        "metrics_listen",
+    }
 )
 
 _CHOICES: dict[str, tuple[str, ...]] = {
@@ -197,3 +207,5 @@ def _validate(config: Config) -> None:
     for key in ("socket", "run_dir", "state_dir", "lib_dir", "proc_root", "cgroup_root"):
         if not os.path.isabs(getattr(config, key)):
             raise ConfigError(f"{key} = {getattr(config, key)!r} must be an absolute path")
+    if config.cdi_dir and not os.path.isabs(config.cdi_dir):
+        raise ConfigError(f'cdi_dir = {config.cdi_dir!r} must be an absolute path (or "")')

@@ -38,7 +38,7 @@ from typing import Any
 import structlog
 from aiohttp import web
 
-from vgpud import __version__, nvml, systemd
+from vgpud import __version__, cdi, nvml, systemd
 from vgpud import events as ev
 from vgpud import log as logsetup
 from vgpud.api.app import make_app, make_metrics_app
@@ -142,7 +142,9 @@ class Daemon:
         library = self._hook_library()
         self.gpus = await self._open_nvml()
         store = StateStore(Path(c.state_dir))
-        self.registry = Registry(Path(c.run_dir), store, library, atomics, self.events)
+        self.registry = Registry(
+            Path(c.run_dir), store, library, atomics, self.events, cdi=cdi.publisher(c.cdi_dir)
+        )
         self.registry.adopt()
         service = Service(c, self.registry, self.gpus, self.events)
         self.service = service

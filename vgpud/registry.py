@@ -36,6 +36,7 @@ from vgpud.blocks import (
     DeviceSlice,
     UsageBlock,
 )
+from vgpud.cdi import NullPublisher, SpecPublisher
 from vgpud.errors import Conflict, NotFound, ServerError, Unprocessable, for_status
 from vgpud.events import EventLog
 from vgpud.model import CreateRequest, GpuLike, Limits, UpdateRequest, Vgpu
@@ -88,6 +89,7 @@ class Registry:
         atomics: Atomics,
         events: EventLog,
         clock: Callable[[], float] = time.time,
+        cdi: SpecPublisher | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.store = store
@@ -96,6 +98,7 @@ class Registry:
         self.events = events
         self.clock = clock
         self.entries: dict[str, Entry] = {}
+        self.cdi = cdi or NullPublisher()  # CDI specs follow every change
 
     # --- lookup ----------------------------------------------------------
 
@@ -129,6 +132,7 @@ class Registry:
                 "blocks with no vGPU in the state file: left alone",
                 path=str(self.run_dir / orphan),
             )
+        self.cdi.sync((e.vgpu, e.paths) for e in self.all())
 
     def _adopt_one(self, v: Vgpu) -> Entry:
         paths = self.paths(v.id)
@@ -204,6 +208,7 @@ class Registry:
             shutil.rmtree(entry.paths.control.parent, ignore_errors=True)
             raise ServerError(f"cannot record the vGPU: {exc}") from exc
         self.entries[vgpu.id] = entry
+        self.cdi.publish(vgpu, entry.paths)
         self.events.publish(ev.VGPU_CREATED, vgpu=vgpu.id, name=vgpu.name, gpus=vgpu.uuids)
         log.info("vGPU created", vgpu=vgpu.id, name=vgpu.name, gpus=vgpu.uuids)
         return entry
@@ -237,6 +242,7 @@ class Registry:
             raise ServerError(f"cannot record the change: {exc}") from exc
         apply_limits(entry.control, new)
         entry.vgpu = new
+        self.cdi.publish(new, entry.paths)
         warnings = self._below_use(entry)
         self.events.publish(ev.VGPU_UPDATED, vgpu=new.id, warnings=warnings)
         log.info("vGPU updated", vgpu=new.id, memory=str(limits.memory), share=limits.share)
@@ -256,6 +262,7 @@ class Registry:
         del self.entries[entry.vgpu.id]
         entry.close()
         shutil.rmtree(entry.paths.control.parent, ignore_errors=True)
+        self.cdi.withdraw(entry.vgpu.id)
         self.events.publish(ev.VGPU_DELETED, vgpu=entry.vgpu.id, forced=bool(processes))
         log.info("vGPU deleted", vgpu=entry.vgpu.id, processes=processes)
         return entry.vgpu

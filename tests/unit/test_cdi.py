@@ -11,7 +11,16 @@ from pathlib import Path
 
 import pytest
 
+from tests.unit.fakes import gpus
 from vgpud import cdi
+from vgpud.blocks import Atomics
+from vgpud.events import EventLog
+from vgpud.model import CreateRequest, Limits, UpdateRequest
+from vgpud.placement import Rules
+from vgpud.recipe import container_recipe
+from vgpud.registry import Registry
+from vgpud.state import StateStore
+from vgpud.units import parse_memory
 
 
 def _mount(host: str, container: str, read_only: bool) -> dict[str, object]:
@@ -181,3 +190,89 @@ def test_cleanup_removes_only_our_stale_files(tmp_path: Path) -> None:
 
 def test_cleanup_of_a_missing_directory_is_a_no_op(tmp_path: Path) -> None:
     assert cdi.cleanup_stale(tmp_path / "absent", []) == []
+
+
+# --- the daemon's side: one spec per vGPU, following the registry ---------
+
+
+def _registry(tmp_path: Path, cdi_dir: Path) -> Registry:
+    registry = Registry(
+        tmp_path / "run",
+        StateStore(tmp_path / "state"),
+        tmp_path / "libvgpu.so",
+        Atomics.load(),
+        EventLog(100),
+        cdi=cdi.publisher(str(cdi_dir)),
+    )
+    registry.adopt()
+    return registry
+
+
+def _create(registry: Registry, name: str | None) -> str:
+    limits = Limits(memory=parse_memory("1g"), share=30, mode="hard", weight=100)
+    entry = registry.create(CreateRequest(name=name), limits, gpus(1), Rules())
+    return entry.vgpu.id
+
+
+def _devices(path: Path) -> dict[str, dict[str, list[str]]]:
+    spec = json.loads(path.read_text())
+    return {
+        d["name"]: {
+            "env": d["containerEdits"]["env"],
+            "mounts": [m["hostPath"] for m in d["containerEdits"]["mounts"]],
+        }
+        for d in spec["devices"]
+    }
+
+
+def test_a_vgpu_has_its_spec_from_create_to_delete(tmp_path: Path) -> None:
+    cdi_dir = tmp_path / "cdi"
+    registry = _registry(tmp_path, cdi_dir)
+    vgpu_id = _create(registry, "train")
+    path = cdi.spec_path(cdi_dir, vgpu_id)
+
+    # The spec carries exactly the recipe the API answers with.
+    entry = registry.get(vgpu_id)
+    want = container_recipe(entry.vgpu, entry.paths)
+    devices = _devices(path)
+    assert set(devices) == {vgpu_id, "train"}
+    assert devices["train"]["env"] == [f"{k}={v}" for k, v in sorted(want["env"].items())]
+    assert devices["train"]["mounts"] == [m["host_path"] for m in want["mounts"]]
+
+    registry.update(vgpu_id, UpdateRequest(share=50), gpus(1), Rules())
+    assert path.exists()
+
+    registry.delete(vgpu_id, force=False, processes=0)
+    assert not path.exists()
+    registry.close()
+
+
+def test_start_rewrites_specs_and_removes_stale_ones(tmp_path: Path) -> None:
+    cdi_dir = tmp_path / "cdi"
+    first = _registry(tmp_path, cdi_dir)
+    kept = _create(first, "kept")
+    first.close()
+    cdi.spec_path(cdi_dir, kept).unlink()  # lost, e.g. /var/run is a fresh tmpfs
+    stale = cdi.write_spec(cdi_dir, "vg-00000000", cdi.build_spec("vg-00000000", None, RECIPE))
+    foreign = cdi_dir / "nvidia.yaml"
+    foreign.write_text("cdiVersion: 0.5.0\n")
+
+    second = _registry(tmp_path, cdi_dir)
+
+    assert cdi.spec_path(cdi_dir, kept).exists()
+    assert not stale.exists()
+    assert foreign.exists()
+    second.close()
+
+
+def test_an_unwritable_cdi_dir_does_not_stop_a_create(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    registry = _registry(tmp_path, blocker)
+    vgpu_id = _create(registry, None)  # logged; `vgpuctl env` still works
+    assert registry.get(vgpu_id).vgpu.id == vgpu_id
+    registry.close()
+
+
+def test_cdi_off() -> None:
+    assert isinstance(cdi.publisher(""), cdi.NullPublisher)
