@@ -83,7 +83,7 @@ class GpuInfo:
     name: str
     memory_total: int
     sms: int | None  # None: the driver does not say (e.g. H200 outside MIG)
-    mig_mode: bool | None
+    mig_mode: bool  # False also when the driver cannot say (no MIG support)
     pci_bus_id: str | None
     healthy: bool = True
     health_reason: str | None = None
@@ -261,7 +261,7 @@ class NvmlGateway:
             name=_text(nv.nvmlDeviceGetName(handle)),
             memory_total=int(memory.total) if memory is not None else 0,
             sms=None if attributes is None else int(attributes.multiprocessorCount),
-            mig_mode=None if mig is None else bool(mig[0]),
+            mig_mode=mig is not None and bool(mig[0]),
             pci_bus_id=None if pci is None else _text(pci.busId),
         )
 

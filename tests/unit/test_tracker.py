@@ -1,0 +1,209 @@
+"""Tracker on fixture /proc trees with real blocks: slots to host pids, PID
+reuse, NVML-only processes, attribution, arrivals and exits."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.hook import FakeHook
+from vgpud.blocks import SLOT_CLAIMING, ControlBlock, DeviceSlice, UsageBlock
+from vgpud.cgroups import Runtime, classify_path
+from vgpud.nvml import GpuSample, NvmlSample
+from vgpud.tracker import ProcessKind, Tracker, VgpuBlocks, attributable
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "proc"
+GPU0 = "GPU-5117a000-0000-4000-8000-000000000001"
+GPU1 = "GPU-5117a000-0000-4000-8000-000000000002"
+GIB = 1 << 30
+# docker-cgroupfs-v1: pids 4100 (ns pid 1) and 4150 (ns pid 7) share PID
+# namespace 4026532201 and a container; start time = 1000 + host pid.
+DOCKER_NS = 4026532201
+
+
+class Vgpu:
+    def __init__(self, directory: Path, vgpu_id: str, limits: tuple[int, ...] = (4 * GIB,)) -> None:
+        directory.mkdir()
+        uuids = (GPU0, GPU1)[: len(limits)]
+        slices = [DeviceSlice(uuid, limit) for uuid, limit in zip(uuids, limits, strict=True)]
+        self.control = ControlBlock.create(directory / "control", vgpu_id, slices)
+        self.usage = UsageBlock.create(directory / "usage", device_count=len(limits))
+        self.hook = FakeHook(directory / "usage")
+        self.blocks = VgpuBlocks(self.usage, self.control)
+
+    def close(self) -> None:
+        self.hook.close()
+        self.usage.close()
+        self.control.close()
+
+
+@pytest.fixture
+def proc(tmp_path: Path) -> Path:
+    root = tmp_path / "proc"
+    shutil.copytree(FIXTURES / "docker-cgroupfs-v1", root, symlinks=True)
+    return root
+
+
+@pytest.fixture
+def vgpu(tmp_path: Path) -> Iterator[Vgpu]:
+    v = Vgpu(tmp_path / "v1", "v1")
+    yield v
+    v.close()
+
+
+def clone_process(proc: Path, src: int, dst: int, *, ns_pid: int) -> None:
+    """Another process of the same container (same namespace and cgroup)."""
+    shutil.copytree(proc / str(src), proc / str(dst), symlinks=True)
+    status = proc / str(dst) / "status"
+    status.write_text(status.read_text().replace(f"NSpid:\t{src} ", f"NSpid:\t{dst} {ns_pid}\n#"))
+    (proc / str(dst) / "environ").write_bytes(b"PATH=/bin\0")
+
+
+def sample(processes: dict[int, int], util: dict[int, float] | None = None) -> NvmlSample:
+    gpu = GpuSample(
+        uuid=GPU0,
+        index=0,
+        utilization_gpu=50,
+        memory_used=sum(processes.values()),
+        memory_total=80 * GIB,
+        processes=dict(processes),
+        process_util=util or {},
+    )
+    return NvmlSample(monotonic=0.0, gpus={GPU0: gpu})
+
+
+def test_slot_maps_to_host_pid_through_namespace_and_start_time(proc: Path, vgpu: Vgpu) -> None:
+    vgpu.hook.claim(3, pid=1, pidns=DOCKER_NS, start_time=5100, used={0: GIB})
+    vgpu.hook.claim(4, pid=7, pidns=DOCKER_NS, start_time=5150, used={0: 2 * GIB})
+    tracker = Tracker(proc, sees_all_pids=True)
+    snap = tracker.scan({"v1": vgpu.blocks}, sample({4100: GIB + 300, 4150: 2 * GIB}, {4100: 30.0}))
+    assert {s.slot.index: s.host_pid for s in snap.slots} == {3: 4100, 4: 4150}
+    assert (vgpu.control.slot_host_pid(3), vgpu.control.slot_host_pid(4)) == (4100, 4150)
+    p = snap.processes[4100]
+    assert (p.kind, p.vgpu_id, p.slot, p.ns_pid, p.pidns) == (
+        ProcessKind.VGPU,
+        "v1",
+        3,
+        1,
+        DOCKER_NS,
+    )
+    assert p.container.runtime is Runtime.DOCKER
+    assert (p.memory, p.sm_util, p.hooked) == ({GPU0: GIB + 300}, {GPU0: 30.0}, {GPU0: GIB})
+    use = snap.vgpus["v1"].gpus[GPU0]
+    assert (use.limit, use.hooked_used, use.nvml_used, use.sm_util, use.processes) == (
+        4 * GIB,
+        3 * GIB,
+        3 * GIB + 300,
+        30.0,
+        2,
+    )
+    assert snap.vgpus["v1"].live_slots == 2
+    assert sorted(p.pid for p in snap.arrivals) == [4100, 4150] and snap.exits == ()
+
+
+def test_pid_reuse_is_told_apart_by_start_time(proc: Path, vgpu: Vgpu) -> None:
+    vgpu.hook.claim(0, pid=1, pidns=DOCKER_NS, start_time=4999)  # an earlier process
+    vgpu.hook.claim(1, pid=1, pidns=DOCKER_NS + 1, start_time=5100)  # another namespace
+    snap = Tracker(proc, sees_all_pids=True).scan({"v1": vgpu.blocks}, None)
+    assert {s.slot.index: s.host_pid for s in snap.slots} == {0: None, 1: None}
+    assert snap.processes == {} and snap.vgpus["v1"].live_slots == 0
+    assert vgpu.control.slot_host_pid(0) == 0
+
+
+def test_exit_clears_host_pid_and_is_reported(proc: Path, vgpu: Vgpu) -> None:
+    vgpu.hook.claim(0, pid=1, pidns=DOCKER_NS, start_time=5100)
+    tracker = Tracker(proc, sees_all_pids=True)
+    tracker.scan({"v1": vgpu.blocks}, None)
+    assert vgpu.control.slot_host_pid(0) == 4100
+    shutil.rmtree(proc / "4100")
+    snap = tracker.scan({"v1": vgpu.blocks}, None)
+    assert [s.host_pid for s in snap.slots] == [None]
+    assert vgpu.control.slot_host_pid(0) == 0
+    assert [p.pid for p in snap.exits] == [4100] and snap.arrivals == ()
+
+
+def test_stale_host_pids_from_a_previous_daemon_are_cleared(proc: Path, vgpu: Vgpu) -> None:
+    vgpu.control.set_slot_host_pid(9, 12345)
+    Tracker(proc, sees_all_pids=True).scan({"v1": vgpu.blocks}, None)
+    assert vgpu.control.slot_host_pid(9) == 0
+
+
+def test_outside_the_host_pid_namespace_no_slot_is_called_dead(proc: Path, vgpu: Vgpu) -> None:
+    vgpu.hook.claim(0, pid=1, pidns=DOCKER_NS, start_time=5100)
+    vgpu.hook.claim(1, pid=99, pidns=DOCKER_NS, start_time=1)
+    snap = Tracker(proc, sees_all_pids=False).scan({"v1": vgpu.blocks}, None)
+    assert [(s.slot.index, s.host_pid) for s in snap.slots] == [(0, 4100)]
+
+
+def test_claiming_slot_is_matched_too(proc: Path, vgpu: Vgpu) -> None:
+    vgpu.hook.claim(0, pid=1, pidns=DOCKER_NS, start_time=5100, state=SLOT_CLAIMING)
+    snap = Tracker(proc, sees_all_pids=True).scan({"v1": vgpu.blocks}, None)
+    assert snap.slots[0].host_pid == 4100
+
+
+def test_unmanaged_process_in_the_container_is_attributed(proc: Path, vgpu: Vgpu) -> None:
+    vgpu.hook.claim(0, pid=1, pidns=DOCKER_NS, start_time=5100, used={0: GIB})
+    snap = Tracker(proc, sees_all_pids=True).scan(
+        {"v1": vgpu.blocks}, sample({4100: GIB, 4150: 3 * GIB, 1: GIB})
+    )
+    bypass = snap.processes[4150]
+    assert (bypass.kind, bypass.vgpu_id, bypass.slot) == (ProcessKind.UNMANAGED, "v1", None)
+    host = snap.processes[1]  # systemd in init.scope: on the GPU, not in the container
+    assert (host.kind, host.vgpu_id) == (ProcessKind.UNMANAGED, None)
+    assert snap.vgpus["v1"].gpus[GPU0].nvml_used == 4 * GIB
+    assert snap.vgpus["v1"].pids == (4100, 4150)
+
+
+def test_two_vgpus_in_one_container_attribute_nothing(proc: Path, tmp_path: Path) -> None:
+    a, b = Vgpu(tmp_path / "a", "a"), Vgpu(tmp_path / "b", "b")
+    try:
+        a.hook.claim(0, pid=1, pidns=DOCKER_NS, start_time=5100)
+        b.hook.claim(0, pid=7, pidns=DOCKER_NS, start_time=5150)
+        clone_process(proc, 4150, 9, ns_pid=8)  # an unmanaged third process
+        snap = Tracker(proc, sees_all_pids=True).scan(
+            {"a": a.blocks, "b": b.blocks}, sample({9: GIB})
+        )
+        assert snap.processes[9].vgpu_id is None
+    finally:
+        a.close()
+        b.close()
+
+
+def test_hooked_without_slot(proc: Path, vgpu: Vgpu) -> None:
+    # 4100's env names VGPU_CONTROL: a vGPU process whose slot is not (yet) seen.
+    snap = Tracker(proc, sees_all_pids=True).scan({"v1": vgpu.blocks}, sample({4100: GIB}))
+    assert (snap.processes[4100].kind, snap.processes[4100].vgpu_id) == (ProcessKind.HOOKED, None)
+
+
+def test_nvml_pid_without_a_process_is_ignored(proc: Path, vgpu: Vgpu) -> None:
+    snap = Tracker(proc, sees_all_pids=True).scan({"v1": vgpu.blocks}, sample({31337: GIB}))
+    assert snap.processes == {}
+
+
+def test_deleted_vgpu_is_forgotten(proc: Path, vgpu: Vgpu) -> None:
+    tracker = Tracker(proc, sees_all_pids=True)
+    vgpu.hook.claim(0, pid=1, pidns=DOCKER_NS, start_time=5100)
+    tracker.scan({"v1": vgpu.blocks}, None)
+    snap = tracker.scan({}, None)
+    assert snap.vgpus == {} and snap.slots == ()
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        ("/docker/" + "a" * 64, True),
+        ("/system.slice/run-u123.scope", True),
+        ("/vgpud-test/job1", True),
+        ("/kubepods/besteffort/pod0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d", True),
+        ("/", False),
+        ("/user.slice", False),
+        ("/user.slice/user-1000.slice/session-3.scope", False),
+        ("/init.scope", False),
+        ("/system.slice/vgpud.service", False),
+    ],
+)
+def test_attributable(path: str, expected: bool) -> None:
+    assert attributable(classify_path(path)) is expected
