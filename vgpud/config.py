@@ -108,7 +108,8 @@ def parse_config(
     """Merge the three sources (flags > env > file) into a checked Config."""
     merged: dict[str, Any] = {}
     for key, value in file_values.items():
-        merged[_known(key, "in the config file")] = _typed(key, value, "config file")
+        _known(key, "in the config file")
+        merged[key] = _typed(key, value, "config file")
     for name, text in env.items():
         if name.startswith(ENV_PREFIX):
             key = name[len(ENV_PREFIX) :].lower()
@@ -116,7 +117,8 @@ def parse_config(
                 merged[key] = _from_text(key, text, f"${name}")
     for key, value in flags.items():
         if value is not None:
-            merged[_known(key, "as a flag")] = _typed(key, value, "flag")
+            _known(key, "as a flag")
+            merged[key] = _typed(key, value, "flag")
     config = Config(**merged)
     _validate(config)
     return config
@@ -148,10 +150,9 @@ def changed_keys(old: Config, new: Config) -> dict[str, tuple[Any, Any]]:
     return {k: (a[k], b[k]) for k in a if a[k] != b[k]}
 
 
-def _known(key: str, where: str) -> str:
+def _known(key: str, where: str) -> None:
     if key not in _TYPES:
         raise ConfigError(f"unknown key {key!r} {where}")
-    return key
 
 
 def _typed(key: str, value: Any, where: str) -> Any:

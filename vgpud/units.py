@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 
 _SUFFIX = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-_BYTES = re.compile(r"(\d+)\s*([kmgt]?)(?:i?b)?", re.IGNORECASE)
+_BYTES = re.compile(r"(\d+)\s*([kmgt]?)(?:ib?|b)?", re.IGNORECASE)
 _PERCENT = re.compile(r"(\d+(?:\.\d+)?)\s*%")
 
 

@@ -1,0 +1,86 @@
+"""Registry: blocks on disk follow the vGPUs; adoption keeps what runs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.unit.fakes import GIB, gpus
+from vgpud.blocks import Atomics, ControlBlock, UsageBlock
+from vgpud.errors import ServerError
+from vgpud.events import EventLog
+from vgpud.model import CreateRequest, Limits
+from vgpud.placement import Rules
+from vgpud.registry import Registry
+from vgpud.state import StateStore
+from vgpud.units import parse_memory
+
+LIMITS = Limits(parse_memory("2g"), 30, "hard", 1)
+
+
+def make(tmp: Path) -> Registry:
+    reg = Registry(
+        tmp / "run", StateStore(tmp / "state"), tmp / "lib.so", Atomics.load(), EventLog(100)
+    )
+    reg.adopt()
+    return reg
+
+
+def test_adoption_keeps_blocks_and_their_counters(tmp_path: Path) -> None:
+    reg = make(tmp_path)
+    entry = reg.create(CreateRequest(), LIMITS, gpus(1), Rules())
+    entry.usage._c.devices[0].used = 123  # a running process's bytes
+    inodes = [os.stat(p).st_ino for p in (entry.paths.control, entry.paths.usage)]
+    reg.close()
+    again = make(tmp_path)
+    adopted = again.get(entry.vgpu.id)
+    assert [os.stat(p).st_ino for p in (adopted.paths.control, adopted.paths.usage)] == inodes
+    assert adopted.usage.devices()[0].used == 123
+    assert adopted.control.devices()[0].mem_limit == 2 * GIB
+    again.close()
+
+
+@pytest.mark.parametrize("damage", ["remove", "truncate"])
+def test_a_missing_or_corrupt_block_is_recreated_and_reported(tmp_path: Path, damage: str) -> None:
+    reg = make(tmp_path)
+    entry = reg.create(CreateRequest(), LIMITS, gpus(1), Rules())
+    reg.close()
+    if damage == "remove":
+        entry.paths.usage.unlink()
+    else:
+        os.truncate(entry.paths.control, 100)
+    again = make(tmp_path)
+    events = [e.type for e in again.events.since(0)]
+    assert "block.repaired" in events
+    adopted = again.get(entry.vgpu.id)
+    assert adopted.control.devices()[0].share_ppm == 300_000
+    ControlBlock.open(entry.paths.control).close()
+    UsageBlock.open(entry.paths.usage, device_count=1).close()
+    again.close()
+
+
+def test_orphan_blocks_are_left_alone(tmp_path: Path) -> None:
+    orphan = tmp_path / "run" / "vg-0000abcd"
+    orphan.mkdir(parents=True)
+    (orphan / "usage").write_text("x")
+    reg = make(tmp_path)
+    assert reg.entries == {} and (orphan / "usage").exists()
+    reg.close()
+
+
+def test_a_create_that_cannot_be_recorded_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reg = make(tmp_path)
+
+    def disk_full(vgpus: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(reg.store, "save", disk_full)
+    with pytest.raises(ServerError, match="cannot record"):
+        reg.create(CreateRequest(), LIMITS, gpus(1), Rules())
+    assert reg.entries == {} and list((tmp_path / "run").iterdir()) == []
+    assert reg.events.since(0) == []
+    reg.close()
