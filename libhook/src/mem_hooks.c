@@ -1,0 +1,699 @@
+/*
+ * mem_hooks.c - every road to device memory, its way back, and what the
+ * process is told about memory.
+ *
+ * Each allocation wrapper: reserve the bytes against the vGPU's budget
+ * (refuse with CUDA_ERROR_OUT_OF_MEMORY if they do not fit), call the
+ * driver, then record the allocation (success) or give the bytes back
+ * (failure). Each free: look the allocation up, call the driver, then give
+ * the bytes back (or, for pool memory, leave them held by the pool).
+ * Memory we did not allocate (IPC-opened, imported, host) is not ours to
+ * count: it belongs to its owner, or is not device memory.
+ */
+#include <limits.h>
+
+#include "vgpu.h"
+
+static uint64_t mul_sat(uint64_t a, uint64_t b)
+{
+    return a != 0 && b > UINT64_MAX / a ? UINT64_MAX : a * b;
+}
+
+/* A reservation made before a driver call; index VGPU_DEV_UNTRACKED means
+ * nothing was reserved and the call is simply forwarded. */
+struct reservation {
+    int index;
+    uint64_t bytes;
+};
+
+static CUresult reserve_on(struct reservation *r, CUdevice dev, int index, uint64_t bytes,
+                           const char *what)
+{
+    r->index = index;
+    r->bytes = bytes;
+    if (index == VGPU_DEV_UNTRACKED)
+        return CUDA_SUCCESS;
+    if (index >= 0 && overhead_ensure(dev, index) != 0)
+        return budget_oom(index, what, bytes);
+    if (budget_reserve(index, bytes) != 0)
+        return budget_oom(index, what, bytes);
+    return CUDA_SUCCESS;
+}
+
+static CUresult reserve_current(struct reservation *r, uint64_t bytes, const char *what)
+{
+    CUdevice dev = 0;
+    int index = vgpu_limited() ? devmap_current(&dev) : VGPU_DEV_UNTRACKED;
+    return reserve_on(r, dev, index, bytes, what);
+}
+
+static CUresult reserve_device(struct reservation *r, CUdevice dev, uint64_t bytes,
+                               const char *what)
+{
+    int index = vgpu_limited() ? devmap_index(dev) : VGPU_DEV_UNTRACKED;
+    return reserve_on(r, dev, index, bytes, what);
+}
+
+/* After the driver call: record what it created, or give the bytes back. */
+static CUresult settle(const struct reservation *r, CUresult rc, enum alloc_space space,
+                       uint64_t key, const struct alloc_info *extra)
+{
+    if (r->index == VGPU_DEV_UNTRACKED)
+        return rc;
+    if (rc != CUDA_SUCCESS) {
+        budget_release(r->index, r->bytes);
+        return rc;
+    }
+    struct alloc_info info = *extra;
+    info.index = r->index;
+    if (allocmap_put(space, key, &info) != 0)
+        log_error("%s: the allocation stays charged until the process exits", vgpu_error());
+    return rc;
+}
+
+/* Bytes freed by the driver go back to the budget; pool memory stays held. */
+static void give_back(const struct alloc_info *info)
+{
+    if (info->kind == ALLOC_GRAPH)
+        pools_hold(NULL, info->index, info->size);
+    else if (info->kind == ALLOC_ASYNC && info->pool != NULL)
+        pools_hold(info->pool, info->index, info->size);
+    else
+        budget_release(info->index, info->size);
+}
+
+/* Did we allocate `key`? Then it is taken out of the map while the driver
+ * frees it (finish_free puts it back if the driver refuses). */
+static bool take_own(enum alloc_space space, uint64_t key, struct alloc_info *info)
+{
+    return vgpu_limited() && key != 0 && allocmap_take(space, key, info) == 0;
+}
+
+static CUresult finish_free(bool ours, enum alloc_space space, uint64_t key,
+                            const struct alloc_info *info, CUresult rc)
+{
+    if (!ours)
+        return rc;
+    if (rc == CUDA_SUCCESS)
+        give_back(info);
+    else
+        allocmap_put(space, key, info);
+    return rc;
+}
+
+/* ---- linear device memory ----------------------------------------------- */
+
+typedef CUresult (*alloc_call)(CUdeviceptr *dptr, uint64_t bytes);
+
+static CUresult call_alloc_v1(CUdeviceptr *dptr, uint64_t bytes)
+{
+    return vgpu_real_cuda.cuMemAlloc(dptr, (unsigned int)bytes);
+}
+
+static CUresult call_alloc_v2(CUdeviceptr *dptr, uint64_t bytes)
+{
+    return vgpu_real_cuda.cuMemAlloc_v2(dptr, (size_t)bytes);
+}
+
+static CUresult alloc_linear(CUdeviceptr *dptr, uint64_t bytes, alloc_call call)
+{
+    struct reservation r;
+    CUresult rc = reserve_current(&r, bytes, "cuMemAlloc");
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    struct alloc_info info = {.size = bytes, .kind = ALLOC_DEVICE};
+    rc = call(dptr, bytes);
+    if (rc == CUDA_ERROR_OUT_OF_MEMORY && r.index >= 0 && vgpu_oversubscribe()) {
+        info.kind = ALLOC_HOST_BACKED;
+        rc = oversub_alloc(dptr, bytes, &info.host);
+    }
+    return settle(&r, rc, SPACE_PTR, rc == CUDA_SUCCESS ? *dptr : 0, &info);
+}
+
+VGPU_EXPORT CUresult cuMemAlloc(CUdeviceptr *dptr, unsigned int bytesize)
+{
+    VGPU_CUDA_ENTER(cuMemAlloc);
+    return alloc_linear(dptr, bytesize, call_alloc_v1);
+}
+
+VGPU_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
+{
+    VGPU_CUDA_ENTER(cuMemAlloc_v2);
+    return alloc_linear(dptr, bytesize, call_alloc_v2);
+}
+
+/* Host-backed pitched memory: rows aligned like the driver's. */
+#define HOST_PITCH_ALIGN 512u
+
+typedef CUresult (*pitch_call)(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height,
+                               unsigned int elem);
+
+static CUresult call_pitch_v1(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height,
+                              unsigned int elem)
+{
+    unsigned int pitch32 = 0;
+    CUresult rc = vgpu_real_cuda.cuMemAllocPitch(dptr, &pitch32, (unsigned int)width,
+                                                 (unsigned int)height, elem);
+    *pitch = pitch32;
+    return rc;
+}
+
+static CUresult call_pitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height,
+                              unsigned int elem)
+{
+    return vgpu_real_cuda.cuMemAllocPitch_v2(dptr, pitch, width, height, elem);
+}
+
+/* Grow a reservation to `bytes` (the driver's padding, or host rows).
+ * On failure the whole reservation is given back. */
+static CUresult grow_reservation(struct reservation *r, uint64_t bytes, const char *what)
+{
+    if (bytes > r->bytes && budget_reserve(r->index, bytes - r->bytes) != 0) {
+        budget_release(r->index, r->bytes);
+        return budget_oom(r->index, what, bytes);
+    }
+    if (bytes > r->bytes)
+        r->bytes = bytes;
+    return CUDA_SUCCESS;
+}
+
+/* The pitch is only known after the call: reserve width x height first,
+ * then the padding the driver added (undoing the allocation if it does not
+ * fit). */
+static CUresult alloc_pitch(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height,
+                            unsigned int elem, pitch_call call)
+{
+    struct reservation r;
+    CUresult rc = reserve_current(&r, mul_sat(width, height), "cuMemAllocPitch");
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    struct alloc_info info = {.kind = ALLOC_DEVICE};
+    size_t got_pitch = 0;
+    rc = call(dptr, &got_pitch, width, height, elem);
+    if (r.index < 0)
+        goto out;
+    if (rc == CUDA_ERROR_OUT_OF_MEMORY && vgpu_oversubscribe()) {
+        got_pitch = (width + HOST_PITCH_ALIGN - 1) / HOST_PITCH_ALIGN * HOST_PITCH_ALIGN;
+        rc = grow_reservation(&r, mul_sat(got_pitch, height), "cuMemAllocPitch");
+        if (rc != CUDA_SUCCESS)
+            return rc;
+        info.kind = ALLOC_HOST_BACKED;
+        rc = oversub_alloc(dptr, r.bytes, &info.host);
+    } else if (rc == CUDA_SUCCESS) {
+        CUresult grown = grow_reservation(&r, mul_sat(got_pitch, height), "cuMemAllocPitch");
+        if (grown != CUDA_SUCCESS) {
+            vgpu_real_cuda.cuMemFree_v2(*dptr);
+            return grown;
+        }
+    }
+out:
+    if (rc == CUDA_SUCCESS)
+        *pitch = got_pitch;
+    info.size = r.bytes;
+    return settle(&r, rc, SPACE_PTR, rc == CUDA_SUCCESS ? *dptr : 0, &info);
+}
+
+VGPU_EXPORT CUresult cuMemAllocPitch(CUdeviceptr *dptr, unsigned int *pPitch,
+                                     unsigned int WidthInBytes, unsigned int Height,
+                                     unsigned int ElementSizeBytes)
+{
+    VGPU_CUDA_ENTER(cuMemAllocPitch);
+    size_t pitch = 0;
+    CUresult rc = alloc_pitch(dptr, &pitch, WidthInBytes, Height, ElementSizeBytes, call_pitch_v1);
+    if (rc == CUDA_SUCCESS && pPitch != NULL)
+        *pPitch = (unsigned int)pitch;
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes,
+                                        size_t Height, unsigned int ElementSizeBytes)
+{
+    VGPU_CUDA_ENTER(cuMemAllocPitch_v2);
+    size_t pitch = 0;
+    CUresult rc = alloc_pitch(dptr, &pitch, WidthInBytes, Height, ElementSizeBytes, call_pitch_v2);
+    if (rc == CUDA_SUCCESS && pPitch != NULL)
+        *pPitch = pitch;
+    return rc;
+}
+
+/* Managed memory may live on the device: it counts against the limit, and
+ * is never allowed beyond what the device has physically free. */
+VGPU_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
+{
+    VGPU_CUDA_ENTER(cuMemAllocManaged);
+    struct reservation r;
+    CUresult rc = reserve_current(&r, bytesize, "cuMemAllocManaged");
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    size_t free_bytes = 0, total_bytes = 0;
+    if (r.index >= 0 && vgpu_real_cuda.cuMemGetInfo_v2 != NULL &&
+        vgpu_real_cuda.cuMemGetInfo_v2(&free_bytes, &total_bytes) == CUDA_SUCCESS &&
+        bytesize > free_bytes) {
+        budget_release(r.index, bytesize);
+        vgpu_error_set("the device has only %zu bytes physically free", free_bytes);
+        return budget_oom(r.index, "cuMemAllocManaged", bytesize);
+    }
+    rc = vgpu_real_cuda.cuMemAllocManaged(dptr, bytesize, flags);
+    struct alloc_info info = {.size = bytesize, .kind = ALLOC_MANAGED};
+    return settle(&r, rc, SPACE_PTR, rc == CUDA_SUCCESS ? *dptr : 0, &info);
+}
+
+typedef CUresult (*free_call)(CUdeviceptr dptr, CUstream stream);
+
+static CUresult call_free_v1(CUdeviceptr dptr, CUstream stream)
+{
+    (void)stream;
+    return vgpu_real_cuda.cuMemFree(dptr);
+}
+
+static CUresult call_free_v2(CUdeviceptr dptr, CUstream stream)
+{
+    (void)stream;
+    return vgpu_real_cuda.cuMemFree_v2(dptr);
+}
+
+static CUresult call_free_async(CUdeviceptr dptr, CUstream stream)
+{
+    return vgpu_real_cuda.cuMemFreeAsync(dptr, stream);
+}
+
+static CUresult call_free_async_ptsz(CUdeviceptr dptr, CUstream stream)
+{
+    return vgpu_real_cuda.cuMemFreeAsync_ptsz(dptr, stream);
+}
+
+static CUresult free_ptr(CUdeviceptr dptr, CUstream stream, free_call call)
+{
+    struct alloc_info info;
+    bool ours = take_own(SPACE_PTR, dptr, &info);
+    CUresult rc = ours && info.kind == ALLOC_HOST_BACKED ? oversub_free(info.host)
+                                                         : call(dptr, stream);
+    return finish_free(ours, SPACE_PTR, dptr, &info, rc);
+}
+
+VGPU_EXPORT CUresult cuMemFree(CUdeviceptr dptr)
+{
+    VGPU_CUDA_ENTER(cuMemFree);
+    return free_ptr(dptr, NULL, call_free_v1);
+}
+
+VGPU_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
+{
+    VGPU_CUDA_ENTER(cuMemFree_v2);
+    return free_ptr(dptr, NULL, call_free_v2);
+}
+
+/* ---- stream-ordered allocation and pools --------------------------------- */
+
+typedef CUresult (*async_call)(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool,
+                               CUstream stream);
+
+static CUresult call_async(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CUstream stream)
+{
+    (void)pool;
+    return vgpu_real_cuda.cuMemAllocAsync(dptr, bytes, stream);
+}
+
+static CUresult call_async_ptsz(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool,
+                                CUstream stream)
+{
+    (void)pool;
+    return vgpu_real_cuda.cuMemAllocAsync_ptsz(dptr, bytes, stream);
+}
+
+static CUresult call_pool_async(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool,
+                                CUstream stream)
+{
+    return vgpu_real_cuda.cuMemAllocFromPoolAsync(dptr, bytes, pool, stream);
+}
+
+static CUresult call_pool_async_ptsz(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool,
+                                     CUstream stream)
+{
+    return vgpu_real_cuda.cuMemAllocFromPoolAsync_ptsz(dptr, bytes, pool, stream);
+}
+
+/*
+ * The allocation is charged to the current context's device, from `pool`
+ * (NULL: the device's current pool). Bytes the pool holds from earlier
+ * frees are reused before new ones are reserved.
+ */
+static CUresult alloc_async(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CUstream stream,
+                            async_call call)
+{
+    CUdevice dev = 0;
+    int index = vgpu_limited() ? devmap_current(&dev) : VGPU_DEV_UNTRACKED;
+    if (index == VGPU_DEV_UNTRACKED)
+        return call(dptr, bytes, pool, stream);
+    CUmemoryPool charged_pool = pool;
+    if (charged_pool == NULL && vgpu_real_cuda.cuDeviceGetMemPool != NULL &&
+        vgpu_real_cuda.cuDeviceGetMemPool(&charged_pool, dev) != CUDA_SUCCESS)
+        charged_pool = NULL;
+    uint64_t reused = charged_pool != NULL ? pools_take(charged_pool, index, bytes) : 0;
+    struct reservation r;
+    CUresult rc = reserve_on(&r, dev, index, bytes - reused, "cuMemAllocAsync");
+    if (rc == CUDA_SUCCESS) {
+        rc = call(dptr, bytes, pool, stream);
+        if (rc != CUDA_SUCCESS)
+            budget_release(index, r.bytes);
+    }
+    if (rc != CUDA_SUCCESS) {
+        if (charged_pool != NULL)
+            pools_untake(charged_pool, index, bytes, reused);
+        return rc;
+    }
+    struct alloc_info info = {.size = bytes, .index = index, .kind = ALLOC_ASYNC,
+                              .pool = charged_pool};
+    if (allocmap_put(SPACE_PTR, *dptr, &info) != 0)
+        log_error("%s: the allocation stays charged until the process exits", vgpu_error());
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+{
+    VGPU_CUDA_ENTER(cuMemAllocAsync);
+    return alloc_async(dptr, bytesize, NULL, hStream, call_async);
+}
+
+VGPU_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+{
+    VGPU_CUDA_ENTER(cuMemAllocAsync_ptsz);
+    return alloc_async(dptr, bytesize, NULL, hStream, call_async_ptsz);
+}
+
+VGPU_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+                                             CUstream hStream)
+{
+    VGPU_CUDA_ENTER(cuMemAllocFromPoolAsync);
+    return alloc_async(dptr, bytesize, pool, hStream, call_pool_async);
+}
+
+VGPU_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize,
+                                                  CUmemoryPool pool, CUstream hStream)
+{
+    VGPU_CUDA_ENTER(cuMemAllocFromPoolAsync_ptsz);
+    return alloc_async(dptr, bytesize, pool, hStream, call_pool_async_ptsz);
+}
+
+VGPU_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
+{
+    VGPU_CUDA_ENTER(cuMemFreeAsync);
+    return free_ptr(dptr, hStream, call_free_async);
+}
+
+VGPU_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
+{
+    VGPU_CUDA_ENTER(cuMemFreeAsync_ptsz);
+    return free_ptr(dptr, hStream, call_free_async_ptsz);
+}
+
+VGPU_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
+{
+    VGPU_CUDA_ENTER(cuMemPoolTrimTo);
+    CUresult rc = vgpu_real_cuda.cuMemPoolTrimTo(pool, minBytesToKeep);
+    if (rc == CUDA_SUCCESS && vgpu_limited())
+        pools_trimmed(pool, VGPU_DEV_UNTRACKED, minBytesToKeep);
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
+{
+    VGPU_CUDA_ENTER(cuMemPoolDestroy);
+    CUresult rc = vgpu_real_cuda.cuMemPoolDestroy(pool);
+    if (rc == CUDA_SUCCESS && vgpu_limited())
+        pools_destroyed(pool);
+    return rc;
+}
+
+/* ---- graph memory nodes ---------------------------------------------------
+ * The allocation is charged when the node is added (its address is fixed
+ * then), held by the device's graph pool once a free node or a free call
+ * releases it, and given back when the graph pool is trimmed. */
+
+VGPU_EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *phGraphNode, CUgraph hGraph,
+                                            const CUgraphNode *dependencies,
+                                            size_t numDependencies,
+                                            CUDA_MEM_ALLOC_NODE_PARAMS *nodeParams)
+{
+    VGPU_CUDA_ENTER(cuGraphAddMemAllocNode);
+    if (!vgpu_limited() || nodeParams == NULL ||
+        nodeParams->poolProps.location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return vgpu_real_cuda.cuGraphAddMemAllocNode(phGraphNode, hGraph, dependencies,
+                                                     numDependencies, nodeParams);
+    CUdevice dev = nodeParams->poolProps.location.id;
+    int index = devmap_index(dev);
+    uint64_t bytes = nodeParams->bytesize;
+    uint64_t reused = index >= 0 ? pools_take(NULL, index, bytes) : 0;
+    struct reservation r;
+    CUresult rc = reserve_on(&r, dev, index, bytes - reused, "cuGraphAddMemAllocNode");
+    if (rc == CUDA_SUCCESS) {
+        rc = vgpu_real_cuda.cuGraphAddMemAllocNode(phGraphNode, hGraph, dependencies,
+                                                   numDependencies, nodeParams);
+        if (rc != CUDA_SUCCESS)
+            budget_release(index, r.bytes);
+    }
+    if (index < 0)
+        return rc;
+    if (rc != CUDA_SUCCESS) {
+        pools_untake(NULL, index, bytes, reused);
+        return rc;
+    }
+    struct alloc_info info = {.size = bytes, .index = index, .kind = ALLOC_GRAPH};
+    if (allocmap_put(SPACE_PTR, nodeParams->dptr, &info) != 0)
+        log_error("%s: the allocation stays charged until the process exits", vgpu_error());
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuGraphAddMemFreeNode(CUgraphNode *phGraphNode, CUgraph hGraph,
+                                           const CUgraphNode *dependencies, size_t numDependencies,
+                                           CUdeviceptr dptr)
+{
+    VGPU_CUDA_ENTER(cuGraphAddMemFreeNode);
+    struct alloc_info info;
+    bool ours = take_own(SPACE_PTR, dptr, &info);
+    CUresult rc = vgpu_real_cuda.cuGraphAddMemFreeNode(phGraphNode, hGraph, dependencies,
+                                                       numDependencies, dptr);
+    if (ours && info.kind != ALLOC_GRAPH) { /* not a graph allocation: untouched */
+        allocmap_put(SPACE_PTR, dptr, &info);
+        return rc;
+    }
+    return finish_free(ours, SPACE_PTR, dptr, &info, rc);
+}
+
+VGPU_EXPORT CUresult cuDeviceGraphMemTrim(CUdevice device)
+{
+    VGPU_CUDA_ENTER(cuDeviceGraphMemTrim);
+    CUresult rc = vgpu_real_cuda.cuDeviceGraphMemTrim(device);
+    int index = devmap_index(device);
+    if (rc == CUDA_SUCCESS && index >= 0)
+        pools_trimmed(NULL, index, 0);
+    return rc;
+}
+
+/* ---- virtual memory management (PyTorch expandable segments) -------------
+ * Physical memory is created by cuMemCreate and returned by cuMemRelease;
+ * reserving and mapping address space costs no device memory. Handles
+ * imported from another process are the exporter's bytes. */
+
+VGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+                                 const CUmemAllocationProp *prop, unsigned long long flags)
+{
+    VGPU_CUDA_ENTER(cuMemCreate);
+    struct reservation r = {.index = VGPU_DEV_UNTRACKED};
+    CUresult rc = CUDA_SUCCESS;
+    if (prop != NULL && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE)
+        rc = reserve_device(&r, prop->location.id, size, "cuMemCreate");
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    rc = vgpu_real_cuda.cuMemCreate(handle, size, prop, flags);
+    struct alloc_info info = {.size = size, .kind = ALLOC_VMM};
+    return settle(&r, rc, SPACE_HANDLE, rc == CUDA_SUCCESS ? *handle : 0, &info);
+}
+
+VGPU_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
+{
+    VGPU_CUDA_ENTER(cuMemRelease);
+    struct alloc_info info;
+    bool ours = take_own(SPACE_HANDLE, handle, &info);
+    return finish_free(ours, SPACE_HANDLE, handle, &info, vgpu_real_cuda.cuMemRelease(handle));
+}
+
+/* ---- arrays ---------------------------------------------------------------
+ * Sized as width x height x depth x channels x element size; the driver's
+ * own padding and tiling are not visible through the API. */
+
+static uint64_t element_bytes(CUarray_format format)
+{
+    switch (format) {
+    case CU_AD_FORMAT_UNSIGNED_INT8:
+    case CU_AD_FORMAT_SIGNED_INT8:
+        return 1;
+    case CU_AD_FORMAT_UNSIGNED_INT16:
+    case CU_AD_FORMAT_SIGNED_INT16:
+    case CU_AD_FORMAT_HALF:
+        return 2;
+    default: /* 32-bit formats, and a safe guess for formats we do not know */
+        return 4;
+    }
+}
+
+static uint64_t array_bytes(size_t width, size_t height, size_t depth, unsigned channels,
+                            CUarray_format format)
+{
+    uint64_t bytes = mul_sat(width, height ? height : 1);
+    bytes = mul_sat(bytes, depth ? depth : 1);
+    return mul_sat(bytes, mul_sat(channels, element_bytes(format)));
+}
+
+static uint64_t mipmap_bytes(const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned levels)
+{
+    uint64_t total = 0;
+    size_t w = d->Width, h = d->Height, z = d->Depth;
+    for (unsigned l = 0; l < levels && l < 64; l++) {
+        uint64_t level = array_bytes(w, h, z, d->NumChannels, d->Format);
+        total = total + level < total ? UINT64_MAX : total + level;
+        w = w > 1 ? w / 2 : 1;
+        h = h > 1 ? h / 2 : h;
+        z = z > 1 ? z / 2 : z;
+    }
+    return total;
+}
+
+static struct alloc_info array_info(uint64_t bytes)
+{
+    return (struct alloc_info){.size = bytes, .kind = ALLOC_ARRAY};
+}
+
+#define ARRAY_CREATE(name, desc_type, bytes_expr) \
+    VGPU_EXPORT CUresult name(CUarray *pHandle, const desc_type *pAllocateArray) \
+    { \
+        VGPU_CUDA_ENTER(name); \
+        const desc_type *d = pAllocateArray; \
+        struct reservation r; \
+        CUresult rc = reserve_current(&r, d != NULL ? (bytes_expr) : 0, #name); \
+        if (rc != CUDA_SUCCESS) \
+            return rc; \
+        rc = vgpu_real_cuda.name(pHandle, pAllocateArray); \
+        struct alloc_info info = array_info(r.bytes); \
+        return settle(&r, rc, SPACE_ARRAY, rc == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*pHandle : 0, \
+                      &info); \
+    }
+
+ARRAY_CREATE(cuArrayCreate, CUDA_ARRAY_DESCRIPTOR,
+             array_bytes(d->Width, d->Height, 1, d->NumChannels, d->Format))
+ARRAY_CREATE(cuArrayCreate_v2, CUDA_ARRAY_DESCRIPTOR,
+             array_bytes(d->Width, d->Height, 1, d->NumChannels, d->Format))
+ARRAY_CREATE(cuArray3DCreate, CUDA_ARRAY3D_DESCRIPTOR,
+             array_bytes(d->Width, d->Height, d->Depth, d->NumChannels, d->Format))
+ARRAY_CREATE(cuArray3DCreate_v2, CUDA_ARRAY3D_DESCRIPTOR,
+             array_bytes(d->Width, d->Height, d->Depth, d->NumChannels, d->Format))
+
+VGPU_EXPORT CUresult cuArrayDestroy(CUarray hArray)
+{
+    VGPU_CUDA_ENTER(cuArrayDestroy);
+    uint64_t key = (uint64_t)(uintptr_t)hArray;
+    struct alloc_info info;
+    bool ours = take_own(SPACE_ARRAY, key, &info);
+    return finish_free(ours, SPACE_ARRAY, key, &info, vgpu_real_cuda.cuArrayDestroy(hArray));
+}
+
+VGPU_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle,
+                                            const CUDA_ARRAY3D_DESCRIPTOR *pMipmappedArrayDesc,
+                                            unsigned int numMipmapLevels)
+{
+    VGPU_CUDA_ENTER(cuMipmappedArrayCreate);
+    struct reservation r;
+    uint64_t bytes =
+        pMipmappedArrayDesc != NULL ? mipmap_bytes(pMipmappedArrayDesc, numMipmapLevels) : 0;
+    CUresult rc = reserve_current(&r, bytes, "cuMipmappedArrayCreate");
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    rc = vgpu_real_cuda.cuMipmappedArrayCreate(pHandle, pMipmappedArrayDesc, numMipmapLevels);
+    struct alloc_info info = array_info(bytes);
+    return settle(&r, rc, SPACE_ARRAY, rc == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*pHandle : 0,
+                  &info);
+}
+
+VGPU_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray)
+{
+    VGPU_CUDA_ENTER(cuMipmappedArrayDestroy);
+    uint64_t key = (uint64_t)(uintptr_t)hMipmappedArray;
+    struct alloc_info info;
+    bool ours = take_own(SPACE_ARRAY, key, &info);
+    return finish_free(ours, SPACE_ARRAY, key, &info,
+                       vgpu_real_cuda.cuMipmappedArrayDestroy(hMipmappedArray));
+}
+
+/* ---- what the process sees ------------------------------------------------
+ * total = the limit; free = min(limit - the vGPU's use, physically free).
+ * A device without a limit is shown as it is. */
+
+static void limit_view(int index, uint64_t *free_bytes, uint64_t *total_bytes)
+{
+    uint64_t limit = index == VGPU_DEV_UNTRACKED ? UINT64_MAX : budget_limit(index);
+    if (limit == UINT64_MAX)
+        return;
+    uint64_t used = budget_used(index);
+    uint64_t room = limit > used ? limit - used : 0;
+    *total_bytes = limit;
+    if (room < *free_bytes)
+        *free_bytes = room;
+}
+
+static int view_index_current(void)
+{
+    return vgpu_limited() ? devmap_current(NULL) : VGPU_DEV_UNTRACKED;
+}
+
+VGPU_EXPORT CUresult cuMemGetInfo(unsigned int *free, unsigned int *total)
+{
+    VGPU_CUDA_ENTER(cuMemGetInfo);
+    CUresult rc = vgpu_real_cuda.cuMemGetInfo(free, total);
+    if (rc != CUDA_SUCCESS || free == NULL || total == NULL)
+        return rc;
+    uint64_t f = *free, t = *total;
+    limit_view(view_index_current(), &f, &t);
+    *free = f > UINT_MAX ? UINT_MAX : (unsigned int)f;
+    *total = t > UINT_MAX ? UINT_MAX : (unsigned int)t;
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuMemGetInfo_v2(size_t *free, size_t *total)
+{
+    VGPU_CUDA_ENTER(cuMemGetInfo_v2);
+    CUresult rc = vgpu_real_cuda.cuMemGetInfo_v2(free, total);
+    if (rc != CUDA_SUCCESS || free == NULL || total == NULL)
+        return rc;
+    uint64_t f = *free, t = *total;
+    limit_view(view_index_current(), &f, &t);
+    *free = (size_t)f;
+    *total = (size_t)t;
+    return rc;
+}
+
+static uint64_t total_view(CUdevice dev, uint64_t physical)
+{
+    uint64_t free_bytes = physical, total = physical;
+    limit_view(vgpu_limited() ? devmap_index(dev) : VGPU_DEV_UNTRACKED, &free_bytes, &total);
+    return total;
+}
+
+VGPU_EXPORT CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev)
+{
+    VGPU_CUDA_ENTER(cuDeviceTotalMem);
+    CUresult rc = vgpu_real_cuda.cuDeviceTotalMem(bytes, dev);
+    if (rc == CUDA_SUCCESS && bytes != NULL) {
+        uint64_t total = total_view(dev, *bytes);
+        *bytes = total > UINT_MAX ? UINT_MAX : (unsigned int)total;
+    }
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
+{
+    VGPU_CUDA_ENTER(cuDeviceTotalMem_v2);
+    CUresult rc = vgpu_real_cuda.cuDeviceTotalMem_v2(bytes, dev);
+    if (rc == CUDA_SUCCESS && bytes != NULL)
+        *bytes = (size_t)total_view(dev, *bytes);
+    return rc;
+}

@@ -1,0 +1,171 @@
+/*
+ * pools.c - accounting for memory pools (stream-ordered allocation and graph
+ * memory), whose freed memory stays on the device until the pool releases
+ * it. Freed bytes move from "live" to "held" and stay charged; a later
+ * allocation from the same pool reuses held bytes before reserving more;
+ * held bytes go back to the budget when the pool is trimmed or destroyed,
+ * or when the driver says the pool reserves less than we charge (asked
+ * before an allocation is refused, so a pool that released memory at a
+ * synchronisation, as the default pool does, never causes a false refusal).
+ */
+#include <pthread.h>
+#include <string.h>
+
+#include "vgpu.h"
+
+/* CUmemPool_attribute: bytes of device memory the pool holds now. */
+#define CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT 5
+#define MAX_POOLS 64
+
+struct pool_state {
+    bool in_use;
+    CUmemoryPool pool; /* NULL: the graph memory pool of `index` */
+    int index;
+    uint64_t live; /* bytes of allocations not freed yet */
+    uint64_t held; /* freed bytes the pool may still hold */
+};
+
+static struct pool_state pools[MAX_POOLS];
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+
+static struct pool_state *find(CUmemoryPool pool, int index, bool add)
+{
+    struct pool_state *spare = NULL;
+    for (int i = 0; i < MAX_POOLS; i++) {
+        struct pool_state *p = &pools[i];
+        if (p->in_use && p->pool == pool && p->index == index)
+            return p;
+        if (!p->in_use && spare == NULL)
+            spare = p;
+    }
+    if (!add || spare == NULL)
+        return NULL;
+    *spare = (struct pool_state){.in_use = true, .pool = pool, .index = index};
+    return spare;
+}
+
+/* Give back held bytes beyond `keep_held`. Called with the lock held. */
+static uint64_t release_held(struct pool_state *p, uint64_t keep_held)
+{
+    if (p->held <= keep_held)
+        return 0;
+    uint64_t bytes = p->held - keep_held;
+    p->held = keep_held;
+    budget_release(p->index, bytes);
+    return bytes;
+}
+
+uint64_t pools_take(CUmemoryPool pool, int index, uint64_t bytes)
+{
+    uint64_t reused = 0;
+    pthread_mutex_lock(&lock);
+    struct pool_state *p = find(pool, index, true);
+    if (p != NULL) {
+        reused = p->held < bytes ? p->held : bytes;
+        p->held -= reused;
+        p->live += bytes;
+    }
+    pthread_mutex_unlock(&lock);
+    return reused;
+}
+
+void pools_untake(CUmemoryPool pool, int index, uint64_t bytes, uint64_t reused)
+{
+    pthread_mutex_lock(&lock);
+    struct pool_state *p = find(pool, index, false);
+    if (p != NULL) {
+        p->live -= bytes < p->live ? bytes : p->live;
+        p->held += reused;
+    }
+    pthread_mutex_unlock(&lock);
+}
+
+void pools_hold(CUmemoryPool pool, int index, uint64_t bytes)
+{
+    pthread_mutex_lock(&lock);
+    struct pool_state *p = find(pool, index, false);
+    if (p != NULL) {
+        p->live -= bytes < p->live ? bytes : p->live;
+        p->held += bytes;
+    }
+    pthread_mutex_unlock(&lock);
+    /* A pool we could not track (table full): plain accounting. */
+    if (p == NULL)
+        budget_release(index, bytes);
+}
+
+/* What the driver says the pool reserves, or -1 if it cannot say. */
+static int reserved_now(CUmemoryPool pool, uint64_t *bytes)
+{
+    cuuint64_t value = 0;
+    if (pool == NULL || vgpu_real_cuda.cuMemPoolGetAttribute == NULL ||
+        vgpu_real_cuda.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
+                                             &value) != CUDA_SUCCESS)
+        return -1;
+    *bytes = value;
+    return 0;
+}
+
+void pools_trimmed(CUmemoryPool pool, int index, uint64_t keep)
+{
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < MAX_POOLS; i++) {
+        struct pool_state *p = &pools[i];
+        if (!p->in_use || p->pool != pool || (pool == NULL && p->index != index))
+            continue;
+        uint64_t reserved;
+        if (reserved_now(pool, &reserved) != 0)
+            reserved = keep; /* the trim's own promise: at most keep, or what is live */
+        release_held(p, reserved > p->live ? reserved - p->live : 0);
+    }
+    pthread_mutex_unlock(&lock);
+}
+
+void pools_destroyed(CUmemoryPool pool)
+{
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < MAX_POOLS; i++) {
+        struct pool_state *p = &pools[i];
+        if (!p->in_use || p->pool != pool)
+            continue;
+        release_held(p, 0);
+        /* Allocations still live keep their charge until freed (the driver
+         * defers the destroy until then); forget the pool once empty. */
+        if (p->live == 0)
+            p->in_use = false;
+    }
+    pthread_mutex_unlock(&lock);
+}
+
+int pools_settle_all(void)
+{
+    int settled = 0;
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < MAX_POOLS; i++) {
+        struct pool_state *p = &pools[i];
+        uint64_t reserved;
+        if (!p->in_use || p->held == 0 || reserved_now(p->pool, &reserved) != 0)
+            continue;
+        if (release_held(p, reserved > p->live ? reserved - p->live : 0) != 0)
+            settled++;
+    }
+    pthread_mutex_unlock(&lock);
+    return settled;
+}
+
+uint64_t pools_held(int index)
+{
+    uint64_t bytes = 0;
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < MAX_POOLS; i++)
+        if (pools[i].in_use && pools[i].index == index)
+            bytes += pools[i].held;
+    pthread_mutex_unlock(&lock);
+    return bytes;
+}
+
+void pools_reset(void)
+{
+    pthread_mutex_init(&lock, NULL);
+    memset(pools, 0, sizeof(pools));
+}
