@@ -9,35 +9,22 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures.hook import FakeHook
-from vgpud.blocks import SLOT_CLAIMING, ControlBlock, DeviceSlice, UsageBlock
+from tests.fixtures.hook import GPU_UUIDS, FakeVgpu
+from vgpud.blocks import SLOT_CLAIMING
 from vgpud.cgroups import Runtime, classify_path
 from vgpud.nvml import GpuSample, NvmlSample
-from vgpud.tracker import ProcessKind, Tracker, VgpuBlocks, attributable
+from vgpud.tracker import ProcessKind, Tracker, attributable
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "proc"
-GPU0 = "GPU-5117a000-0000-4000-8000-000000000001"
-GPU1 = "GPU-5117a000-0000-4000-8000-000000000002"
+GPU0, GPU1 = GPU_UUIDS
 GIB = 1 << 30
 # docker-cgroupfs-v1: pids 4100 (ns pid 1) and 4150 (ns pid 7) share PID
 # namespace 4026532201 and a container; start time = 1000 + host pid.
 DOCKER_NS = 4026532201
 
 
-class Vgpu:
-    def __init__(self, directory: Path, vgpu_id: str, limits: tuple[int, ...] = (4 * GIB,)) -> None:
-        directory.mkdir()
-        uuids = (GPU0, GPU1)[: len(limits)]
-        slices = [DeviceSlice(uuid, limit) for uuid, limit in zip(uuids, limits, strict=True)]
-        self.control = ControlBlock.create(directory / "control", vgpu_id, slices)
-        self.usage = UsageBlock.create(directory / "usage", device_count=len(limits))
-        self.hook = FakeHook(directory / "usage")
-        self.blocks = VgpuBlocks(self.usage, self.control)
-
-    def close(self) -> None:
-        self.hook.close()
-        self.usage.close()
-        self.control.close()
+def Vgpu(directory: Path, vgpu_id: str, limits: tuple[int, ...] = (4 * GIB,)) -> FakeVgpu:
+    return FakeVgpu(directory, vgpu_id, limits)
 
 
 @pytest.fixture
@@ -48,7 +35,7 @@ def proc(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def vgpu(tmp_path: Path) -> Iterator[Vgpu]:
+def vgpu(tmp_path: Path) -> Iterator[FakeVgpu]:
     v = Vgpu(tmp_path / "v1", "v1")
     yield v
     v.close()
@@ -75,7 +62,7 @@ def sample(processes: dict[int, int], util: dict[int, float] | None = None) -> N
     return NvmlSample(monotonic=0.0, gpus={GPU0: gpu})
 
 
-def test_slot_maps_to_host_pid_through_namespace_and_start_time(proc: Path, vgpu: Vgpu) -> None:
+def test_slot_maps_to_host_pid_through_namespace_and_start_time(proc: Path, vgpu: FakeVgpu) -> None:
     vgpu.hook.claim(3, pid=1, pidns=DOCKER_NS, start_time=5100, used={0: GIB})
     vgpu.hook.claim(4, pid=7, pidns=DOCKER_NS, start_time=5150, used={0: 2 * GIB})
     tracker = Tracker(proc, sees_all_pids=True)
@@ -104,7 +91,7 @@ def test_slot_maps_to_host_pid_through_namespace_and_start_time(proc: Path, vgpu
     assert sorted(p.pid for p in snap.arrivals) == [4100, 4150] and snap.exits == ()
 
 
-def test_pid_reuse_is_told_apart_by_start_time(proc: Path, vgpu: Vgpu) -> None:
+def test_pid_reuse_is_told_apart_by_start_time(proc: Path, vgpu: FakeVgpu) -> None:
     vgpu.hook.claim(0, pid=1, pidns=DOCKER_NS, start_time=4999)  # an earlier process
     vgpu.hook.claim(1, pid=1, pidns=DOCKER_NS + 1, start_time=5100)  # another namespace
     snap = Tracker(proc, sees_all_pids=True).scan({"v1": vgpu.blocks}, None)
@@ -113,7 +100,7 @@ def test_pid_reuse_is_told_apart_by_start_time(proc: Path, vgpu: Vgpu) -> None:
     assert vgpu.control.slot_host_pid(0) == 0
 
 
-def test_exit_clears_host_pid_and_is_reported(proc: Path, vgpu: Vgpu) -> None:
+def test_exit_clears_host_pid_and_is_reported(proc: Path, vgpu: FakeVgpu) -> None:
     vgpu.hook.claim(0, pid=1, pidns=DOCKER_NS, start_time=5100)
     tracker = Tracker(proc, sees_all_pids=True)
     tracker.scan({"v1": vgpu.blocks}, None)
@@ -125,26 +112,26 @@ def test_exit_clears_host_pid_and_is_reported(proc: Path, vgpu: Vgpu) -> None:
     assert [p.pid for p in snap.exits] == [4100] and snap.arrivals == ()
 
 
-def test_stale_host_pids_from_a_previous_daemon_are_cleared(proc: Path, vgpu: Vgpu) -> None:
+def test_stale_host_pids_from_a_previous_daemon_are_cleared(proc: Path, vgpu: FakeVgpu) -> None:
     vgpu.control.set_slot_host_pid(9, 12345)
     Tracker(proc, sees_all_pids=True).scan({"v1": vgpu.blocks}, None)
     assert vgpu.control.slot_host_pid(9) == 0
 
 
-def test_outside_the_host_pid_namespace_no_slot_is_called_dead(proc: Path, vgpu: Vgpu) -> None:
+def test_outside_the_host_pid_namespace_no_slot_is_called_dead(proc: Path, vgpu: FakeVgpu) -> None:
     vgpu.hook.claim(0, pid=1, pidns=DOCKER_NS, start_time=5100)
     vgpu.hook.claim(1, pid=99, pidns=DOCKER_NS, start_time=1)
     snap = Tracker(proc, sees_all_pids=False).scan({"v1": vgpu.blocks}, None)
     assert [(s.slot.index, s.host_pid) for s in snap.slots] == [(0, 4100)]
 
 
-def test_claiming_slot_is_matched_too(proc: Path, vgpu: Vgpu) -> None:
+def test_claiming_slot_is_matched_too(proc: Path, vgpu: FakeVgpu) -> None:
     vgpu.hook.claim(0, pid=1, pidns=DOCKER_NS, start_time=5100, state=SLOT_CLAIMING)
     snap = Tracker(proc, sees_all_pids=True).scan({"v1": vgpu.blocks}, None)
     assert snap.slots[0].host_pid == 4100
 
 
-def test_unmanaged_process_in_the_container_is_attributed(proc: Path, vgpu: Vgpu) -> None:
+def test_unmanaged_process_in_the_container_is_attributed(proc: Path, vgpu: FakeVgpu) -> None:
     vgpu.hook.claim(0, pid=1, pidns=DOCKER_NS, start_time=5100, used={0: GIB})
     snap = Tracker(proc, sees_all_pids=True).scan(
         {"v1": vgpu.blocks}, sample({4100: GIB, 4150: 3 * GIB, 1: GIB})
@@ -172,18 +159,18 @@ def test_two_vgpus_in_one_container_attribute_nothing(proc: Path, tmp_path: Path
         b.close()
 
 
-def test_hooked_without_slot(proc: Path, vgpu: Vgpu) -> None:
+def test_hooked_without_slot(proc: Path, vgpu: FakeVgpu) -> None:
     # 4100's env names VGPU_CONTROL: a vGPU process whose slot is not (yet) seen.
     snap = Tracker(proc, sees_all_pids=True).scan({"v1": vgpu.blocks}, sample({4100: GIB}))
     assert (snap.processes[4100].kind, snap.processes[4100].vgpu_id) == (ProcessKind.HOOKED, None)
 
 
-def test_nvml_pid_without_a_process_is_ignored(proc: Path, vgpu: Vgpu) -> None:
+def test_nvml_pid_without_a_process_is_ignored(proc: Path, vgpu: FakeVgpu) -> None:
     snap = Tracker(proc, sees_all_pids=True).scan({"v1": vgpu.blocks}, sample({31337: GIB}))
     assert snap.processes == {}
 
 
-def test_deleted_vgpu_is_forgotten(proc: Path, vgpu: Vgpu) -> None:
+def test_deleted_vgpu_is_forgotten(proc: Path, vgpu: FakeVgpu) -> None:
     tracker = Tracker(proc, sees_all_pids=True)
     vgpu.hook.claim(0, pid=1, pidns=DOCKER_NS, start_time=5100)
     tracker.scan({"v1": vgpu.blocks}, None)

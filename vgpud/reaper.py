@@ -1,0 +1,207 @@
+"""Reaping: a dead process's bytes go back to its vGPU within one scan.
+
+Public interface
+----------------
+``reap(snapshot, vgpus, state, policy=ReaperPolicy()) -> (events, state)``
+    Called once per tick after ``Tracker.scan``; ``vgpus`` is what the
+    tracker was given (daemon-owned vGPUs); the standalone vGPUs the
+    tracker adopted come from the snapshot. Start with ``ReaperState()``.
+``plan(snapshot, state, policy) -> (actions, events, state)``
+    The pure decision (no block touched); ``apply(actions, views) -> events``
+    carries it out. ``reap`` is the two in a row.
+``ReaperEvent``: frozen; ``kind`` is one of ``slot_reclaimed``,
+``usage_reset``, ``slot_stuck``, ``counter_absurd``.
+
+Rules
+-----
+- A slot whose identity no live process has (``SlotState.host_pid is
+  None``) is reclaimed at once when ACTIVE, through
+  ``UsageBlock.reclaim_slot`` with the identity the tracker saw: if the slot
+  changed hands meanwhile nothing is touched.
+- A CLAIMING slot may be a process filling it in right now; it is reclaimed
+  only after ``stuck_scans`` scans in a row with the same dead identity. A
+  slot stuck in CLAIMING by a live process, or in RECLAIMING (a hook died
+  while reclaiming), is reported, never forced.
+- A slot of a live process is never touched.
+- A vGPU with no live process has its device totals reset to 0 (by CAS:
+  a process that starts meanwhile keeps its reservation); this also repairs
+  any leak, e.g. bytes of a slot stuck in RECLAIMING.
+- Absurd counters (the hook's total above the vGPU's limit, or above 16 x
+  the physical memory) are reported once per episode; the totals are the
+  container's word, the reset above is the repair.
+- Nothing is judged dead when the tracker cannot see every PID namespace.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from vgpud.blocks import SLOT_ACTIVE, SLOT_CLAIMING, SLOT_RECLAIMING, SlotView, UsageBlock
+from vgpud.tracker import SlotState, TrackSnapshot, VgpuView
+
+log = logging.getLogger(__name__)
+
+PHYSICAL_FACTOR = 16  # a total above 16 x the GPU's memory is no real use
+
+
+@dataclass(frozen=True)
+class ReaperPolicy:
+    stuck_scans: int = 3
+    physical_memory: Mapping[str, int] = field(default_factory=dict)  # GPU uuid -> bytes
+
+
+@dataclass(frozen=True)
+class ReaperEvent:
+    kind: str
+    vgpu_id: str
+    detail: str
+    slot: int | None = None
+    pid: int | None = None  # as the slot names it (inside its PID namespace)
+    freed: tuple[int, ...] = ()  # bytes per device index
+
+
+@dataclass(frozen=True)
+class Reclaim:
+    vgpu_id: str
+    slot: SlotView
+
+
+@dataclass(frozen=True)
+class Reset:
+    vgpu_id: str
+
+
+@dataclass(frozen=True)
+class ReaperState:
+    # (vgpu, slot index, state, pid, pidns, start_time) -> scans seen in a row
+    stuck: Mapping[tuple[str, int, int, int, int, int], int] = field(default_factory=dict)
+    absurd: frozenset[tuple[str, str]] = frozenset()  # (vgpu, gpu uuid) reported
+
+
+Action = Reclaim | Reset
+
+
+def plan(
+    snapshot: TrackSnapshot, state: ReaperState, policy: ReaperPolicy = ReaperPolicy()
+) -> tuple[list[Action], list[ReaperEvent], ReaperState]:
+    actions: list[Action] = []
+    events: list[ReaperEvent] = []
+    stuck: dict[tuple[str, int, int, int, int, int], int] = {}
+    if snapshot.sees_all_pids:
+        for s in snapshot.slots:
+            if s.slot.state == SLOT_ACTIVE and s.host_pid is None:
+                actions.append(Reclaim(s.vgpu_id, s.slot))
+            elif s.slot.state in (SLOT_CLAIMING, SLOT_RECLAIMING):
+                key = _stuck_key(s)
+                stuck[key] = state.stuck.get(key, 0) + 1
+                if stuck[key] >= policy.stuck_scans:
+                    action, event = _unstick(s, stuck[key], policy)
+                    actions += [action] if action is not None else []
+                    if event is not None and stuck[key] == policy.stuck_scans:
+                        events.append(event)
+        actions += [
+            Reset(vgpu_id)
+            for vgpu_id, use in snapshot.vgpus.items()
+            if use.live_slots == 0 and any(gpu.hooked_used for gpu in use.gpus.values())
+        ]
+    absurd = _absurd(snapshot, policy)
+    events += [
+        ReaperEvent("counter_absurd", vgpu_id, detail)
+        for (vgpu_id, uuid), detail in absurd.items()
+        if (vgpu_id, uuid) not in state.absurd
+    ]
+    return actions, events, ReaperState(stuck=stuck, absurd=frozenset(absurd))
+
+
+def apply(actions: list[Action], views: Mapping[str, VgpuView]) -> list[ReaperEvent]:
+    events: list[ReaperEvent] = []
+    for action in actions:
+        view = views.get(action.vgpu_id)
+        if view is None:
+            continue  # deleted since the scan
+        if isinstance(action, Reclaim):
+            event = _reclaim(action, view.usage)
+        else:
+            event = _reset(action, view.usage)
+        if event is not None:
+            log.info("vGPU %s: %s", event.vgpu_id, event.detail)
+            events.append(event)
+    return events
+
+
+def reap(
+    snapshot: TrackSnapshot,
+    vgpus: Mapping[str, VgpuView],
+    state: ReaperState,
+    policy: ReaperPolicy = ReaperPolicy(),
+) -> tuple[list[ReaperEvent], ReaperState]:
+    actions, events, state = plan(snapshot, state, policy)
+    views: dict[str, VgpuView] = {**vgpus, **snapshot.standalone}
+    return events + apply(actions, views), state
+
+
+def _stuck_key(s: SlotState) -> tuple[str, int, int, int, int, int]:
+    slot = s.slot
+    return (s.vgpu_id, slot.index, slot.state, slot.pid, slot.pidns, slot.start_time)
+
+
+def _unstick(
+    s: SlotState, scans: int, policy: ReaperPolicy
+) -> tuple[Action | None, ReaperEvent | None]:
+    slot = s.slot
+    if slot.state == SLOT_CLAIMING and s.host_pid is None:
+        return Reclaim(s.vgpu_id, slot), None
+    holder = "a live process" if s.host_pid is not None else "no live process"
+    detail = f"slot {slot.index} {slot.state_name} for {scans} scans, held by {holder}; left alone"
+    return None, ReaperEvent("slot_stuck", s.vgpu_id, detail, slot.index, slot.pid)
+
+
+def _absurd(snapshot: TrackSnapshot, policy: ReaperPolicy) -> dict[tuple[str, str], str]:
+    found: dict[tuple[str, str], str] = {}
+    for vgpu_id, use in snapshot.vgpus.items():
+        for uuid, gpu in use.gpus.items():
+            physical = policy.physical_memory.get(uuid)
+            if gpu.limit is not None and gpu.hooked_used > gpu.limit:
+                found[(vgpu_id, uuid)] = (
+                    f"usage block says {gpu.hooked_used} bytes used on {uuid}, "
+                    f"above the limit {gpu.limit}"
+                )
+            elif physical and gpu.hooked_used > physical * PHYSICAL_FACTOR:
+                found[(vgpu_id, uuid)] = (
+                    f"usage block says {gpu.hooked_used} bytes used on {uuid}, "
+                    f"above {PHYSICAL_FACTOR} x its {physical} bytes"
+                )
+    return found
+
+
+def _reclaim(action: Reclaim, usage: UsageBlock) -> ReaperEvent | None:
+    slot = action.slot
+    freed = usage.reclaim_slot(slot.index, slot)
+    if freed is None:
+        return None  # the slot changed hands since the scan: not ours to touch
+    return ReaperEvent(
+        "slot_reclaimed",
+        action.vgpu_id,
+        f"reclaimed slot {slot.index} of dead pid {slot.pid} (ns {slot.pidns}): {sum(freed)} bytes",
+        slot.index,
+        slot.pid,
+        freed,
+    )
+
+
+def _reset(action: Reset, usage: UsageBlock) -> ReaperEvent | None:
+    # Looked at again just before: a process that claimed a slot since the
+    # scan is alive (it cannot be in the scan's dead list), so leave it be.
+    if any(s.state in (SLOT_ACTIVE, SLOT_CLAIMING) for s in usage.slots()):
+        return None
+    held = [usage.reset_used(d) for d in range(usage.device_count)]
+    if not any(held):
+        return None
+    return ReaperEvent(
+        "usage_reset",
+        action.vgpu_id,
+        f"no live process: budgets reset ({sum(h or 0 for h in held)} bytes were held)",
+        freed=tuple(h or 0 for h in held),
+    )
