@@ -1,0 +1,166 @@
+"""Backstop: NVML's per-process memory against a vGPU's limit; kill safely."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.hook import GPU_UUIDS, FakeVgpu
+from vgpud.backstop import BackstopPolicy, BackstopState, Kill, check, decide, enforce
+from vgpud.nvml import GpuSample, NvmlSample
+from vgpud.procfs import ProcFS
+from vgpud.tracker import Tracker
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "proc"
+GIB = 1 << 30
+MIB = 1 << 20
+GPU0 = GPU_UUIDS[0]
+# docker-cgroupfs-v1: 4100 (ns pid 1) and 4150 (ns pid 7) in one container.
+DOCKER_NS = 4026532201
+
+
+@pytest.fixture
+def proc(tmp_path: Path) -> Path:
+    root = tmp_path / "proc"
+    shutil.copytree(FIXTURES / "docker-cgroupfs-v1", root, symlinks=True)
+    return root
+
+
+@pytest.fixture
+def vgpu(tmp_path: Path) -> Iterator[FakeVgpu]:
+    v = FakeVgpu(tmp_path / "v1", "v1", (4 * GIB,))
+    yield v
+    v.close()
+
+
+def nvml(processes: dict[int, int]) -> NvmlSample:
+    gpu = GpuSample(GPU0, 0, 0, sum(processes.values()), 80 * GIB, processes, {})
+    return NvmlSample(monotonic=0.0, gpus={GPU0: gpu})
+
+
+def test_within_tolerance_nothing_happens(proc: Path, vgpu: FakeVgpu) -> None:
+    vgpu.hook.claim(0, pid=1, pidns=DOCKER_NS, start_time=5100, used={0: 4 * GIB})
+    snap = Tracker(proc, sees_all_pids=True).scan({"v1": vgpu.blocks}, nvml({4100: 4 * GIB + MIB}))
+    kills, events, state = decide(snap, BackstopPolicy("kill", tolerance=64 * MIB), BackstopState())
+    assert (kills, events, state.over) == ([], [], {})
+
+
+def test_bypassing_process_in_the_container_is_reported(proc: Path, vgpu: FakeVgpu) -> None:
+    vgpu.hook.claim(0, pid=1, pidns=DOCKER_NS, start_time=5100, used={0: 3 * GIB})
+    snap = Tracker(proc, sees_all_pids=True).scan(
+        {"v1": vgpu.blocks}, nvml({4100: 3 * GIB, 4150: 2 * GIB})
+    )
+    kills, events, _ = decide(snap, BackstopPolicy("report"), BackstopState())
+    assert kills == []
+    assert [(e.kind, e.vgpu_id, e.uuid, e.pid, e.nvml_used, e.limit) for e in events] == [
+        ("over_limit", "v1", GPU0, 4150, 5 * GIB, 4 * GIB)
+    ]
+
+
+def test_kill_policy_kills_the_offender_once_confirmed(proc: Path, vgpu: FakeVgpu) -> None:
+    vgpu.hook.claim(0, pid=1, pidns=DOCKER_NS, start_time=5100, used={0: 3 * GIB})
+    tracker = Tracker(proc, sees_all_pids=True)
+    policy = BackstopPolicy("kill", confirm_scans=2)
+    sample = nvml({4100: 3 * GIB, 4150: 2 * GIB})
+    kills, events, state = decide(
+        tracker.scan({"v1": vgpu.blocks}, sample), policy, BackstopState()
+    )
+    assert kills == [] and [e.kind for e in events] == ["over_limit"]
+    kills, events, state = decide(tracker.scan({"v1": vgpu.blocks}, sample), policy, state)
+    assert [(k.pid, k.start_time, k.vgpu_id, k.uuid) for k in kills] == [(4150, 5150, "v1", GPU0)]
+    assert events == []  # reported once per episode
+    _, _, state = decide(tracker.scan({"v1": vgpu.blocks}, nvml({4100: 3 * GIB})), policy, state)
+    assert state.over == {}
+
+
+def test_hooked_process_with_unaccounted_memory_is_the_offender(proc: Path, vgpu: FakeVgpu) -> None:
+    # Both hold slots; 4150's slot says 1 GiB but NVML sees 3.5 GiB on it.
+    vgpu.hook.claim(0, pid=1, pidns=DOCKER_NS, start_time=5100, used={0: 2 * GIB})
+    vgpu.hook.claim(1, pid=7, pidns=DOCKER_NS, start_time=5150, used={0: GIB})
+    snap = Tracker(proc, sees_all_pids=True).scan(
+        {"v1": vgpu.blocks}, nvml({4100: 2 * GIB + 100 * MIB, 4150: 3 * GIB + 512 * MIB})
+    )
+    kills, _, _ = decide(snap, BackstopPolicy("kill", confirm_scans=1), BackstopState())
+    assert [k.pid for k in kills] == [4150]
+
+
+def test_no_blame_without_unaccounted_memory(proc: Path, vgpu: FakeVgpu) -> None:
+    # The block lies low (hook says 0) but the only process is accounted
+    # above what NVML sees: no process to blame, still reported.
+    vgpu.hook.claim(0, pid=1, pidns=DOCKER_NS, start_time=5100, used={0: 6 * GIB})
+    snap = Tracker(proc, sees_all_pids=True).scan({"v1": vgpu.blocks}, nvml({4100: 5 * GIB}))
+    kills, events, _ = decide(snap, BackstopPolicy("kill", confirm_scans=1), BackstopState())
+    assert kills == [] and events[0].pid is None and "no process to blame" in events[0].detail
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"action": "shoot"}, "expected one of"),
+        ({"tolerance": -1}, "must be >= 0"),
+        ({"confirm_scans": 0}, "must be >= 1"),
+    ],
+)
+def test_bad_policy(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        BackstopPolicy(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def victim() -> Iterator[subprocess.Popen[bytes]]:
+    child = subprocess.Popen(["sleep", "60"])
+    yield child
+    child.kill()
+    child.wait()
+
+
+def start_time(pid: int) -> int:
+    stat = ProcFS().stat(pid)
+    assert stat is not None
+    return stat.start_time
+
+
+def test_enforce_kills_the_judged_process(victim: subprocess.Popen[bytes]) -> None:
+    kill = Kill(victim.pid, start_time(victim.pid), "v1", GPU0, "test")
+    events = enforce([kill])
+    assert [e.kind for e in events] == ["killed"]
+    assert victim.wait(timeout=10) == -9
+
+
+def test_enforce_spares_a_reused_pid(victim: subprocess.Popen[bytes]) -> None:
+    kill = Kill(victim.pid, start_time(victim.pid) - 1, "v1", GPU0, "test")
+    events = enforce([kill])
+    assert [e.kind for e in events] == ["kill_skipped"] and "another process" in events[0].detail
+    assert victim.poll() is None
+
+
+def test_enforce_never_kills_init_or_itself() -> None:
+    events = enforce([Kill(1, 0, "v", GPU0, "t"), Kill(os.getpid(), 0, "v", GPU0, "t")])
+    assert [e.kind for e in events] == ["kill_skipped", "kill_skipped"]
+
+
+def test_check_reports_and_kills_in_one_call(
+    proc: Path, vgpu: FakeVgpu, victim: subprocess.Popen[bytes]
+) -> None:
+    # A fixture tree decides; the effect runs against the real /proc, so
+    # point the offender at the real victim by giving it the victim's pid.
+    vgpu.hook.claim(0, pid=1, pidns=DOCKER_NS, start_time=5100, used={0: GIB})
+    shutil.copytree(proc / "4150", proc / str(victim.pid), symlinks=True)
+    stat = (proc / str(victim.pid) / "stat").read_text().split(" ", 1)[1]
+    fields = stat.rsplit(")", 1)
+    rest = fields[1].split()
+    rest[19] = str(start_time(victim.pid))
+    (proc / str(victim.pid) / "stat").write_text(f"{victim.pid} {fields[0]}) {' '.join(rest)}\n")
+    status = proc / str(victim.pid) / "status"
+    status.write_text(status.read_text().replace("NSpid:\t4150 7", f"NSpid:\t{victim.pid} 9"))
+    snap = Tracker(proc, sees_all_pids=True).scan(
+        {"v1": vgpu.blocks}, nvml({4100: GIB, victim.pid: 4 * GIB})
+    )
+    events, _ = check(snap, BackstopPolicy("kill", confirm_scans=1), BackstopState())
+    assert [e.kind for e in events] == ["over_limit", "killed"]
+    assert victim.wait(timeout=10) == -9

@@ -1,0 +1,198 @@
+"""The memory backstop: NVML's truth against a vGPU's limit.
+
+The usage block is the container's word. A process that bypassed the hook
+(no LD_PRELOAD, a static binary, a raw ioctl) allocates without touching it;
+NVML still sees the bytes. When the NVML per-process figures summed over a
+vGPU's processes pass its limit by more than a tolerance, the backstop
+reports it and, if configured, kills the offender.
+
+Public interface
+----------------
+``BackstopPolicy(action="report"|"kill", tolerance=bytes, confirm_scans=2)``
+    (bad values raise ValueError with the reason).
+``decide(snapshot, policy, state) -> (kills, events, state)``
+    Pure. Start with ``BackstopState()``.
+``enforce(kills, proc_root="/proc") -> events``
+    The effect: SIGKILL through a pidfd, after checking that the pid still
+    names the process judged (same start time), so PID reuse never kills
+    an innocent.
+``check(snapshot, policy, state) -> (events, state)``: both in a row.
+``BackstopEvent``: frozen; ``kind`` is ``over_limit``, ``killed`` or
+``kill_skipped``.
+
+The offender, on each GPU over its limit: an unmanaged process the tracker
+attributed to the vGPU (it shares the vGPU's container), the one with the
+most memory; else the process with the most memory the hook does not
+account for (NVML's figure minus its slot's bytes). A kill needs the
+violation to last ``confirm_scans`` scans in a row (one sample can be
+caught between a driver allocation and the hook's overhead charge). Pid 1
+and the daemon itself are never killed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from vgpud.procfs import ProcFS
+from vgpud.tracker import ProcessKind, TrackedProcess, TrackSnapshot
+
+log = logging.getLogger(__name__)
+
+ACTIONS = ("report", "kill")
+
+
+@dataclass(frozen=True)
+class BackstopPolicy:
+    action: str = "report"
+    tolerance: int = 64 << 20  # bytes NVML may exceed the limit by
+    confirm_scans: int = 2
+
+    def __post_init__(self) -> None:
+        if self.action not in ACTIONS:
+            raise ValueError(f"backstop action {self.action!r}: expected one of {ACTIONS}")
+        if self.tolerance < 0:
+            raise ValueError(f"backstop tolerance {self.tolerance}: must be >= 0 bytes")
+        if self.confirm_scans < 1:
+            raise ValueError(f"backstop confirm_scans {self.confirm_scans}: must be >= 1")
+
+
+@dataclass(frozen=True)
+class Kill:
+    pid: int
+    start_time: int
+    vgpu_id: str
+    uuid: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class BackstopEvent:
+    kind: str
+    vgpu_id: str
+    uuid: str
+    detail: str
+    pid: int | None = None
+    nvml_used: int | None = None
+    limit: int | None = None
+
+
+@dataclass(frozen=True)
+class BackstopState:
+    over: Mapping[tuple[str, str], int] = field(default_factory=dict)  # scans in a row
+
+
+def decide(
+    snapshot: TrackSnapshot, policy: BackstopPolicy, state: BackstopState
+) -> tuple[list[Kill], list[BackstopEvent], BackstopState]:
+    kills: list[Kill] = []
+    events: list[BackstopEvent] = []
+    over: dict[tuple[str, str], int] = {}
+    for vgpu_id, use in snapshot.vgpus.items():
+        for uuid, gpu in use.gpus.items():
+            if gpu.limit is None or gpu.nvml_used <= gpu.limit + policy.tolerance:
+                continue
+            scans = over[(vgpu_id, uuid)] = state.over.get((vgpu_id, uuid), 0) + 1
+            offender = _offender(snapshot.processes.values(), vgpu_id, uuid)
+            if scans == 1:
+                events.append(
+                    BackstopEvent(
+                        "over_limit",
+                        vgpu_id,
+                        uuid,
+                        f"NVML sees {gpu.nvml_used} bytes on {uuid}, limit {gpu.limit} "
+                        f"(+{policy.tolerance} tolerance), the hook accounts {gpu.hooked_used}; "
+                        + _blame(offender),
+                        None if offender is None else offender.pid,
+                        gpu.nvml_used,
+                        gpu.limit,
+                    )
+                )
+            if policy.action == "kill" and scans >= policy.confirm_scans and offender is not None:
+                kills.append(
+                    Kill(
+                        offender.pid,
+                        offender.start_time,
+                        vgpu_id,
+                        uuid,
+                        f"vGPU {vgpu_id} over its limit on {uuid}: {gpu.nvml_used} > {gpu.limit}",
+                    )
+                )
+    return _unique(kills), events, BackstopState(over=over)
+
+
+def enforce(kills: list[Kill], proc_root: str = "/proc") -> list[BackstopEvent]:
+    procfs = ProcFS(proc_root)
+    events = []
+    for kill in kills:
+        outcome = _kill(kill, procfs)
+        kind = "killed" if outcome is None else "kill_skipped"
+        detail = f"pid {kill.pid} ({kill.reason})" if outcome is None else outcome
+        log.warning("backstop %s: %s", kind, detail)
+        events.append(BackstopEvent(kind, kill.vgpu_id, kill.uuid, detail, kill.pid))
+    return events
+
+
+def check(
+    snapshot: TrackSnapshot, policy: BackstopPolicy, state: BackstopState, proc_root: str = "/proc"
+) -> tuple[list[BackstopEvent], BackstopState]:
+    kills, events, state = decide(snapshot, policy, state)
+    return events + enforce(kills, proc_root), state
+
+
+def _unaccounted(p: TrackedProcess, uuid: str) -> int:
+    return p.memory.get(uuid, 0) - p.hooked.get(uuid, 0)
+
+
+def _offender(
+    processes: Iterable[TrackedProcess], vgpu_id: str, uuid: str
+) -> TrackedProcess | None:
+    mine = [p for p in processes if p.vgpu_id == vgpu_id and p.memory.get(uuid, 0) > 0]
+    unmanaged = [p for p in mine if p.kind is ProcessKind.UNMANAGED]
+    if unmanaged:
+        return max(unmanaged, key=lambda p: p.memory[uuid])
+    worst = max(mine, key=lambda p: _unaccounted(p, uuid), default=None)
+    return worst if worst is not None and _unaccounted(worst, uuid) > 0 else None
+
+
+def _blame(offender: TrackedProcess | None) -> str:
+    if offender is None:
+        return "no process to blame"
+    return (
+        f"offender pid {offender.pid} ({offender.comm}, {offender.kind}, {offender.container.key})"
+    )
+
+
+def _unique(kills: list[Kill]) -> list[Kill]:
+    seen: set[int] = set()
+    out = []
+    for kill in kills:
+        if kill.pid not in seen:
+            seen.add(kill.pid)
+            out.append(kill)
+    return out
+
+
+def _kill(kill: Kill, procfs: ProcFS) -> str | None:
+    """SIGKILL the judged process; a reason string when it was not done."""
+    if kill.pid <= 1 or kill.pid == os.getpid():
+        return f"pid {kill.pid} is never killed by the backstop"
+    try:
+        pidfd = os.pidfd_open(kill.pid)
+    except ProcessLookupError:
+        return f"pid {kill.pid} already gone"
+    try:
+        # The pidfd holds the process that had this pid when it was opened;
+        # /proc still showing the judged start time proves it is the one.
+        stat = procfs.stat(kill.pid)
+        if stat is None or stat.start_time != kill.start_time:
+            return f"pid {kill.pid} is another process now"
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        return None
+    except ProcessLookupError:
+        return f"pid {kill.pid} exited first"
+    finally:
+        os.close(pidfd)
