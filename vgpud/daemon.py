@@ -51,6 +51,7 @@ from vgpud.registry import Registry
 from vgpud.service import GpuFigures, Service
 from vgpud.state import StateStore
 from vgpud.steering import Steering
+from vgpud.tracker import Tracker
 from vgpud.watch import Watch
 
 EXIT_START_FAILED = 3
@@ -150,7 +151,8 @@ class Daemon:
         self.service = service
         metrics = Metrics(service)
         self.metrics = metrics
-        self.watch = Watch(service, self.events)
+        self.tracker = Tracker(c.proc_root)
+        self.watch = Watch(service, self.events, self.tracker)
         await self._serve(service, metrics)
         self.loops = [
             self._loop("control", c.control_interval, self._control),
@@ -271,7 +273,14 @@ class Daemon:
 
     async def _control(self) -> None:
         assert self.registry is not None
-        self.steering.tick(self.registry.all(), time.monotonic_ns())
+        service = self.service
+        track = service.track
+        # Standalone blocks belong to the tracker, which may unmap one while
+        # its scan runs: steer them only between scans.
+        standalone = track.standalone if track and not service.blocks_lock.locked() else {}
+        self.steering.tick(
+            self.registry.all(), standalone, track, service.sample, time.monotonic_ns()
+        )
         interval = self.notifier.watchdog_interval
         if interval is not None and time.monotonic() - self.last_watchdog >= interval:
             self.notifier.watchdog()
@@ -280,6 +289,7 @@ class Daemon:
     async def _sample(self) -> None:
         assert self.gpus is not None
         sample = await self.gpus.sample()
+        self.service.sample = sample
         self.service.figures = {
             uuid: GpuFigures(
                 memory_used=g.memory_used,
@@ -368,7 +378,12 @@ class Daemon:
         for runner in (self.runner, self.metrics_runner):
             if runner is not None:
                 await runner.cleanup()
-        if self.registry is not None:
+        if hasattr(self, "service"):
+            async with self.service.blocks_lock:  # a scan's thread may still read them
+                self.tracker.close()
+                if self.registry is not None:
+                    self.registry.close()
+        elif self.registry is not None:
             self.registry.close()
         if self.gpus is not None:
             await self.gpus.close()

@@ -7,6 +7,7 @@ and nothing global.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -18,8 +19,10 @@ from vgpud.config import Config
 from vgpud.errors import Unprocessable
 from vgpud.events import EventLog
 from vgpud.model import CreateRequest, GpuLike, Limits, UpdateRequest, Vgpu
+from vgpud.nvml import NvmlSample
 from vgpud.placement import Rules
 from vgpud.registry import Entry, Registry
+from vgpud.tracker import TrackSnapshot
 from vgpud.units import parse_memory
 
 
@@ -32,15 +35,18 @@ class GpuInventory(Protocol):
 
 @dataclass(frozen=True)
 class ProcessView:
-    """A process of a vGPU, as the API lists it."""
+    """A GPU process as the API lists it (from the tracker's snapshot)."""
 
-    host_pid: int | None
-    container_pid: int
-    vgpu: str
-    slot: int
-    memory: dict[str, int]  # GPU uuid -> bytes (hook-tracked)
+    host_pid: int
+    container_pid: int  # the pid it sees for itself
+    vgpu: str | None
+    slot: int | None
+    kind: str  # vgpu | standalone | hooked | unmanaged
+    comm: str
+    memory: dict[str, int]  # GPU uuid -> bytes (NVML)
+    hooked: dict[str, int]  # GPU uuid -> bytes its slot holds (the hook's word)
     utilization: dict[str, float]  # GPU uuid -> % (NVML)
-    container: str | None = None
+    container: dict[str, str | None]
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -48,7 +54,10 @@ class ProcessView:
             "container_pid": self.container_pid,
             "vgpu": self.vgpu,
             "slot": self.slot,
+            "kind": self.kind,
+            "comm": self.comm,
             "memory": self.memory,
+            "hooked": self.hooked,
             "utilization": self.utilization,
             "container": self.container,
         }
@@ -73,7 +82,11 @@ class Service:
         self.events = events
         self.started = time.time()
         self.figures: dict[str, GpuFigures] = {}  # by GPU uuid, from the sampler
+        self.sample: NvmlSample | None = None  # the sampler's latest
+        self.track: TrackSnapshot | None = None  # the last scan
         self.processes: list[ProcessView] = []  # from the last scan
+        # Held while a worker thread reads the blocks, and to unmap one.
+        self.blocks_lock = asyncio.Lock()
 
     # --- rules ------------------------------------------------------------------
 
@@ -107,9 +120,10 @@ class Service:
     def update(self, key: str, req: UpdateRequest) -> tuple[Entry, list[str]]:
         return self.registry.update(key, req, self.devices(), self.rules())
 
-    def delete(self, key: str, force: bool) -> Vgpu:
-        entry = self.registry.get(key)
-        return self.registry.delete(key, force=force, processes=self.process_count(entry))
+    async def delete(self, key: str, force: bool) -> Vgpu:
+        async with self.blocks_lock:
+            entry = self.registry.get(key)
+            return self.registry.delete(key, force=force, processes=self.process_count(entry))
 
     # --- views ------------------------------------------------------------------
 

@@ -1,20 +1,29 @@
 """The scan tick: who runs in each vGPU, and the events that follow from it.
 
-Each scan lists the processes of every vGPU, publishes arrivals and exits,
-OOMs (growth of a device's oom_count) and throttling (a vGPU that starts or
-stops waiting in the pacer), and refreshes Service.processes for the API.
+Each scan runs the tracker (off the event loop: it reads /proc), keeps its
+snapshot for the API and the controller, publishes arrivals and exits, OOMs
+(growth of a device's oom_count) and throttling (a vGPU that starts or
+stops waiting in the pacer), then runs the reaper and the backstop hook.
+
+The tracker's thread reads the blocks; ``Service.blocks_lock`` is held until
+that thread has finished (even if the scan is cancelled), and deleting a
+vGPU takes the same lock, so no block is unmapped under a reader.
 """
 
 from __future__ import annotations
 
-import os
+import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from vgpud import events as ev
-from vgpud.blocks import SLOT_ACTIVE
 from vgpud.events import EventLog
 from vgpud.registry import Entry
 from vgpud.service import ProcessView, Service
+from vgpud.tracker import TrackedProcess, Tracker, TrackSnapshot, VgpuBlocks
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -23,62 +32,75 @@ class _Counters:
     throttled: tuple[int, ...]
 
 
-def _own_pidns() -> int:
-    try:
-        return os.stat("/proc/self/ns/pid").st_ino
-    except OSError:
-        return 0
+def process_view(p: TrackedProcess) -> ProcessView:
+    ref = p.container
+    return ProcessView(
+        host_pid=p.pid,
+        container_pid=p.ns_pid,
+        vgpu=p.vgpu_id,
+        slot=p.slot,
+        kind=str(p.kind),
+        comm=p.comm,
+        memory=dict(p.memory),
+        hooked=dict(p.hooked),
+        utilization=dict(p.sm_util),
+        container={
+            "runtime": str(ref.runtime),
+            "id": ref.container_id,
+            "pod_uid": ref.pod_uid,
+            "cgroup": ref.cgroup_path,
+        },
+    )
 
 
 class Watch:
-    def __init__(self, service: Service, events: EventLog) -> None:
+    def __init__(self, service: Service, events: EventLog, tracker: Tracker) -> None:
         self.service = service
         self.events = events
-        self.pidns = _own_pidns()
+        self.tracker = tracker
         self.counters: dict[str, _Counters] = {}
         self.throttled: set[str] = set()
-        self.known: dict[tuple[str, int, int], ProcessView] = {}
+        self.after_scan: list[Callable[[TrackSnapshot, dict[str, VgpuBlocks]], None]] = []
 
-    async def scan(self) -> None:
-        views: list[ProcessView] = []
-        for entry in self.service.registry.all():
-            views.extend(self._processes(entry))
-            self._counter_events(entry)
-        self._arrivals_and_exits(views)
-        self.service.processes = views
-        gone = set(self.counters) - set(self.service.registry.entries)
-        for vgpu_id in gone:
-            del self.counters[vgpu_id]
-            self.throttled.discard(vgpu_id)
-
-    def _processes(self, entry: Entry) -> list[ProcessView]:
-        v = entry.vgpu
-        out = []
-        for slot in entry.usage.slots():
-            if slot.state != SLOT_ACTIVE:
-                continue
-            host_pid = entry.control.slot_host_pid(slot.index) or None
-            if host_pid is None and slot.pidns == self.pidns:
-                host_pid = slot.pid  # our own PID namespace: the same number
-            util: dict[str, float] = {}
-            for s in v.slices:
-                figures = self.service.figures.get(s.gpu_uuid)
-                known = figures.process_util if figures and figures.process_util else {}
-                if host_pid in known:
-                    util[s.gpu_uuid] = known[host_pid]
-            out.append(
-                ProcessView(
-                    host_pid=host_pid,
-                    container_pid=slot.pid,
-                    vgpu=v.id,
-                    slot=slot.index,
-                    memory={
-                        s.gpu_uuid: d.used for s, d in zip(v.slices, slot.devices, strict=False)
-                    },
-                    utilization=util,
-                )
+    async def scan(self) -> TrackSnapshot:
+        entries = self.service.registry.all()
+        views = {e.vgpu.id: VgpuBlocks(e.usage, e.control) for e in entries}
+        snapshot = await self.in_thread(self.tracker.scan, views, self.service.sample)
+        self.service.track = snapshot
+        self.service.processes = [process_view(p) for p in snapshot.processes.values()]
+        for p in snapshot.arrivals:
+            self.events.publish(
+                ev.PROCESS_STARTED,
+                vgpu=p.vgpu_id,
+                pid=p.pid,
+                container_pid=p.ns_pid,
+                kind=str(p.kind),
             )
-        return out
+        for p in snapshot.exits:
+            self.events.publish(
+                ev.PROCESS_EXITED, vgpu=p.vgpu_id, pid=p.pid, container_pid=p.ns_pid
+            )
+        for entry in entries:
+            self._counter_events(entry)
+        for gone in set(self.counters) - set(self.service.registry.entries):
+            del self.counters[gone]
+            self.throttled.discard(gone)
+        for step in self.after_scan:
+            step(snapshot, views)
+        return snapshot
+
+    async def in_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn`` on a worker thread while holding the blocks lock until
+        the thread is done, whatever happens to the awaiting task."""
+        lock = self.service.blocks_lock
+        await lock.acquire()
+        try:
+            future = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+        except BaseException:
+            lock.release()
+            raise
+        future.add_done_callback(lambda _: lock.release())
+        return await asyncio.shield(future)
 
     def _counter_events(self, entry: Entry) -> None:
         v = entry.vgpu
@@ -100,17 +122,3 @@ class Watch:
                 self.throttled.add(v.id)
             else:
                 self.throttled.discard(v.id)
-
-    def _arrivals_and_exits(self, views: list[ProcessView]) -> None:
-        current = {(p.vgpu, p.slot, p.container_pid): p for p in views}
-        for key, p in current.items():
-            if key not in self.known:
-                self.events.publish(
-                    ev.PROCESS_STARTED, vgpu=p.vgpu, pid=p.host_pid, container_pid=p.container_pid
-                )
-        for key, p in self.known.items():
-            if key not in current:
-                self.events.publish(
-                    ev.PROCESS_EXITED, vgpu=p.vgpu, pid=p.host_pid, container_pid=p.container_pid
-                )
-        self.known = current

@@ -167,7 +167,7 @@ async def update_vgpu(request: web.Request) -> web.Response:
 async def delete_vgpu(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
     force = schemas.parse_bool_query(request.query, "force")
-    vgpu = service.delete(request.match_info["id"], force)
+    vgpu = await service.delete(request.match_info["id"], force)
     return web.json_response({"deleted": vgpu.id})
 
 
