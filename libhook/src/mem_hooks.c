@@ -339,7 +339,7 @@ static CUresult call_pool_async_ptsz(CUdeviceptr *dptr, size_t bytes, CUmemoryPo
  * frees are reused before new ones are reserved.
  */
 static CUresult alloc_async(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CUstream stream,
-                            async_call call)
+                            async_call call, const char *what)
 {
     CUdevice dev = 0;
     int index = vgpu_limited() ? devmap_current(&dev) : VGPU_DEV_UNTRACKED;
@@ -351,7 +351,7 @@ static CUresult alloc_async(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, 
         charged_pool = NULL;
     uint64_t reused = charged_pool != NULL ? pools_take(charged_pool, index, bytes) : 0;
     struct reservation r;
-    CUresult rc = reserve_on(&r, dev, index, bytes - reused, "cuMemAllocAsync");
+    CUresult rc = reserve_on(&r, dev, index, bytes - reused, what);
     if (rc == CUDA_SUCCESS) {
         rc = call(dptr, bytes, pool, stream);
         if (rc != CUDA_SUCCESS)
@@ -372,27 +372,27 @@ static CUresult alloc_async(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, 
 VGPU_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
 {
     VGPU_CUDA_ENTER(cuMemAllocAsync);
-    return alloc_async(dptr, bytesize, NULL, hStream, call_async);
+    return alloc_async(dptr, bytesize, NULL, hStream, call_async, "cuMemAllocAsync");
 }
 
 VGPU_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
 {
     VGPU_CUDA_ENTER(cuMemAllocAsync_ptsz);
-    return alloc_async(dptr, bytesize, NULL, hStream, call_async_ptsz);
+    return alloc_async(dptr, bytesize, NULL, hStream, call_async_ptsz, "cuMemAllocAsync_ptsz");
 }
 
 VGPU_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
                                              CUstream hStream)
 {
     VGPU_CUDA_ENTER(cuMemAllocFromPoolAsync);
-    return alloc_async(dptr, bytesize, pool, hStream, call_pool_async);
+    return alloc_async(dptr, bytesize, pool, hStream, call_pool_async, "cuMemAllocFromPoolAsync");
 }
 
 VGPU_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize,
                                                   CUmemoryPool pool, CUstream hStream)
 {
     VGPU_CUDA_ENTER(cuMemAllocFromPoolAsync_ptsz);
-    return alloc_async(dptr, bytesize, pool, hStream, call_pool_async_ptsz);
+    return alloc_async(dptr, bytesize, pool, hStream, call_pool_async_ptsz, "cuMemAllocFromPoolAsync_ptsz");
 }
 
 VGPU_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)

@@ -1,0 +1,557 @@
+/*
+ * vgpu-memprobe - drive one device allocation path at a time and report
+ * what the process sees, as JSON lines. A test tool for the memory hook;
+ * the same binary runs on the simulator and on a real GPU (driver API only,
+ * no CUDA toolkit).
+ *
+ *   vgpu-memprobe [--device N] [--resolve dlsym|procaddr] [--cuda-version V]
+ *                 [--ptsz] COMMAND...
+ *
+ * Commands run in order; each prints one JSON object on stdout:
+ *   alloc:PATH:SIZE   allocate through PATH (alloc, alloc_v1, pitch, managed,
+ *                     async, pool, vmm, array, array3d, mipmap, graph, host)
+ *   free              free the most recent allocation through its own free
+ *   freeall           free every allocation, newest first
+ *   fill:VALUE        write VALUE (u32) over every linear allocation, read
+ *                     it back and report whether it matched
+ *   meminfo           cuMemGetInfo_v2 and cuDeviceTotalMem_v2
+ *   nvml              NVML memory info and compute process pids of the device
+ *   trim              trim the pools (default pool, graph memory) after a sync
+ *   sync              cuCtxSynchronize
+ *   ipc-export        export the most recent allocation; prints its handle
+ *   ipc-open:HEX      open an exported handle and read its first u32
+ *   churn:PATH:SIZE   allocate and free through PATH forever (for kill tests)
+ *   wait              print {"op":"wait"} and block until a line on stdin
+ *   exit              exit at once, leaving everything allocated
+ * Exit status: 0, 2 for bad arguments, 1 if the driver could not start.
+ */
+#include <dlfcn.h>
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cuda_api.h"
+#include "nvml_api.h"
+
+/* field, exported versioned name, base name for cuGetProcAddress */
+#define PROBE_CUDA(X) \
+    X(cuInit, cuInit, cuInit) \
+    X(cuGetErrorName, cuGetErrorName, cuGetErrorName) \
+    X(cuDeviceGet, cuDeviceGet, cuDeviceGet) \
+    X(cuDeviceGetUuid, cuDeviceGetUuid, cuDeviceGetUuid) \
+    X(cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain) \
+    X(cuCtxSetCurrent, cuCtxSetCurrent, cuCtxSetCurrent) \
+    X(cuCtxSynchronize, cuCtxSynchronize, cuCtxSynchronize) \
+    X(cuMemGetInfo, cuMemGetInfo_v2, cuMemGetInfo) \
+    X(cuDeviceTotalMem, cuDeviceTotalMem_v2, cuDeviceTotalMem) \
+    X(cuMemAlloc, cuMemAlloc_v2, cuMemAlloc) \
+    X(cuMemAllocV1, cuMemAlloc, cuMemAlloc) \
+    X(cuMemFree, cuMemFree_v2, cuMemFree) \
+    X(cuMemAllocPitch, cuMemAllocPitch_v2, cuMemAllocPitch) \
+    X(cuMemAllocManaged, cuMemAllocManaged, cuMemAllocManaged) \
+    X(cuMemAllocAsync, cuMemAllocAsync, cuMemAllocAsync) \
+    X(cuMemFreeAsync, cuMemFreeAsync, cuMemFreeAsync) \
+    X(cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync) \
+    X(cuDeviceGetDefaultMemPool, cuDeviceGetDefaultMemPool, cuDeviceGetDefaultMemPool) \
+    X(cuMemPoolCreate, cuMemPoolCreate, cuMemPoolCreate) \
+    X(cuMemPoolTrimTo, cuMemPoolTrimTo, cuMemPoolTrimTo) \
+    X(cuMemCreate, cuMemCreate, cuMemCreate) \
+    X(cuMemRelease, cuMemRelease, cuMemRelease) \
+    X(cuMemGetAllocationGranularity, cuMemGetAllocationGranularity, \
+      cuMemGetAllocationGranularity) \
+    X(cuArrayCreate, cuArrayCreate_v2, cuArrayCreate) \
+    X(cuArray3DCreate, cuArray3DCreate_v2, cuArray3DCreate) \
+    X(cuArrayDestroy, cuArrayDestroy, cuArrayDestroy) \
+    X(cuMipmappedArrayCreate, cuMipmappedArrayCreate, cuMipmappedArrayCreate) \
+    X(cuMipmappedArrayDestroy, cuMipmappedArrayDestroy, cuMipmappedArrayDestroy) \
+    X(cuGraphCreate, cuGraphCreate, cuGraphCreate) \
+    X(cuGraphAddMemAllocNode, cuGraphAddMemAllocNode, cuGraphAddMemAllocNode) \
+    X(cuGraphAddMemFreeNode, cuGraphAddMemFreeNode, cuGraphAddMemFreeNode) \
+    X(cuGraphDestroy, cuGraphDestroy, cuGraphDestroy) \
+    X(cuDeviceGraphMemTrim, cuDeviceGraphMemTrim, cuDeviceGraphMemTrim) \
+    X(cuMemHostAlloc, cuMemHostAlloc, cuMemHostAlloc) \
+    X(cuMemFreeHost, cuMemFreeHost, cuMemFreeHost) \
+    X(cuMemsetD32, cuMemsetD32_v2, cuMemsetD32) \
+    X(cuMemcpyDtoH, cuMemcpyDtoH_v2, cuMemcpyDtoH) \
+    X(cuIpcGetMemHandle, cuIpcGetMemHandle, cuIpcGetMemHandle) \
+    X(cuIpcOpenMemHandle, cuIpcOpenMemHandle_v2, cuIpcOpenMemHandle) \
+    X(cuIpcCloseMemHandle, cuIpcCloseMemHandle, cuIpcCloseMemHandle)
+
+#define FIELD(field, name, base) __typeof__(name) *field;
+static struct {
+    PROBE_CUDA(FIELD)
+} cu;
+#undef FIELD
+
+static struct {
+    __typeof__(nvmlInit_v2) *init;
+    __typeof__(nvmlDeviceGetHandleByUUID) *by_uuid;
+    __typeof__(nvmlDeviceGetMemoryInfo) *memory;
+    __typeof__(nvmlDeviceGetComputeRunningProcesses_v3) *processes;
+} nv;
+
+enum path {
+    P_ALLOC, P_ALLOC_V1, P_PITCH, P_MANAGED, P_ASYNC, P_POOL, P_VMM, P_ARRAY, P_ARRAY3D,
+    P_MIPMAP, P_GRAPH, P_HOST, P_COUNT
+};
+static const char *const path_names[P_COUNT] = {
+    "alloc", "alloc_v1", "pitch", "managed", "async", "pool", "vmm", "array", "array3d",
+    "mipmap", "graph", "host",
+};
+
+struct allocation {
+    enum path path;
+    uint64_t size;
+    CUdeviceptr ptr;   /* linear paths */
+    void *handle;      /* arrays, host memory, graphs */
+    CUmemGenericAllocationHandle vmm;
+};
+
+#define MAX_ALLOCS 4096
+static struct allocation allocs[MAX_ALLOCS];
+static int nallocs;
+static CUdevice device;
+static CUmemoryPool own_pool;
+
+static const char *err_name(CUresult rc)
+{
+    const char *name = NULL;
+    if (cu.cuGetErrorName == NULL || cu.cuGetErrorName(rc, &name) != CUDA_SUCCESS || !name)
+        return "CUDA_ERROR_UNKNOWN";
+    return name;
+}
+
+static void usage_exit(const char *why)
+{
+    fprintf(stderr, "vgpu-memprobe: %s (see the header of vgpu-memprobe.c)\n", why);
+    exit(2);
+}
+
+static int parse_size(const char *text, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(text, &end, 10);
+    if (errno || end == text)
+        return -1;
+    unsigned shift = 0;
+    switch (*end) {
+    case 'k': case 'K': shift = 10; end++; break;
+    case 'm': case 'M': shift = 20; end++; break;
+    case 'g': case 'G': shift = 30; end++; break;
+    default: break;
+    }
+    if (*end != '\0')
+        return -1;
+    *out = (uint64_t)v << shift;
+    return 0;
+}
+
+static int resolve_cuda(const char *how, int version, int ptsz)
+{
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+    if (lib == NULL) {
+        fprintf(stderr, "vgpu-memprobe: %s\n", dlerror());
+        return -1;
+    }
+    if (strcmp(how, "dlsym") == 0) {
+#define BY_NAME(field, name, base) cu.field = (__typeof__(name) *)dlsym(lib, #name);
+        PROBE_CUDA(BY_NAME)
+#undef BY_NAME
+        return 0;
+    }
+    __typeof__(cuGetProcAddress_v2) *gpa =
+        (__typeof__(cuGetProcAddress_v2) *)dlsym(lib, "cuGetProcAddress_v2");
+    if (gpa == NULL)
+        return -1;
+    cuuint64_t flags = ptsz ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
+                            : CU_GET_PROC_ADDRESS_DEFAULT;
+    CUdriverProcAddressQueryResult status;
+#define BY_PROC(field, name, base) \
+    if (gpa(#base, (void **)&cu.field, version, flags, &status) != CUDA_SUCCESS) \
+        cu.field = NULL;
+    PROBE_CUDA(BY_PROC)
+#undef BY_PROC
+    /* The v1 ABI is only handed out to callers of old versions. */
+    cu.cuMemAllocV1 = (__typeof__(cuMemAlloc) *)dlsym(lib, "cuMemAlloc");
+    return 0;
+}
+
+static void resolve_nvml(void)
+{
+    void *lib = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+    if (lib == NULL)
+        return;
+    nv.init = (__typeof__(nv.init))dlsym(lib, "nvmlInit_v2");
+    nv.by_uuid = (__typeof__(nv.by_uuid))dlsym(lib, "nvmlDeviceGetHandleByUUID");
+    nv.memory = (__typeof__(nv.memory))dlsym(lib, "nvmlDeviceGetMemoryInfo");
+    nv.processes = (__typeof__(nv.processes))dlsym(lib, "nvmlDeviceGetComputeRunningProcesses_v3");
+    if (nv.init == NULL || nv.by_uuid == NULL || nv.memory == NULL || nv.processes == NULL ||
+        nv.init() != NVML_SUCCESS)
+        nv.init = NULL;
+}
+
+static void report(const char *op, const char *path, uint64_t size, CUresult rc)
+{
+    printf("{\"op\":\"%s\",\"path\":\"%s\",\"size\":%" PRIu64 ",\"result\":\"%s\",\"code\":%d}\n",
+           op, path, size, err_name(rc), rc);
+    fflush(stdout);
+}
+
+static CUresult alloc_graph(struct allocation *a)
+{
+    CUgraph graph = NULL;
+    CUDA_MEM_ALLOC_NODE_PARAMS params;
+    memset(&params, 0, sizeof(params));
+    params.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    params.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    params.poolProps.location.id = device;
+    params.bytesize = a->size;
+    CUgraphNode node;
+    CUresult rc = cu.cuGraphCreate(&graph, 0);
+    if (rc == CUDA_SUCCESS)
+        rc = cu.cuGraphAddMemAllocNode(&node, graph, NULL, 0, &params);
+    if (rc != CUDA_SUCCESS) {
+        if (graph != NULL)
+            cu.cuGraphDestroy(graph);
+        return rc;
+    }
+    a->ptr = params.dptr;
+    a->handle = graph;
+    return rc;
+}
+
+static CUresult do_alloc(struct allocation *a)
+{
+    CUDA_ARRAY_DESCRIPTOR d2 = {a->size / 4, 0, CU_AD_FORMAT_FLOAT, 1};
+    CUDA_ARRAY3D_DESCRIPTOR d3 = {a->size / 4, 0, 0, CU_AD_FORMAT_FLOAT, 1, 0};
+    size_t pitch;
+    switch (a->path) {
+    case P_ALLOC:
+        return cu.cuMemAlloc(&a->ptr, a->size);
+    case P_ALLOC_V1:
+        return cu.cuMemAllocV1(&a->ptr, (unsigned int)a->size);
+    case P_PITCH:
+        return cu.cuMemAllocPitch(&a->ptr, &pitch, a->size / 16, 16, 4);
+    case P_MANAGED:
+        return cu.cuMemAllocManaged(&a->ptr, a->size, CU_MEM_ATTACH_GLOBAL);
+    case P_ASYNC:
+        return cu.cuMemAllocAsync(&a->ptr, a->size, NULL);
+    case P_POOL: {
+        if (own_pool == NULL) {
+            CUmemPoolProps props;
+            memset(&props, 0, sizeof(props));
+            props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+            props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+            props.location.id = device;
+            CUresult rc = cu.cuMemPoolCreate(&own_pool, &props);
+            if (rc != CUDA_SUCCESS)
+                return rc;
+        }
+        return cu.cuMemAllocFromPoolAsync(&a->ptr, a->size, own_pool, NULL);
+    }
+    case P_VMM: {
+        CUmemAllocationProp prop;
+        memset(&prop, 0, sizeof(prop));
+        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        prop.location.id = device;
+        return cu.cuMemCreate(&a->vmm, a->size, &prop, 0);
+    }
+    case P_ARRAY:
+        return cu.cuArrayCreate((CUarray *)&a->handle, &d2);
+    case P_ARRAY3D:
+        return cu.cuArray3DCreate((CUarray *)&a->handle, &d3);
+    case P_MIPMAP:
+        /* Two levels: size/4 + size/8 elements of 4 bytes. */
+        d3.Width = a->size / 4;
+        return cu.cuMipmappedArrayCreate((CUmipmappedArray *)&a->handle, &d3, 2);
+    case P_GRAPH:
+        return alloc_graph(a);
+    case P_HOST:
+        return cu.cuMemHostAlloc(&a->handle, a->size, CU_MEMHOSTALLOC_DEVICEMAP);
+    default:
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+}
+
+static CUresult do_free(struct allocation *a)
+{
+    switch (a->path) {
+    case P_ASYNC:
+    case P_POOL:
+        return cu.cuMemFreeAsync(a->ptr, NULL);
+    case P_VMM:
+        return cu.cuMemRelease(a->vmm);
+    case P_ARRAY:
+    case P_ARRAY3D:
+        return cu.cuArrayDestroy((CUarray)a->handle);
+    case P_MIPMAP:
+        return cu.cuMipmappedArrayDestroy((CUmipmappedArray)a->handle);
+    case P_GRAPH: {
+        /* The graph memory is freed like any stream-ordered allocation. */
+        CUresult rc = cu.cuMemFreeAsync(a->ptr, NULL);
+        cu.cuGraphDestroy((CUgraph)a->handle);
+        return rc;
+    }
+    case P_HOST:
+        return cu.cuMemFreeHost(a->handle);
+    default:
+        return cu.cuMemFree(a->ptr);
+    }
+}
+
+static enum path parse_path(const char *text, size_t len)
+{
+    for (int p = 0; p < P_COUNT; p++)
+        if (strlen(path_names[p]) == len && strncmp(path_names[p], text, len) == 0)
+            return (enum path)p;
+    usage_exit("unknown allocation path");
+    return P_COUNT;
+}
+
+/* "PATH:SIZE" */
+static void parse_alloc(const char *arg, enum path *path, uint64_t *size)
+{
+    const char *colon = strchr(arg, ':');
+    if (colon == NULL || parse_size(colon + 1, size) != 0)
+        usage_exit("expected PATH:SIZE");
+    *path = parse_path(arg, (size_t)(colon - arg));
+}
+
+static void cmd_alloc(const char *arg)
+{
+    if (nallocs == MAX_ALLOCS)
+        usage_exit("too many allocations");
+    struct allocation *a = &allocs[nallocs];
+    memset(a, 0, sizeof(*a));
+    parse_alloc(arg, &a->path, &a->size);
+    CUresult rc = do_alloc(a);
+    if (rc == CUDA_SUCCESS)
+        nallocs++;
+    report("alloc", path_names[a->path], a->size, rc);
+}
+
+static void cmd_free(void)
+{
+    if (nallocs == 0)
+        usage_exit("free with nothing allocated");
+    struct allocation *a = &allocs[--nallocs];
+    report("free", path_names[a->path], a->size, do_free(a));
+}
+
+static void cmd_fill(const char *arg)
+{
+    unsigned value = (unsigned)strtoul(arg, NULL, 0);
+    int ok = 1, checked = 0;
+    for (int i = 0; i < nallocs; i++) {
+        struct allocation *a = &allocs[i];
+        if (a->path != P_ALLOC && a->path != P_PITCH && a->path != P_MANAGED)
+            continue;
+        size_t words = a->size / 4;
+        uint32_t *back = malloc(words * 4);
+        if (back == NULL || cu.cuMemsetD32(a->ptr, value ^ (unsigned)i, words) != CUDA_SUCCESS ||
+            cu.cuCtxSynchronize() != CUDA_SUCCESS ||
+            cu.cuMemcpyDtoH(back, a->ptr, words * 4) != CUDA_SUCCESS)
+            ok = 0;
+        for (size_t w = 0; ok && back != NULL && w < words; w += 4093)
+            ok = back[w] == (value ^ (unsigned)i) && back[words - 1] == (value ^ (unsigned)i);
+        free(back);
+        checked++;
+    }
+    printf("{\"op\":\"fill\",\"checked\":%d,\"ok\":%s}\n", checked, ok ? "true" : "false");
+    fflush(stdout);
+}
+
+static void cmd_meminfo(void)
+{
+    size_t free_b = 0, total = 0, total_mem = 0;
+    CUresult rc = cu.cuMemGetInfo(&free_b, &total);
+    CUresult rc2 = cu.cuDeviceTotalMem(&total_mem, device);
+    printf("{\"op\":\"meminfo\",\"result\":\"%s\",\"free\":%zu,\"total\":%zu,\"total_mem\":%zu,"
+           "\"total_mem_result\":\"%s\"}\n",
+           err_name(rc), free_b, total, total_mem, err_name(rc2));
+    fflush(stdout);
+}
+
+static void cmd_nvml(void)
+{
+    CUuuid uuid;
+    char text[96];
+    nvmlDevice_t dev;
+    nvmlMemory_t mem = {0, 0, 0};
+    if (nv.init == NULL || cu.cuDeviceGetUuid(&uuid, device) != CUDA_SUCCESS) {
+        printf("{\"op\":\"nvml\",\"result\":\"unavailable\"}\n");
+        fflush(stdout);
+        return;
+    }
+    const unsigned char *b = (const unsigned char *)uuid.bytes;
+    snprintf(text, sizeof(text),
+             "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1],
+             b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14],
+             b[15]);
+    nvmlReturn_t rc = nv.by_uuid(text, &dev);
+    if (rc == NVML_SUCCESS)
+        rc = nv.memory(dev, &mem);
+    nvmlProcessInfo_t infos[64];
+    unsigned count = 64;
+    nvmlReturn_t prc = rc == NVML_SUCCESS ? nv.processes(dev, &count, infos) : rc;
+    printf("{\"op\":\"nvml\",\"result\":%d,\"total\":%llu,\"used\":%llu,\"free\":%llu,"
+           "\"processes_result\":%d,\"pids\":[",
+           rc, mem.total, mem.used, mem.free, prc);
+    for (unsigned i = 0; prc == NVML_SUCCESS && i < count; i++)
+        printf("%s%u", i ? "," : "", infos[i].pid);
+    printf("],\"mem\":[");
+    for (unsigned i = 0; prc == NVML_SUCCESS && i < count; i++)
+        printf("%s%llu", i ? "," : "", infos[i].usedGpuMemory);
+    printf("]}\n");
+    fflush(stdout);
+}
+
+static void cmd_trim(void)
+{
+    CUmemoryPool pool = NULL;
+    CUresult rc = cu.cuCtxSynchronize();
+    if (rc == CUDA_SUCCESS)
+        rc = cu.cuDeviceGetDefaultMemPool(&pool, device);
+    if (rc == CUDA_SUCCESS)
+        rc = cu.cuMemPoolTrimTo(pool, 0);
+    if (rc == CUDA_SUCCESS && own_pool != NULL)
+        rc = cu.cuMemPoolTrimTo(own_pool, 0);
+    if (rc == CUDA_SUCCESS)
+        rc = cu.cuDeviceGraphMemTrim(device);
+    report("trim", "", 0, rc);
+}
+
+static void cmd_ipc_export(void)
+{
+    CUipcMemHandle handle;
+    if (nallocs == 0)
+        usage_exit("ipc-export with nothing allocated");
+    CUresult rc = cu.cuIpcGetMemHandle(&handle, allocs[nallocs - 1].ptr);
+    printf("{\"op\":\"ipc-export\",\"result\":\"%s\",\"handle\":\"", err_name(rc));
+    for (size_t i = 0; rc == CUDA_SUCCESS && i < sizeof(handle.reserved); i++)
+        printf("%02x", (unsigned char)handle.reserved[i]);
+    printf("\"}\n");
+    fflush(stdout);
+}
+
+static void cmd_ipc_open(const char *hex)
+{
+    CUipcMemHandle handle;
+    memset(&handle, 0, sizeof(handle));
+    if (strlen(hex) != 2 * sizeof(handle.reserved))
+        usage_exit("ipc-open needs the exported handle");
+    for (size_t i = 0; i < sizeof(handle.reserved); i++) {
+        unsigned byte;
+        if (sscanf(hex + 2 * i, "%2x", &byte) != 1)
+            usage_exit("ipc-open: bad handle");
+        handle.reserved[i] = (char)byte;
+    }
+    CUdeviceptr ptr = 0;
+    uint32_t first = 0;
+    CUresult rc = cu.cuIpcOpenMemHandle(&ptr, handle, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+    if (rc == CUDA_SUCCESS)
+        rc = cu.cuMemcpyDtoH(&first, ptr, sizeof(first));
+    printf("{\"op\":\"ipc-open\",\"result\":\"%s\",\"first\":%u}\n", err_name(rc), first);
+    fflush(stdout);
+}
+
+static void cmd_churn(const char *arg)
+{
+    struct allocation a;
+    memset(&a, 0, sizeof(a));
+    parse_alloc(arg, &a.path, &a.size);
+    printf("{\"op\":\"churn\",\"path\":\"%s\"}\n", path_names[a.path]);
+    fflush(stdout);
+    for (;;)
+        if (do_alloc(&a) == CUDA_SUCCESS)
+            do_free(&a);
+}
+
+static void cmd_wait(void)
+{
+    char line[64];
+    printf("{\"op\":\"wait\"}\n");
+    fflush(stdout);
+    if (fgets(line, sizeof(line), stdin) == NULL)
+        exit(0);
+}
+
+static void run(const char *cmd)
+{
+    if (strncmp(cmd, "alloc:", 6) == 0)
+        cmd_alloc(cmd + 6);
+    else if (strcmp(cmd, "free") == 0)
+        cmd_free();
+    else if (strcmp(cmd, "freeall") == 0)
+        while (nallocs > 0)
+            cmd_free();
+    else if (strncmp(cmd, "fill:", 5) == 0)
+        cmd_fill(cmd + 5);
+    else if (strcmp(cmd, "meminfo") == 0)
+        cmd_meminfo();
+    else if (strcmp(cmd, "nvml") == 0)
+        cmd_nvml();
+    else if (strcmp(cmd, "trim") == 0)
+        cmd_trim();
+    else if (strcmp(cmd, "sync") == 0)
+        report("sync", "", 0, cu.cuCtxSynchronize());
+    else if (strcmp(cmd, "ipc-export") == 0)
+        cmd_ipc_export();
+    else if (strncmp(cmd, "ipc-open:", 9) == 0)
+        cmd_ipc_open(cmd + 9);
+    else if (strncmp(cmd, "churn:", 6) == 0)
+        cmd_churn(cmd + 6);
+    else if (strcmp(cmd, "wait") == 0)
+        cmd_wait();
+    else if (strcmp(cmd, "exit") == 0)
+        _exit(0);
+    else
+        usage_exit("unknown command");
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option options[] = {
+        {"device", required_argument, NULL, 'd'},
+        {"resolve", required_argument, NULL, 'r'},
+        {"cuda-version", required_argument, NULL, 'v'},
+        {"ptsz", no_argument, NULL, 'p'},
+        {NULL, 0, NULL, 0},
+    };
+    const char *how = "procaddr";
+    int version = 12080, ptsz = 0, ordinal = 0, opt;
+    while ((opt = getopt_long(argc, argv, "+", options, NULL)) != -1) {
+        switch (opt) {
+        case 'd': ordinal = atoi(optarg); break;
+        case 'r': how = optarg; break;
+        case 'v': version = atoi(optarg); break;
+        case 'p': ptsz = 1; break;
+        default: usage_exit("bad option");
+        }
+    }
+    if (strcmp(how, "dlsym") != 0 && strcmp(how, "procaddr") != 0)
+        usage_exit("--resolve is dlsym or procaddr");
+    if (resolve_cuda(how, version, ptsz) != 0)
+        return 1;
+    resolve_nvml();
+    CUcontext ctx;
+    CUresult rc = cu.cuInit(0);
+    if (rc == CUDA_SUCCESS)
+        rc = cu.cuDeviceGet(&device, ordinal);
+    if (rc == CUDA_SUCCESS)
+        rc = cu.cuDevicePrimaryCtxRetain(&ctx, device);
+    if (rc == CUDA_SUCCESS)
+        rc = cu.cuCtxSetCurrent(ctx);
+    report("init", "", 0, rc);
+    if (rc != CUDA_SUCCESS)
+        return 1;
+    for (int i = optind; i < argc; i++)
+        run(argv[i]);
+    return 0;
+}
