@@ -19,7 +19,9 @@
 #include "vgpu.h"
 
 /* The first object after the caller's, in load order, that itself defines
- * `symbol` (what RTLD_NEXT means for objects loaded at startup). */
+ * `symbol` (what RTLD_NEXT means for objects loaded at startup). Objects are
+ * looked up through a proper handle (dlopen RTLD_NOLOAD); those without one
+ * (the vDSO) are skipped. */
 static void *next_after(const void *caller, const char *symbol)
 {
     Dl_info info;
@@ -27,10 +29,17 @@ static void *next_after(const void *caller, const char *symbol)
     if (dladdr1(caller, &info, (void **)&self, RTLD_DL_LINKMAP) == 0 || self == NULL)
         return resolve_real_dlsym(RTLD_NEXT, symbol);
     for (struct link_map *obj = self->l_next; obj != NULL; obj = obj->l_next) {
-        void *fn = resolve_real_dlsym(obj, symbol);
+        void *handle = obj->l_name != NULL && obj->l_name[0] != '\0'
+                           ? dlopen(obj->l_name, RTLD_LAZY | RTLD_NOLOAD)
+                           : NULL;
+        if (handle == NULL)
+            continue;
+        void *fn = resolve_real_dlsym(handle, symbol);
         struct link_map *owner = NULL;
-        if (fn != NULL && dladdr1(fn, &info, (void **)&owner, RTLD_DL_LINKMAP) != 0 &&
-            owner == obj)
+        bool own = fn != NULL && dladdr1(fn, &info, (void **)&owner, RTLD_DL_LINKMAP) != 0 &&
+                   owner == obj;
+        dlclose(handle);
+        if (own)
             return fn;
     }
     return NULL;

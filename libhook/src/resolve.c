@@ -56,7 +56,7 @@ static void *open_library(const char *override_var, const char *soname)
 {
     const char *path = secure_getenv(override_var);
     const char *name = path != NULL && *path != '\0' ? path : soname;
-    void *handle = dlopen(name, RTLD_NOW | RTLD_GLOBAL);
+    void *handle = dlopen(name, RTLD_NOW | RTLD_LOCAL);
     if (handle == NULL)
         vgpu_error_set("cannot load %s: %s", name, dlerror());
     return handle;

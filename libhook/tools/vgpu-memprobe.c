@@ -23,6 +23,11 @@
  *   churn:PATH:SIZE   allocate and free through PATH forever (for kill tests)
  *   wait              print {"op":"wait"} and block until a line on stdin
  *   exit              exit at once, leaving everything allocated
+ * or, alone and before anything is initialised:
+ *   roads             how every road resolves a set of entry points: for each
+ *                     cuGetProcAddress(_v2) request (symbol, version, flags)
+ *                     and dlsym lookup, the library and exported name of the
+ *                     pointer obtained
  * Exit status: 0, 2 for bad arguments, 1 if the driver could not start.
  */
 #include <dlfcn.h>
@@ -515,6 +520,76 @@ static void run(const char *cmd)
         usage_exit("unknown command");
 }
 
+/* The object and exported name behind a function pointer. */
+static void describe(const void *fn, const char **lib, const char **name)
+{
+    Dl_info info;
+    *lib = "";
+    *name = "";
+    if (fn == NULL || dladdr(fn, &info) == 0)
+        return;
+    const char *slash = info.dli_fname ? strrchr(info.dli_fname, '/') : NULL;
+    *lib = slash ? slash + 1 : (info.dli_fname ? info.dli_fname : "");
+    *name = info.dli_saddr == fn && info.dli_sname ? info.dli_sname : "?";
+}
+
+static void print_road(const char *api, const char *symbol, int version, int ptsz, int rc,
+                       int status, const void *fn)
+{
+    const char *lib, *name;
+    describe(fn, &lib, &name);
+    printf("{\"api\":\"%s\",\"symbol\":\"%s\",\"version\":%d,\"ptsz\":%d,\"rc\":%d,"
+           "\"status\":%d,\"lib\":\"%s\",\"name\":\"%s\"}\n",
+           api, symbol, version, ptsz, rc, status, lib, name);
+}
+
+static int cmd_roads(void)
+{
+    static const char *const symbols[] = {
+        "cuInit", "cuGetProcAddress", "cuMemAlloc", "cuMemFree", "cuMemGetInfo",
+        "cuDeviceTotalMem", "cuMemAllocPitch", "cuCtxCreate", "cuCtxDestroy",
+        "cuDevicePrimaryCtxRelease", "cuMemAllocAsync", "cuMemFreeAsync",
+        "cuMemAllocFromPoolAsync", "cuMemCreate", "cuArrayCreate", "cuLaunchKernel",
+        "cuStreamSynchronize", "cuStreamCreate", "cuGetExportTable", "cuNoSuchFunction",
+    };
+    static const int versions[] = {3000, 11040, 12000, 12080, 13000};
+    static const char *const names[] = {
+        "cuInit", "cuGetProcAddress", "cuGetProcAddress_v2", "cuMemAlloc", "cuMemAlloc_v2",
+        "cuMemAllocAsync_ptsz", "cuMemGetInfo_v2", "cuStreamCreate", "cuGetExportTable",
+        "nvmlInit_v2", "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetComputeRunningProcesses_v3",
+    };
+    void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+    void *nvml = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+    if (cuda == NULL) {
+        fprintf(stderr, "vgpu-memprobe: %s\n", dlerror());
+        return 1;
+    }
+    __typeof__(cuGetProcAddress) *gpa1 = (__typeof__(cuGetProcAddress) *)dlsym(cuda, "cuGetProcAddress");
+    __typeof__(cuGetProcAddress_v2) *gpa2 =
+        (__typeof__(cuGetProcAddress_v2) *)dlsym(cuda, "cuGetProcAddress_v2");
+    for (size_t s = 0; s < sizeof(symbols) / sizeof(symbols[0]); s++)
+        for (size_t v = 0; v < sizeof(versions) / sizeof(versions[0]); v++)
+            for (int ptsz = 0; ptsz < 2; ptsz++) {
+                cuuint64_t flags = ptsz ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
+                                        : CU_GET_PROC_ADDRESS_DEFAULT;
+                void *fn = NULL;
+                CUdriverProcAddressQueryResult status = -1;
+                int rc = gpa2(symbols[s], &fn, versions[v], flags, &status);
+                print_road("v2", symbols[s], versions[v], ptsz, rc, status, rc == 0 ? fn : NULL);
+                fn = NULL;
+                rc = gpa1(symbols[s], &fn, versions[v], flags);
+                print_road("v1", symbols[s], versions[v], ptsz, rc, -1, rc == 0 ? fn : NULL);
+            }
+    for (size_t n = 0; n < sizeof(names) / sizeof(names[0]); n++) {
+        void *lib = strncmp(names[n], "nvml", 4) == 0 ? nvml : cuda;
+        print_road("dlsym", names[n], 0, 0, 0, 0, lib ? dlsym(lib, names[n]) : NULL);
+        print_road("dlsym-default", names[n], 0, 0, 0, 0, dlsym(RTLD_DEFAULT, names[n]));
+        print_road("dlsym-next", names[n], 0, 0, 0, 0, dlsym(RTLD_NEXT, names[n]));
+    }
+    fflush(stdout);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     static const struct option options[] = {
@@ -535,6 +610,8 @@ int main(int argc, char **argv)
         default: usage_exit("bad option");
         }
     }
+    if (optind < argc && strcmp(argv[optind], "roads") == 0)
+        return cmd_roads();
     if (strcmp(how, "dlsym") != 0 && strcmp(how, "procaddr") != 0)
         usage_exit("--resolve is dlsym or procaddr");
     if (resolve_cuda(how, version, ptsz) != 0)
