@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from vgpud import backstop, reaper
 from vgpud import events as ev
 from vgpud.events import EventLog
 from vgpud.registry import Entry
@@ -24,6 +25,13 @@ from vgpud.service import ProcessView, Service
 from vgpud.tracker import TrackedProcess, Tracker, TrackSnapshot, VgpuBlocks
 
 T = TypeVar("T")
+
+REAPER_EVENTS = {
+    "slot_reclaimed": ev.SLOT_RECLAIMED,
+    "usage_reset": ev.USAGE_RESET,
+    "slot_stuck": ev.SLOT_STUCK,
+    "counter_absurd": ev.COUNTER_ABSURD,
+}
 
 
 @dataclass(frozen=True)
@@ -60,7 +68,8 @@ class Watch:
         self.tracker = tracker
         self.counters: dict[str, _Counters] = {}
         self.throttled: set[str] = set()
-        self.after_scan: list[Callable[[TrackSnapshot, dict[str, VgpuBlocks]], None]] = []
+        self.reaper_state = reaper.ReaperState()
+        self.backstop_state = backstop.BackstopState()
 
     async def scan(self) -> TrackSnapshot:
         entries = self.service.registry.all()
@@ -85,9 +94,44 @@ class Watch:
         for gone in set(self.counters) - set(self.service.registry.entries):
             del self.counters[gone]
             self.throttled.discard(gone)
-        for step in self.after_scan:
-            step(snapshot, views)
+        self._reap(snapshot, views)
+        self._backstop(snapshot)
         return snapshot
+
+    def _reap(self, snapshot: TrackSnapshot, views: dict[str, VgpuBlocks]) -> None:
+        """Dead processes' bytes back to their vGPUs (within this scan)."""
+        memory = {g.uuid: g.memory_total for g in self.service.devices()}
+        found, self.reaper_state = reaper.reap(
+            snapshot, views, self.reaper_state, reaper.ReaperPolicy(physical_memory=memory)
+        )
+        for e in found:
+            self.events.publish(
+                REAPER_EVENTS.get(e.kind, e.kind),
+                vgpu=e.vgpu_id,
+                slot=e.slot,
+                container_pid=e.pid,
+                freed=list(e.freed),
+                message=e.detail,
+            )
+
+    def _backstop(self, snapshot: TrackSnapshot) -> None:
+        """NVML's figures against the limits; report or kill as configured."""
+        config = self.service.config
+        policy = backstop.BackstopPolicy(config.backstop, config.backstop_tolerance_bytes)
+        found, self.backstop_state = backstop.check(
+            snapshot, policy, self.backstop_state, config.proc_root
+        )
+        for e in found:
+            self.events.publish(
+                ev.BACKSTOP,
+                vgpu=e.vgpu_id,
+                gpu=e.uuid,
+                pid=e.pid,
+                action=e.kind,
+                nvml_used=e.nvml_used,
+                limit=e.limit,
+                message=e.detail,
+            )
 
     async def in_thread(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn`` on a worker thread while holding the blocks lock until
