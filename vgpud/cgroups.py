@@ -131,15 +131,12 @@ def parse_cgroup_file(text: str) -> list[CgroupLine]:
 
 def classify(lines: list[CgroupLine]) -> ContainerRef:
     """Most specific answer over every hierarchy: container > unit > host."""
-    best = HOST_ROOT
     # The unified line first: on a pure v2 or systemd-managed hybrid host it
-    # is the authoritative one; v1 lines only fill in what it leaves out.
+    # is the authoritative one; v1 lines only fill in what it leaves out
+    # (max keeps the first of equals).
     ordered = sorted(lines, key=lambda line: line.hierarchy != 0)
-    for line in ordered:
-        ref = classify_path(line.path)
-        if _rank(ref) > _rank(best):
-            best = ref
-    return best
+    refs = [classify_path(line.path) for line in ordered]
+    return max(refs, key=_rank, default=HOST_ROOT)
 
 
 def classify_path(path: str) -> ContainerRef:
@@ -204,10 +201,11 @@ def _pod_of(components: list[str]) -> tuple[str | None, QosClass | None]:
 
 
 def _rank(ref: ContainerRef) -> int:
+    """How much a path says: container > pod > unit > some cgroup > root."""
     if ref.container_id is not None:
-        return 3
+        return 4
     if ref.pod_uid is not None:
-        return 2
+        return 3
     if ref.unit is not None:
-        return 1
-    return 0
+        return 2
+    return 0 if ref.cgroup_path == "/" else 1

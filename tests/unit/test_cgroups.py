@@ -246,6 +246,14 @@ HYBRID_SYSTEMD = f"""11:memory:/system.slice/docker-{ID}.scope
 1:name=systemd:/system.slice/docker-{ID}.scope
 0::/system.slice/docker-{ID}.scope
 """
+# Hybrid, no systemd: a plain cgroup made in both hierarchies, and one in v1 only.
+HYBRID_PLAIN = """4:memory:/batch/job7
+1:cpu:/
+0::/batch/job7
+"""
+HYBRID_V1_ONLY = """4:memory:/batch/job7
+0::/
+"""
 HOST_HYBRID = """9:name=systemd:/user.slice/user-0.slice/session-3.scope
 4:memory:/user.slice
 0::/user.slice/user-0.slice/session-3.scope
@@ -266,6 +274,8 @@ HOST_HYBRID = """9:name=systemd:/user.slice/user-0.slice/session-3.scope
         (HYBRID_SYSTEMD, Runtime.DOCKER, ID, f"/system.slice/docker-{ID}.scope"),
         (HOST_HYBRID, Runtime.SYSTEMD, None, "/user.slice/user-0.slice/session-3.scope"),
         ("0::/\n", Runtime.HOST, None, "/"),
+        (HYBRID_PLAIN, Runtime.HOST, None, "/batch/job7"),
+        (HYBRID_V1_ONLY, Runtime.HOST, None, "/batch/job7"),
     ],
     ids=[
         "v1 docker",
@@ -274,6 +284,8 @@ HOST_HYBRID = """9:name=systemd:/user.slice/user-0.slice/session-3.scope
         "hybrid docker systemd",
         "hybrid host session",
         "v2 host root",
+        "hybrid plain cgroup",
+        "hybrid plain cgroup in v1 only",
     ],
 )
 def test_classify_whole_file(
