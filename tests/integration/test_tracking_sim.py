@@ -1,0 +1,224 @@
+"""The NVML gateway, tracker and backstop against the simulated GPU.
+
+Each scenario runs in a subprocess with the simulator's environment: the
+gateway loads build/sim/libnvidia-ml.so.1 by explicit path (as ``vgpud
+--sim`` does), and pynvml's process-wide state stays out of pytest's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import ROOT, SIM_LIB_DIR
+from tests.fixtures.hook import FakeVgpu
+
+SIM_NVML = SIM_LIB_DIR / "libnvidia-ml.so.1"
+SIM_CUDA = SIM_LIB_DIR / "libcuda.so.1"
+GIB = 1 << 30
+SIM_GPU0 = "GPU-5117a000-0000-4000-8000-000000000000"  # the simulator's default UUIDs
+SIM_GPU1 = "GPU-5117a000-0000-4000-8000-000000000001"
+
+pytestmark = pytest.mark.skipif(
+    not (SIM_NVML.exists() and SIM_CUDA.exists()), reason="simulator not built (make sim)"
+)
+
+# Opens the gateway on the simulator, injects health trouble through the
+# simulator's control entry points, and prints what the gateway reported.
+HEALTH = f"""
+import asyncio, ctypes, json
+from vgpud.nvml import open_nvml
+async def main():
+    events = asyncio.Queue()
+    gw = await open_nvml({str(SIM_NVML)!r}, on_health=events.put_nowait)
+    sim = ctypes.CDLL({str(SIM_NVML)!r})
+    first = await gw.sample()
+    sim.vgpuSimInjectXid(0, 13)   # an application's fault
+    sim.vgpuSimInjectXid(1, 79)   # the GPU fell off the bus
+    got = [await asyncio.wait_for(events.get(), 30) for _ in range(2)]
+    sim.vgpuSimSetLost(0, 1)
+    after = await gw.sample()
+    got.append(await asyncio.wait_for(events.get(), 30))
+    print(json.dumps({{
+        "type": type(gw).__name__,
+        "driver": gw.driver_version,
+        "devices": [[d.uuid, d.sms, d.memory_total, d.healthy] for d in gw.devices()],
+        "topology": int(gw.topology(gw.devices()[0].uuid, gw.devices()[1].uuid)),
+        "first": sorted(first.gpus),
+        "after": sorted(after.gpus),
+        "events": [[e.uuid, e.kind, e.xid, e.critical] for e in got],
+    }}))
+    await gw.close()
+asyncio.run(main())
+"""
+
+# A process on the simulated GPU WITHOUT the hook: it allocates, says so,
+# and holds the memory until killed.
+BYPASS = f"""
+import ctypes, sys
+cu = ctypes.CDLL({str(SIM_CUDA)!r})
+dev, ctx, ptr = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_uint64()
+assert cu.cuInit(0) == 0 and cu.cuDeviceGet(ctypes.byref(dev), 0) == 0
+assert cu.cuCtxCreate_v2(ctypes.byref(ctx), 0, dev) == 0
+assert cu.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(int(sys.argv[1]))) == 0
+print("allocated", flush=True)
+sys.stdin.read()
+"""
+
+# The daemon's scan, reduced to its H4 part: sample NVML, track, backstop.
+SCAN = f"""
+import asyncio, json, sys
+from pathlib import Path
+from vgpud.backstop import BackstopPolicy, BackstopState, check
+from vgpud.blocks import ControlBlock, UsageBlock
+from vgpud.nvml import open_nvml
+from vgpud.tracker import Tracker, VgpuBlocks
+async def main():
+    d = Path(sys.argv[1])
+    views = {{"v1": VgpuBlocks(UsageBlock.open(d / "usage", device_count=1),
+                               ControlBlock.open(d / "control"))}}
+    gw = await open_nvml({str(SIM_NVML)!r})
+    tracker, state = Tracker(), BackstopState()
+    policy = BackstopPolicy(sys.argv[2], tolerance=64 << 20, confirm_scans=2)
+    for _ in range(int(sys.argv[3])):
+        snap = tracker.scan(views, await gw.sample())
+        events, state = check(snap, policy, state)
+        gpu = snap.vgpus["v1"].gpus[{SIM_GPU0!r}]
+        print(json.dumps({{"nvml_used": gpu.nvml_used, "hooked": gpu.hooked_used,
+                          "pids": list(snap.vgpus["v1"].pids),
+                          "events": [[e.kind, e.pid] for e in events]}}), flush=True)
+    await gw.close()
+asyncio.run(main())
+"""
+
+
+def run_json(code: str, env: dict[str, str], *args: str) -> list[Any]:
+    result = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        env=dict(env, PYTHONPATH=str(ROOT)),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    return [json.loads(line) for line in result.stdout.splitlines()]
+
+
+def test_gateway_on_the_simulator_inventory_and_health(sim_env: dict[str, str]) -> None:
+    (out,) = run_json(HEALTH, sim_env)
+    assert out["type"] == "NvmlGateway" and "sim" in out["driver"]
+    assert [d[0] for d in out["devices"]] == [SIM_GPU0, SIM_GPU1]
+    assert all(d[1] and d[1] > 0 and d[2] > 0 for d in out["devices"])
+    assert out["topology"] == 10  # NVML_TOPOLOGY_SINGLE: the simulator pairs 0-1
+    assert out["first"] == [SIM_GPU0, SIM_GPU1]
+    assert out["events"] == [
+        [SIM_GPU0, "xid", 13, False],
+        [SIM_GPU1, "xid", 79, True],
+        [SIM_GPU0, "gpu_lost", None, True],
+    ]
+    assert out["after"] == []  # one lost by NVML, one retired by its Xid
+    assert [d[3] for d in out["devices"]] == [False, False]
+
+
+class Cgroup:
+    """The test's own cgroup, in the v1 memory and unified hierarchies (or
+    the pure v2 one); skips when none is writable."""
+
+    def __init__(self) -> None:
+        name = f"vgpud-sim-{uuid.uuid4().hex[:12]}"
+        roots = [Path("/sys/fs/cgroup/memory"), Path("/sys/fs/cgroup/unified")]
+        if Path("/sys/fs/cgroup/cgroup.controllers").exists():
+            roots = [Path("/sys/fs/cgroup")]
+        self.dirs: list[Path] = []
+        for root in roots:
+            if (root / "cgroup.procs").exists():
+                try:
+                    (root / name).mkdir()
+                except OSError as err:
+                    self.remove()
+                    pytest.skip(f"cgroup hierarchy {root} is not writable: {err}")
+                self.dirs.append(root / name)
+        if not self.dirs:
+            pytest.skip("no cgroup hierarchy found")
+
+    def add(self, pid: int) -> None:
+        for d in self.dirs:
+            (d / "cgroup.procs").write_text(str(pid))
+
+    def remove(self) -> None:
+        for d in self.dirs:
+            d.rmdir()
+
+
+@pytest.fixture
+def cgroup() -> Iterator[Cgroup]:
+    if os.geteuid() != 0:
+        pytest.skip("needs root (cgroups)")
+    group = Cgroup()
+    yield group
+    group.remove()
+
+
+HOLDER = """
+import sys
+from tests.fixtures.hook import FakeHook
+FakeHook(sys.argv[1]).claim_self(0, {0: int(sys.argv[2])})
+print("claimed", flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("action", ["report", "kill"])
+def test_process_bypassing_the_hook_is_caught_by_nvml(
+    sim_env: dict[str, str], tmp_path: Path, cgroup: Cgroup, action: str
+) -> None:
+    """A vGPU of 1 GiB: its hooked process holds 256 MiB by the block; a
+    second process in the same cgroup allocates 2 GiB on the simulated GPU
+    without the hook. NVML sees it, the tracker charges it to the vGPU by
+    its cgroup, the backstop reports it and, with "kill", kills it."""
+    vgpu = FakeVgpu(tmp_path / "v1", "v1", (GIB,), uuids=(SIM_GPU0,))
+    env = dict(sim_env, PYTHONPATH=str(ROOT))
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        for code, arg in ((HOLDER, str(vgpu.usage.path)), (BYPASS, str(2 * GIB))):
+            extra = [str(256 << 20)] if code is HOLDER else []
+            p = subprocess.Popen(
+                [sys.executable, "-c", code, arg, *extra],
+                env=env,
+                cwd=ROOT,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            procs.append(p)
+            assert p.stdout is not None and p.stdout.readline().strip() in ("claimed", "allocated")
+            cgroup.add(p.pid)
+        holder, bypass = procs
+        scans = run_json(SCAN, sim_env, str(tmp_path / "v1"), action, "3")
+        assert sorted(scans[0]["pids"]) == sorted([holder.pid, bypass.pid])
+        assert scans[0]["nvml_used"] >= 2 * GIB  # the bypass's bytes, plus its context
+        assert scans[0]["hooked"] == 256 << 20
+        assert scans[0]["events"] == [["over_limit", bypass.pid]]
+        if action == "kill":
+            assert scans[1]["events"] == [["killed", bypass.pid]]
+            assert bypass.wait(timeout=30) == -signal.SIGKILL
+        else:
+            assert all(s["events"] == [] for s in scans[1:])
+            assert bypass.poll() is None
+        assert holder.poll() is None
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        vgpu.close()
