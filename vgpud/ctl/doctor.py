@@ -1,0 +1,115 @@
+"""vgpuctl doctor: is everything a vGPU needs in place?
+
+Checks the daemon (answers? NVML? driver version?), and compares the CUDA
+driver's exported entry points with the hook's: a cu* function the driver
+has and the hook does not intercept is a road around the limits when it
+allocates memory or launches work, so those are flagged.
+"""
+
+from __future__ import annotations
+
+import ctypes.util
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vgpud.blocks import BlockError, find_library
+from vgpud.ctl.client import ApiFailure, Client, DaemonUnreachable
+from vgpud.ctl.elf import ElfError, exported_functions
+
+# Names that look like a way to get device memory or to start work on the GPU,
+# and (checked second) the words of queries, host memory and teardown.
+RISKY = re.compile(
+    r"Alloc|MemCreate|MemMap|PoolCreate|Import|Array\w*Create|Ipc\w*Open|"
+    r"Launch|GraphInstantiate|GraphAdd(Kernel|Mem\w*)Node"
+)
+HARMLESS = re.compile(r"Host|Get|Query|Destroy|Free|Release|Attribute|Granularity")
+
+
+def risky(name: str) -> bool:
+    return bool(RISKY.search(name)) and not HARMLESS.search(name)
+
+
+DRIVER_PATHS = (
+    "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+    "/usr/lib/aarch64-linux-gnu/libcuda.so.1",
+    "/usr/lib64/libcuda.so.1",
+    "/usr/lib/libcuda.so.1",
+)
+
+
+@dataclass
+class Report:
+    lines: list[str] = field(default_factory=list)
+    problems: int = 0
+
+    def ok(self, text: str) -> None:
+        self.lines.append(f"ok    {text}")
+
+    def bad(self, text: str) -> None:
+        self.lines.append(f"FAIL  {text}")
+        self.problems += 1
+
+    def note(self, text: str) -> None:
+        self.lines.append(f"      {text}")
+
+
+def find_driver(explicit: str | None) -> Path | None:
+    if explicit:
+        return Path(explicit)
+    for candidate in DRIVER_PATHS:
+        if Path(candidate).is_file():
+            return Path(candidate)
+    name = ctypes.util.find_library("cuda")
+    return Path(name) if name and Path(name).is_absolute() else None
+
+
+def unhooked(driver: set[str], hook: set[str]) -> tuple[list[str], list[str]]:
+    """cu* functions of the driver the hook lacks: (risky, others)."""
+    missing = sorted(n for n in driver - hook if n.startswith("cu"))
+    return [n for n in missing if risky(n)], [n for n in missing if not risky(n)]
+
+
+def doctor(client: Client, driver_path: str | None, hook_path: str | None, verbose: bool) -> Report:
+    report = Report()
+    try:
+        health = client.get("/v1/health")
+        report.ok(f"vgpud answers on {client.socket_path} (version {health['version']})")
+        if health["nvml"]:
+            report.ok(f"NVML reachable: driver {health['driver_version']}, {health['gpus']} GPU(s)")
+        else:
+            report.bad("the daemon has no NVML: no driver found by vgpud")
+        if health["gpus_unhealthy"]:
+            report.bad(f"{health['gpus_unhealthy']} GPU(s) unhealthy (see vgpuctl list / devices)")
+    except (DaemonUnreachable, ApiFailure) as exc:
+        report.bad(str(exc))
+
+    driver = find_driver(driver_path)
+    try:
+        hook = Path(hook_path) if hook_path else find_library("libvgpu.so")
+    except BlockError as exc:
+        report.bad(str(exc))
+        return report
+    if driver is None:
+        report.bad("no libcuda.so.1 found (give --libcuda PATH)")
+        return report
+    try:
+        driver_syms, hook_syms = exported_functions(driver), exported_functions(hook)
+    except (OSError, ElfError) as exc:
+        report.bad(f"cannot read the symbol tables: {exc}")
+        return report
+    risky, other = unhooked(driver_syms, hook_syms)
+    hooked = sum(1 for n in hook_syms if n.startswith("cu"))
+    report.ok(f"driver {driver}: {sum(1 for n in driver_syms if n.startswith('cu'))} cu* exports")
+    report.ok(f"hook {hook}: {hooked} cu* entry points intercepted")
+    if risky:
+        report.bad(f"{len(risky)} driver entry points that allocate or launch are not intercepted:")
+        for name in risky:
+            report.note(name)
+    else:
+        report.ok("every driver entry point that allocates or launches is intercepted")
+    report.note(f"{len(other)} other cu* entry points pass through untouched")
+    if verbose:
+        for name in other:
+            report.note(f"  {name}")
+    return report
