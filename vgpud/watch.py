@@ -153,7 +153,10 @@ class Watch:
         before = self.counters.get(v.id)
         self.counters[v.id] = now
         if before is None:
-            return
+            if v.created_at < self.service.started:
+                return  # adopted: what happened before this daemon is not news
+            zeros = (0,) * len(devices)
+            before = _Counters(zeros, zeros)  # created since we started: all of it is news
         for s, old, new in zip(v.slices, before.oom, now.oom, strict=True):
             if new > old:
                 self.events.publish(
