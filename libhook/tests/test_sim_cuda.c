@@ -1,0 +1,653 @@
+/*
+ * test_sim_cuda - the simulated libcuda.so.1 behaves like a driver where
+ * vgpud's tests rely on it: devices and config, capacity and accounting,
+ * copies, pointer queries, modules, launch timing, capture and graphs,
+ * cuGetProcAddress variants, pools, VMM, arrays, IPC across processes,
+ * CUDA_VISIBLE_DEVICES, and memory of a SIGKILLed process coming back.
+ *
+ * It dlopens $VGPU_BUILD/sim/libcuda.so.1 by path on a private state file,
+ * so it needs no LD_LIBRARY_PATH. Child processes are forked: the
+ * simulator forgets the parent's driver state in a child, which then calls
+ * cuInit like a fresh process.
+ */
+#include <dlfcn.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cuda_api.h"
+
+#define FIELD(ret, name, params, args) ret(*name) params;
+static struct {
+    CUDA_API_LIST(FIELD)
+} cu;
+#undef FIELD
+
+static void *g_lib;
+static int g_failures;
+
+#define CHECK(cond)                                                                    \
+    do {                                                                               \
+        if (!(cond)) {                                                                 \
+            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);  \
+            g_failures++;                                                              \
+        }                                                                              \
+    } while (0)
+
+#define CHECK_CU(call, expected)                                                                   \
+    do {                                                                                           \
+        CUresult r_ = (call);                                                                      \
+        if (r_ != (expected)) {                                                                    \
+            fprintf(stderr, "%s:%d: %s returned %d, expected %d\n", __FILE__, __LINE__, #call, r_, \
+                    (int)(expected));                                                              \
+            g_failures++;                                                                          \
+        }                                                                                          \
+    } while (0)
+
+#define OK(call) CHECK_CU(call, CUDA_SUCCESS)
+
+#define CUDA_ERROR_ILLEGAL_STATE 401
+#define MIB (1024ULL * 1024ULL)
+#define CAPACITY (1024 * MIB)
+#define CTX_OVERHEAD (16 * MIB)
+#define SMS 4
+
+static const char PTX[] = ".version 7.0\n.target sm_52\n.address_size 64\n"
+                          ".visible .entry vgpu_spin(.param .u64 ns, .param .u64 out)\n{\n ret;\n}\n"
+                          ".visible .entry other_kernel()\n{\n ret;\n}\n";
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static size_t used_now(void)
+{
+    size_t free_bytes = 0, total = 0;
+    OK(cu.cuMemGetInfo_v2(&free_bytes, &total));
+    return total - free_bytes;
+}
+
+static CUcontext primary(int ordinal)
+{
+    CUcontext ctx = NULL;
+    OK(cu.cuDevicePrimaryCtxRetain(&ctx, ordinal));
+    OK(cu.cuCtxSetCurrent(ctx));
+    return ctx;
+}
+
+static CUfunction spin_function(void)
+{
+    CUmodule m;
+    CUfunction f = NULL;
+    OK(cu.cuModuleLoadData(&m, PTX));
+    OK(cu.cuModuleGetFunction(&f, m, "vgpu_spin"));
+    return f;
+}
+
+static CUresult launch_spin(CUfunction f, uint64_t ns, unsigned blocks, CUstream s)
+{
+    uint64_t out = 0;
+    void *args[] = {&ns, &out};
+    return cu.cuLaunchKernel(f, blocks, 1, 1, 32, 1, 1, 0, s, args, NULL);
+}
+
+/* ---- tests ---- */
+
+static void test_every_entry_point_is_exported(void)
+{
+    int missing = 0;
+#define LOOKUP(ret, name, params, args)                                   \
+    if ((*(void **)&cu.name = dlsym(g_lib, #name)) == NULL) {             \
+        fprintf(stderr, "libcuda.so.1 (sim) does not export %s\n", #name); \
+        missing++;                                                        \
+    }
+    CUDA_API_LIST(LOOKUP)
+#undef LOOKUP
+    CHECK(missing == 0);
+}
+
+static void test_devices_follow_config(void)
+{
+    int count = 0, value = 0, major = 0, minor = 0, driver = 0;
+    char name[128], bus[32];
+    size_t total = 0;
+    CUuuid uuid;
+    CUdevice dev;
+    CHECK_CU(cu.cuDeviceGetCount(&count), CUDA_ERROR_NOT_INITIALIZED);
+    OK(cu.cuDriverGetVersion(&driver));
+    CHECK(driver == 13000);
+    OK(cu.cuInit(0));
+    OK(cu.cuDeviceGetCount(&count));
+    CHECK(count == 2);
+    OK(cu.cuDeviceGetName(name, sizeof(name), 0));
+    CHECK(strcmp(name, "vgpud simulated GPU") == 0);
+    OK(cu.cuDeviceGetAttribute(&value, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, 1));
+    CHECK(value == SMS);
+    OK(cu.cuDeviceTotalMem_v2(&total, 1));
+    CHECK(total == CAPACITY);
+    OK(cu.cuDeviceComputeCapability(&major, &minor, 0));
+    CHECK(major == 9 && minor == 0);
+    OK(cu.cuDeviceGetUuid_v2(&uuid, 1));
+    CHECK(uuid.bytes[0] == 0x51 && uuid.bytes[1] == 0x17 && uuid.bytes[15] == 0x01);
+    OK(cu.cuDeviceGetPCIBusId(bus, sizeof(bus), 1));
+    CHECK(strcmp(bus, "0000:02:00.0") == 0);
+    OK(cu.cuDeviceGetByPCIBusId(&dev, bus));
+    CHECK(dev == 1);
+    CHECK_CU(cu.cuDeviceGet(&dev, 2), CUDA_ERROR_INVALID_DEVICE);
+    CHECK_CU(cu.cuMemAlloc_v2(&(CUdeviceptr){0}, 1), CUDA_ERROR_INVALID_CONTEXT);
+}
+
+static void test_capacity_is_enforced_and_accounted(void)
+{
+    CUcontext ctx = primary(0);
+    CUdeviceptr a = 0, b = 0;
+    size_t before = used_now();
+    CHECK(before == CTX_OVERHEAD);
+    OK(cu.cuMemAlloc_v2(&a, 600 * MIB));
+    CHECK(used_now() == before + 600 * MIB);
+    CHECK_CU(cu.cuMemAlloc_v2(&b, 500 * MIB), CUDA_ERROR_OUT_OF_MEMORY);
+    CHECK(used_now() == before + 600 * MIB);
+    OK(cu.cuMemFree_v2(a));
+    CHECK(used_now() == before);
+    OK(cu.cuMemAlloc_v2(&b, 500 * MIB));
+    OK(cu.cuMemFree_v2(b));
+    CHECK_CU(cu.cuMemFree_v2(b), CUDA_ERROR_INVALID_VALUE);
+    CHECK_CU(cu.cuMemAlloc_v2(&a, 0), CUDA_ERROR_INVALID_VALUE);
+
+    /* A created context charges its overhead and takes its memory with it. */
+    CUcontext extra;
+    OK(cu.cuCtxCreate_v2(&extra, 0, 0));
+    OK(cu.cuMemAlloc_v2(&a, 100 * MIB));
+    CHECK(used_now() == before + CTX_OVERHEAD + 100 * MIB);
+    OK(cu.cuCtxDestroy_v2(extra));
+    OK(cu.cuCtxSetCurrent(ctx));
+    CHECK(used_now() == before);
+}
+
+static void test_copies_preserve_content(void)
+{
+    primary(0);
+    CUdeviceptr a, b;
+    uint32_t in[1024], out[1024];
+    for (unsigned i = 0; i < 1024; i++)
+        in[i] = i * 2654435761u;
+    OK(cu.cuMemAlloc_v2(&a, sizeof(in)));
+    OK(cu.cuMemAlloc_v2(&b, sizeof(in)));
+    OK(cu.cuMemcpyHtoD_v2(a, in, sizeof(in)));
+    OK(cu.cuMemcpyDtoD_v2(b, a, sizeof(in)));
+    OK(cu.cuMemcpyDtoH_v2(out, b, sizeof(out)));
+    CHECK(memcmp(in, out, sizeof(in)) == 0);
+    OK(cu.cuMemsetD32_v2(b + 8, 0xdeadbeef, 4));
+    OK(cu.cuMemcpyDtoH_v2(out, b, 32));
+    CHECK(out[1] == in[1] && out[2] == 0xdeadbeef && out[5] == 0xdeadbeef && out[6] == in[6]);
+    CHECK_CU(cu.cuMemcpyDtoH_v2(out, b + sizeof(in) - 4, 8), CUDA_ERROR_INVALID_VALUE);
+    CHECK_CU(cu.cuMemcpyHtoD_v2((CUdeviceptr)(uintptr_t)in, in, 4), CUDA_ERROR_INVALID_VALUE);
+    CHECK_CU(cu.cuMemsetD32_v2(b + 2, 0, 1), CUDA_ERROR_INVALID_VALUE);
+    OK(cu.cuMemFree_v2(a));
+    OK(cu.cuMemFree_v2(b));
+}
+
+static void test_pointer_queries(void)
+{
+    CUcontext ctx = primary(1), owner = NULL;
+    CUdeviceptr d, base = 0, dp = 0;
+    size_t size = 0;
+    unsigned type = 0;
+    int ordinal = -1;
+    void *host = NULL;
+    OK(cu.cuMemAlloc_v2(&d, 4096));
+    OK(cu.cuPointerGetAttribute(&owner, 1 /* CONTEXT */, d + 100));
+    CHECK(owner == ctx);
+    OK(cu.cuPointerGetAttribute(&type, 2 /* MEMORY_TYPE */, d));
+    CHECK(type == 2);
+    OK(cu.cuPointerGetAttribute(&ordinal, 9 /* DEVICE_ORDINAL */, d));
+    CHECK(ordinal == 1);
+    OK(cu.cuMemGetAddressRange_v2(&base, &size, d + 4000));
+    CHECK(base == d && size == 4096);
+    CHECK_CU(cu.cuPointerGetAttribute(&type, 2, d + 4096), CUDA_ERROR_INVALID_VALUE);
+
+    size_t used = used_now();
+    OK(cu.cuMemHostAlloc(&host, 1 << 20, CU_MEMHOSTALLOC_DEVICEMAP));
+    CHECK(used_now() == used); /* host memory is not device memory */
+    OK(cu.cuPointerGetAttribute(&type, 2, (CUdeviceptr)(uintptr_t)host));
+    CHECK(type == 1);
+    OK(cu.cuMemHostGetDevicePointer_v2(&dp, host, 0));
+    CHECK(dp == (CUdeviceptr)(uintptr_t)host);
+    OK(cu.cuMemFreeHost(host));
+    OK(cu.cuMemFree_v2(d));
+}
+
+static void test_modules_resolve_ptx_entries(void)
+{
+    primary(0);
+    CUmodule m, bin;
+    CUfunction f;
+    OK(cu.cuModuleLoadData(&m, PTX));
+    OK(cu.cuModuleGetFunction(&f, m, "other_kernel"));
+    CHECK_CU(cu.cuModuleGetFunction(&f, m, "missing_kernel"), CUDA_ERROR_NOT_FOUND);
+    CHECK_CU(cu.cuModuleLoadData(&bin, "not a module"), CUDA_ERROR_INVALID_IMAGE);
+    static const char elf[16] = "\x7f" "ELF";
+    OK(cu.cuModuleLoadData(&bin, elf));
+    OK(cu.cuModuleGetFunction(&f, bin, "anything"));
+    OK(cu.cuModuleUnload(bin));
+    OK(cu.cuModuleUnload(m));
+}
+
+static void test_launches_take_their_time(void)
+{
+    primary(0);
+    CUfunction spin = spin_function();
+    CUstream s;
+    CUevent e0, e1;
+    float ms = 0;
+    OK(cu.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    OK(cu.cuEventCreate(&e0, 0));
+    OK(cu.cuEventCreate(&e1, 0));
+    double t0 = now_ms();
+    OK(cu.cuEventRecord(e0, s));
+    OK(launch_spin(spin, 30 * 1000000ULL, 2 * SMS + 1, s)); /* three waves */
+    OK(cu.cuEventRecord(e1, s));
+    CHECK_CU(cu.cuStreamQuery(s), CUDA_ERROR_NOT_READY);
+    CHECK_CU(cu.cuEventElapsedTime(&ms, e0, e1), CUDA_ERROR_NOT_READY);
+    OK(cu.cuStreamSynchronize(s));
+    CHECK(now_ms() - t0 >= 90);
+    OK(cu.cuStreamQuery(s));
+    OK(cu.cuEventElapsedTime_v2(&ms, e0, e1));
+    CHECK(ms >= 90 && ms < 2000);
+    OK(cu.cuEventDestroy_v2(e0));
+    OK(cu.cuEventDestroy_v2(e1));
+    OK(cu.cuStreamDestroy_v2(s));
+}
+
+static void test_capture_records_instead_of_running(void)
+{
+    primary(0);
+    CUfunction spin = spin_function();
+    CUstream s;
+    CUgraph g;
+    CUgraphExec exec;
+    CUevent e0, e1;
+    CUstreamCaptureStatus status;
+    float ms = 0;
+    OK(cu.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    OK(cu.cuEventCreate(&e0, 0));
+    OK(cu.cuEventCreate(&e1, 0));
+    CHECK_CU(cu.cuStreamBeginCapture_v2(NULL, 0), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    OK(cu.cuStreamBeginCapture_v2(s, 0));
+    OK(cu.cuStreamIsCapturing(s, &status));
+    CHECK(status == CU_STREAM_CAPTURE_STATUS_ACTIVE);
+    OK(launch_spin(spin, 20 * 1000000ULL, 1, s));
+    OK(launch_spin(spin, 20 * 1000000ULL, 1, s));
+    CHECK_CU(cu.cuStreamSynchronize(s), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    OK(cu.cuStreamEndCapture(s, &g));
+    OK(cu.cuStreamIsCapturing(s, &status));
+    CHECK(status == CU_STREAM_CAPTURE_STATUS_NONE);
+    /* Nothing ran: a marker recorded now is complete at once. */
+    OK(cu.cuEventRecord(e0, s));
+    OK(cu.cuEventQuery(e0));
+    OK(cu.cuGraphInstantiateWithFlags(&exec, g, 0));
+    OK(cu.cuEventRecord(e0, s));
+    OK(cu.cuGraphLaunch(exec, s));
+    OK(cu.cuEventRecord(e1, s));
+    CHECK_CU(cu.cuEventQuery(e1), CUDA_ERROR_NOT_READY);
+    OK(cu.cuEventSynchronize(e1));
+    OK(cu.cuEventElapsedTime(&ms, e0, e1));
+    CHECK(ms >= 40 && ms < 2000);
+    CHECK_CU(cu.cuStreamEndCapture(s, &g), CUDA_ERROR_ILLEGAL_STATE);
+    OK(cu.cuGraphExecDestroy(exec));
+    OK(cu.cuGraphDestroy(g));
+    OK(cu.cuStreamDestroy_v2(s));
+}
+
+static void *sym(const char *name)
+{
+    return dlsym(g_lib, name);
+}
+
+static void check_resolves(const char *symbol, int version, cuuint64_t flags, const char *expected)
+{
+    void *pfn = NULL;
+    CUdriverProcAddressQueryResult status = -1;
+    CUresult r = cu.cuGetProcAddress_v2(symbol, &pfn, version, flags, &status);
+    if (r != CUDA_SUCCESS || status != CU_GET_PROC_ADDRESS_SUCCESS || pfn != sym(expected)) {
+        fprintf(stderr, "cuGetProcAddress_v2(%s, %d, %llu) did not give %s (r=%d status=%d)\n", symbol, version,
+                (unsigned long long)flags, expected, r, status);
+        g_failures++;
+    }
+}
+
+/* name is X_vN: resolving X at 13000 must give X_vM with the highest M. */
+static void check_newest(const char *name)
+{
+    const char *v = strstr(name, "_v");
+    if (v == NULL || strstr(name, "_ptsz") != NULL)
+        return;
+    char base[128], best[160];
+    snprintf(base, sizeof(base), "%.*s", (int)(v - name), name);
+    snprintf(best, sizeof(best), "%s", name);
+    for (int n = 2; n < 10; n++) {
+        char candidate[160];
+        snprintf(candidate, sizeof(candidate), "%s_v%d", base, n);
+        if (sym(candidate) != NULL)
+            snprintf(best, sizeof(best), "%s", candidate);
+    }
+    check_resolves(base, 13000, 0, best);
+}
+
+static void test_proc_address_picks_the_abi_of_the_version(void)
+{
+    const cuuint64_t PTSZ = CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
+    check_resolves("cuMemAlloc", 3010, 0, "cuMemAlloc");
+    check_resolves("cuMemAlloc", 12080, 0, "cuMemAlloc_v2");
+    check_resolves("cuCtxCreate", 13000, 0, "cuCtxCreate_v2");
+    check_resolves("cuMemGetInfo", 3020, 0, "cuMemGetInfo_v2");
+    check_resolves("cuDeviceTotalMem", 3000, 0, "cuDeviceTotalMem");
+    check_resolves("cuStreamBeginCapture", 10000, 0, "cuStreamBeginCapture");
+    check_resolves("cuStreamBeginCapture", 10010, 0, "cuStreamBeginCapture_v2");
+    check_resolves("cuStreamBeginCapture", 12080, PTSZ, "cuStreamBeginCapture_v2_ptsz");
+    check_resolves("cuEventElapsedTime", 12070, 0, "cuEventElapsedTime");
+    check_resolves("cuEventElapsedTime", 12080, 0, "cuEventElapsedTime_v2");
+    check_resolves("cuLaunchKernel", 12080, PTSZ, "cuLaunchKernel_ptsz");
+    check_resolves("cuLaunchKernel", 12080, CU_GET_PROC_ADDRESS_LEGACY_STREAM, "cuLaunchKernel");
+    check_resolves("cuMemAlloc", 12080, PTSZ, "cuMemAlloc_v2"); /* no _ptsz variant */
+    check_resolves("cuGetProcAddress", 11030, 0, "cuGetProcAddress");
+    check_resolves("cuGetProcAddress", 12000, 0, "cuGetProcAddress_v2");
+
+    /* Every versioned export is reachable: at the newest version each base
+     * name gives its highest variant (a missing version threshold fails). */
+#define NEWEST(ret, name, params, args) check_newest(#name);
+    CUDA_API_LIST(NEWEST)
+#undef NEWEST
+
+    void *pfn = (void *)1;
+    CUdriverProcAddressQueryResult status = -1;
+    CHECK_CU(cu.cuGetProcAddress_v2("cuNoSuchThing", &pfn, 13000, 0, &status), CUDA_ERROR_NOT_FOUND);
+    CHECK(status == CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND && pfn == NULL);
+    CHECK_CU(cu.cuGetProcAddress_v2("cuMemAlloc_v2", &pfn, 13000, 0, &status), CUDA_ERROR_NOT_FOUND);
+    CHECK_CU(cu.cuGetProcAddress_v2("cuMemcpyHtoD", &pfn, 3000, 0, &status), CUDA_ERROR_NOT_FOUND);
+    CHECK(status == CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT);
+    CHECK_CU(cu.cuGetProcAddress("cuMemAlloc", &pfn, 12000, 7), CUDA_ERROR_INVALID_VALUE);
+    const void *table = NULL;
+    CHECK_CU(cu.cuGetExportTable(&table, &(CUuuid){{0}}), CUDA_ERROR_NOT_SUPPORTED);
+}
+
+static void test_pools_hold_until_sync_or_trim(void)
+{
+    primary(0);
+    CUstream s;
+    CUmemoryPool pool;
+    CUdeviceptr p, q;
+    OK(cu.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    OK(cu.cuDeviceGetDefaultMemPool(&pool, 0));
+    size_t base = used_now();
+    OK(cu.cuMemAllocAsync(&p, 64 * MIB, s));
+    CHECK(used_now() == base + 64 * MIB);
+    OK(cu.cuMemFreeAsync(p, s));
+    CHECK(used_now() == base + 64 * MIB); /* held by the pool */
+    OK(cu.cuStreamSynchronize(s));
+    CHECK(used_now() == base); /* threshold 0: given back at sync */
+
+    cuuint64_t keep = 512 * MIB, reserved = 0;
+    OK(cu.cuMemPoolSetAttribute(pool, 4 /* RELEASE_THRESHOLD */, &keep));
+    OK(cu.cuMemAllocAsync(&p, 64 * MIB, s));
+    OK(cu.cuMemFreeAsync(p, s));
+    OK(cu.cuStreamSynchronize(s));
+    CHECK(used_now() == base + 64 * MIB);
+    OK(cu.cuMemAllocAsync(&q, 32 * MIB, s)); /* reuses the held block */
+    CHECK(q == p && used_now() == base + 64 * MIB);
+    OK(cu.cuMemFreeAsync(q, s));
+    OK(cu.cuMemPoolGetAttribute(pool, 5 /* RESERVED_MEM_CURRENT */, &reserved));
+    CHECK(reserved == 64 * MIB);
+    OK(cu.cuMemPoolTrimTo(pool, 0));
+    CHECK(used_now() == base);
+    keep = 0;
+    OK(cu.cuMemPoolSetAttribute(pool, 4, &keep));
+    OK(cu.cuStreamDestroy_v2(s));
+}
+
+static void test_vmm_maps_charged_memory(void)
+{
+    primary(0);
+    CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+                                .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0}};
+    CUmemAccessDesc access = {.location = prop.location, .flags = 3 /* READWRITE */};
+    CUmemGenericAllocationHandle h;
+    CUdeviceptr va;
+    size_t gran = 0;
+    uint32_t word = 0;
+    OK(cu.cuMemGetAllocationGranularity(&gran, &prop, 0));
+    CHECK(gran == 2 * MIB);
+    size_t base = used_now();
+    CHECK_CU(cu.cuMemCreate(&h, gran + 1, &prop, 0), CUDA_ERROR_INVALID_VALUE);
+    OK(cu.cuMemCreate(&h, 2 * gran, &prop, 0));
+    CHECK(used_now() == base + 2 * gran);
+    OK(cu.cuMemAddressReserve(&va, 4 * gran, 0, 0, 0));
+    CHECK(va % gran == 0);
+    OK(cu.cuMemMap(va + gran, 2 * gran, 0, h, 0));
+    CHECK_CU(cu.cuMemMap(va + gran, 2 * gran, 0, h, 0), CUDA_ERROR_INVALID_VALUE);
+    OK(cu.cuMemSetAccess(va + gran, 2 * gran, &access, 1));
+    OK(cu.cuMemsetD32_v2(va + gran + 4, 77, 1));
+    OK(cu.cuMemcpyDtoH_v2(&word, va + gran + 4, 4));
+    CHECK(word == 77);
+    CHECK_CU(cu.cuMemsetD32_v2(va, 1, 1), CUDA_ERROR_INVALID_VALUE); /* reserved, not mapped */
+    OK(cu.cuMemUnmap(va + gran, 2 * gran));
+    OK(cu.cuMemRelease(h));
+    CHECK(used_now() == base);
+    OK(cu.cuMemAddressFree(va, 4 * gran));
+}
+
+static void test_arrays_are_charged(void)
+{
+    primary(0);
+    CUarray a;
+    CUmipmappedArray m;
+    CUDA_ARRAY3D_DESCRIPTOR d = {.Width = 1024, .Height = 1024, .Format = CU_AD_FORMAT_FLOAT, .NumChannels = 4};
+    size_t base = used_now();
+    OK(cu.cuArray3DCreate_v2(&a, &d));
+    CHECK(used_now() == base + 16 * MIB);
+    OK(cu.cuArrayDestroy(a));
+    CHECK(used_now() == base);
+    d.NumChannels = 1; /* levels of 4 MiB, 1 MiB, 256 KiB */
+    OK(cu.cuMipmappedArrayCreate(&m, &d, 3));
+    CHECK(used_now() == base + 4 * MIB + 1 * MIB + 256 * 1024);
+    OK(cu.cuMipmappedArrayDestroy(m));
+    d.NumChannels = 3;
+    CHECK_CU(cu.cuArray3DCreate_v2(&a, &d), CUDA_ERROR_INVALID_VALUE);
+}
+
+/* Run fn in a child that starts CUDA afresh; returns its exit status. */
+static pid_t spawn(int (*fn)(int fd), int fd)
+{
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0)
+        _exit(fn(fd));
+    return pid;
+}
+
+static int wait_status(pid_t pid)
+{
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+        ;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+static int ipc_child(int fd)
+{
+    CUipcMemHandle handle;
+    CUdeviceptr p = 0;
+    uint32_t word = 0;
+    if (read(fd, &handle, sizeof(handle)) != (ssize_t)sizeof(handle) || cu.cuInit(0) != CUDA_SUCCESS)
+        return 10;
+    primary(0);
+    size_t used = used_now();
+    if (cu.cuIpcOpenMemHandle_v2(&p, handle, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) != CUDA_SUCCESS)
+        return 11;
+    if (used_now() != used)
+        return 12; /* counted once, to the owner */
+    if (cu.cuMemcpyDtoH_v2(&word, p + 4, 4) != CUDA_SUCCESS || word != 0xabcd)
+        return 13;
+    word = 0x1234;
+    if (cu.cuMemcpyHtoD_v2(p + 8, &word, 4) != CUDA_SUCCESS || cu.cuIpcCloseMemHandle(p) != CUDA_SUCCESS)
+        return 14;
+    return g_failures == 0 ? 0 : 15;
+}
+
+static void test_ipc_shares_memory_between_processes(void)
+{
+    primary(0);
+    CUdeviceptr p;
+    CUipcMemHandle handle;
+    uint32_t words[4] = {0, 0xabcd, 0, 0};
+    int fds[2];
+    OK(cu.cuMemAlloc_v2(&p, 4 * MIB));
+    OK(cu.cuMemcpyHtoD_v2(p, words, sizeof(words)));
+    OK(cu.cuIpcGetMemHandle(&handle, p));
+    uint32_t after = 0;
+    OK(cu.cuMemcpyDtoH_v2(&after, p + 4, 4)); /* exporting kept the content */
+    CHECK(after == 0xabcd);
+    CHECK(pipe(fds) == 0);
+    pid_t child = spawn(ipc_child, fds[0]);
+    CHECK(write(fds[1], &handle, sizeof(handle)) == (ssize_t)sizeof(handle));
+    int status = wait_status(child);
+    CHECK(status == 0);
+    if (status != 0)
+        fprintf(stderr, "ipc child exit %d\n", status);
+    OK(cu.cuMemcpyDtoH_v2(&after, p + 8, 4));
+    CHECK(after == 0x1234);
+    CHECK_CU(cu.cuIpcOpenMemHandle_v2(&(CUdeviceptr){0}, handle, 0), CUDA_ERROR_INVALID_CONTEXT);
+    close(fds[0]);
+    close(fds[1]);
+    OK(cu.cuMemFree_v2(p));
+}
+
+static int hog_child(int fd)
+{
+    CUdeviceptr p;
+    if (cu.cuInit(0) != CUDA_SUCCESS)
+        return 10;
+    primary(0);
+    if (cu.cuMemAlloc_v2(&p, 256 * MIB) != CUDA_SUCCESS)
+        return 11;
+    if (write(fd, "r", 1) != 1)
+        return 12;
+    for (;;)
+        pause();
+}
+
+static void test_killed_process_memory_comes_back(void)
+{
+    primary(0);
+    size_t base = used_now();
+    int fds[2];
+    char ready;
+    CHECK(pipe(fds) == 0);
+    pid_t child = spawn(hog_child, fds[1]);
+    CHECK(read(fds[0], &ready, 1) == 1);
+    CHECK(used_now() == base + CTX_OVERHEAD + 256 * MIB);
+    kill(child, SIGKILL);
+    /* Like a driver, memory goes with the process: poll until it shows. */
+    double deadline = now_ms() + 10000;
+    while (used_now() != base && now_ms() < deadline)
+        nanosleep(&(struct timespec){0, 5000000}, NULL);
+    CHECK(used_now() == base);
+    wait_status(child);
+    close(fds[0]);
+    close(fds[1]);
+}
+
+static int visible_child(int expect_count)
+{
+    int count = -1;
+    CUresult r = cu.cuInit(0);
+    if (expect_count == 0)
+        return r == CUDA_ERROR_NO_DEVICE ? 0 : 20;
+    if (r != CUDA_SUCCESS || cu.cuDeviceGetCount(&count) != CUDA_SUCCESS || count != expect_count)
+        return 21;
+    char bus[32];
+    if (cu.cuDeviceGetPCIBusId(bus, sizeof(bus), 0) != CUDA_SUCCESS)
+        return 22;
+    return strcmp(bus, "0000:02:00.0") == 0 ? 0 : 23; /* ordinal 0 is device 1 */
+}
+
+static void check_visible(const char *value, int expect_count)
+{
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        setenv("CUDA_VISIBLE_DEVICES", value, 1);
+        _exit(visible_child(expect_count));
+    }
+    int status = wait_status(pid);
+    if (status != 0) {
+        fprintf(stderr, "CUDA_VISIBLE_DEVICES='%s': child exit %d\n", value, status);
+        g_failures++;
+    }
+}
+
+static void test_visible_devices(void)
+{
+    check_visible("1", 1);
+    check_visible("1,7,0", 1); /* the list stops at the first bad entry */
+    check_visible("GPU-5117a000-0000-4000-8000-000000000001", 1);
+    check_visible("GPU-5117a000-0000-4000-8000-000000000001,0", 2);
+    check_visible("", 0);
+    check_visible("-1", 0);
+}
+
+int main(void)
+{
+    const char *build = getenv("VGPU_BUILD");
+    char path[4096], dir[] = "/tmp/vgpu-sim-test-XXXXXX", state[4200];
+    if (mkdtemp(dir) == NULL) {
+        perror("mkdtemp");
+        return 1;
+    }
+    snprintf(state, sizeof(state), "%s/state", dir);
+    setenv("VGPU_SIM_STATE", state, 1);
+    setenv("VGPU_SIM_MEMORY", "1g", 1);
+    setenv("VGPU_SIM_SMS", "4", 1);
+    setenv("VGPU_SIM_CTX_OVERHEAD", "16m", 1);
+    unsetenv("CUDA_VISIBLE_DEVICES");
+    snprintf(path, sizeof(path), "%s/sim/libcuda.so.1", build != NULL ? build : "build");
+    g_lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (g_lib == NULL) {
+        fprintf(stderr, "cannot load %s: %s\n", path, dlerror());
+        return 1;
+    }
+    test_every_entry_point_is_exported();
+    if (g_failures == 0) {
+        test_devices_follow_config();
+        test_capacity_is_enforced_and_accounted();
+        test_copies_preserve_content();
+        test_pointer_queries();
+        test_modules_resolve_ptx_entries();
+        test_launches_take_their_time();
+        test_capture_records_instead_of_running();
+        test_proc_address_picks_the_abi_of_the_version();
+        test_pools_hold_until_sync_or_trim();
+        test_vmm_maps_charged_memory();
+        test_arrays_are_charged();
+        test_ipc_shares_memory_between_processes();
+        test_killed_process_memory_comes_back();
+        test_visible_devices();
+    }
+    unlink(state);
+    rmdir(dir);
+    if (g_failures != 0) {
+        fprintf(stderr, "test_sim_cuda: %d failure(s)\n", g_failures);
+        return 1;
+    }
+    printf("test_sim_cuda: all passed\n");
+    return 0;
+}
