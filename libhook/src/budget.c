@@ -65,6 +65,21 @@ static bool try_reserve(int index, uint64_t bytes)
     return true;
 }
 
+/* Looking for dead processes costs a few syscalls per slot: at most once
+ * per interval per process, however many allocations are refused. */
+#define RECLAIM_INTERVAL_NS 100000000ull
+static _Atomic uint64_t last_reclaim_ns;
+
+static int reclaim_now(void)
+{
+    uint64_t now = now_ns();
+    uint64_t last = atomic_load_explicit(&last_reclaim_ns, memory_order_relaxed);
+    if (now - last < RECLAIM_INTERVAL_NS ||
+        !atomic_compare_exchange_strong(&last_reclaim_ns, &last, now))
+        return 0;
+    return blocks_reclaim_dead(vgpu.usage, vgpu.pidns);
+}
+
 int budget_reserve(int index, uint64_t bytes)
 {
     if (index < 0) {
@@ -79,8 +94,7 @@ int budget_reserve(int index, uint64_t bytes)
     /* Before refusing, give back what is provably not in use: bytes of dead
      * processes of our namespace, and what our own pools no longer hold. */
     if (!try_reserve(index, bytes)) {
-        int freed = blocks_reclaim_dead(vgpu.usage, vgpu.pidns);
-        freed += pools_settle_all();
+        int freed = reclaim_now() + pools_settle_all();
         if (freed == 0 || !try_reserve(index, bytes)) {
             vgpu_error_set("over the limit");
             return -1;
