@@ -28,6 +28,8 @@
 #ifndef VGPU_HOOKS_H
 #define VGPU_HOOKS_H
 
+#include "launch_hooks.h"
+
 /* init.c / proc_address.c: entry and symbol resolution */
 #define HOOK_INIT_LIST(X) \
     X(cuInit, cuInit, 2000, 0) \
@@ -90,12 +92,14 @@
 #define HOOK_CUDA_LIST(X) \
     HOOK_INIT_LIST(X) \
     HOOK_CTX_LIST(X) \
-    HOOK_MEM_LIST(X)
+    HOOK_MEM_LIST(X) \
+    HOOK_LAUNCH_LIST(X)
 
 /* Variants of hooked bases that we forward untouched (see above). */
 #define HOOK_NEWER_LIST(X) \
     X(cuCtxCreate_v3, cuCtxCreate, 11040, 0) \
-    X(cuCtxCreate_v4, cuCtxCreate, 12050, 0)
+    X(cuCtxCreate_v4, cuCtxCreate, 12050, 0) \
+    HOOK_LAUNCH_NEWER_LIST(X)
 
 /* nvml_hooks.c: what a process sees through NVML. NVML has no
  * cuGetProcAddress, so a row is just the exported name. */

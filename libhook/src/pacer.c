@@ -35,14 +35,15 @@ void pacer_dev_init(struct pacer_dev *pd, int index, const struct vgpu_control *
         .index = index,
         .bucket = &usage->devices[index],
         .slot = slot,
-        .last = {VGPU_PPM_FULL, PACER_DEFAULT_WINDOW_NS},
+        .last_ppm = VGPU_PPM_FULL,
+        .last_window_ns = PACER_DEFAULT_WINDOW_NS,
     };
     /* Until a first good read, the configured share: never unlimited by
      * accident when the table is being written at our first look. */
     if (control != NULL) {
         uint32_t share = atomic_load_explicit(&pd->control->share_ppm, memory_order_relaxed);
         if (share != 0 && share < VGPU_PPM_FULL)
-            pd->last.ppm = share;
+            atomic_store_explicit(&pd->last_ppm, share, memory_order_relaxed);
     }
 }
 
@@ -84,7 +85,10 @@ static struct pacer_quota vgpu_quota(struct pacer_dev *pd)
 {
     struct pacer_quota q;
     if (pacer_read_throttle(&pd->control->throttle, &q) != 0)
-        return pd->last;
+        return (struct pacer_quota){
+            atomic_load_explicit(&pd->last_ppm, memory_order_relaxed),
+            atomic_load_explicit(&pd->last_window_ns, memory_order_relaxed),
+        };
     /* A block fresh from the daemon, before its first tick: the share. */
     uint32_t share = atomic_load_explicit(&pd->control->share_ppm, memory_order_relaxed);
     return normalise(q, share);
@@ -112,8 +116,10 @@ static struct pacer_quota standalone_quota(struct pacer_dev *pd, uint64_t now)
 
 struct pacer_quota pacer_quota_now(struct pacer_dev *pd, uint64_t now)
 {
-    pd->last = pd->control != NULL ? vgpu_quota(pd) : standalone_quota(pd, now);
-    return pd->last;
+    struct pacer_quota q = pd->control != NULL ? vgpu_quota(pd) : standalone_quota(pd, now);
+    atomic_store_explicit(&pd->last_ppm, q.ppm, memory_order_relaxed);
+    atomic_store_explicit(&pd->last_window_ns, q.window_ns, memory_order_relaxed);
+    return q;
 }
 
 int64_t pacer_refill(struct vgpu_usage_device *b, const struct pacer_quota *q, uint64_t now)

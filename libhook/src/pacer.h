@@ -53,7 +53,9 @@ struct pacer_dev {
     int index;                       /* device index in the blocks */
     struct vgpu_usage_device *bucket;
     struct vgpu_proc_device *slot;   /* this process's counters; may be NULL */
-    struct pacer_quota last;         /* fail static: what the last good read said */
+    /* Fail static: what the last good read said (threads share it). */
+    _Atomic uint32_t last_ppm;
+    _Atomic uint64_t last_window_ns;
 };
 
 struct pacer_clock {
@@ -73,7 +75,7 @@ void pacer_dev_init(struct pacer_dev *pd, int index, const struct vgpu_control *
  */
 int pacer_read_throttle(const struct vgpu_throttle *t, struct pacer_quota *out);
 
-/* The quota in force now; updates pd->last. Fail static: a stopped daemon
+/* The quota in force now; remembered in pd->last_*. Fail static: a stopped daemon
  * leaves the table as it was and we keep obeying it. */
 struct pacer_quota pacer_quota_now(struct pacer_dev *pd, uint64_t now);
 

@@ -1,0 +1,780 @@
+/*
+ * gputime.c - batches of launches measured with event pairs, the monitor
+ * thread that turns them into GPU time, and the pacer's place on the launch
+ * path (see gputime.h for the model, docs/compute.md for the reasons).
+ *
+ * Concurrency: each stream's state has a mutex held by a launching thread
+ * from the batch decision through the driver call, so a batch's events
+ * bracket exactly its launches; the monitor only ever try-locks it. The
+ * cross-process bucket is atomics only (pacer.c). While any stream capture
+ * is active, nobody here calls what global capture mode forbids (event
+ * synchronisation): the monitor pauses and launchers skip the in-flight wait.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "gputime.h"
+#include "pacer.h"
+#include "vgpu.h"
+
+#define GT_STREAMS 1024 /* stream states per process */
+#define GT_RING 6       /* batches per stream: open + in flight + done, not yet counted */
+#define GT_CACHE 4      /* stream lookups cached per thread */
+#define GT_FREE_WAIT_NS 50000000ull /* longest wait for the monitor to free a batch */
+#define GT_EXIT_FLUSH_NS 500000000ull /* longest wait at exit for the last batches */
+
+enum batch_state { BATCH_FREE = 0, BATCH_OPEN, BATCH_QUEUED };
+
+struct gt_batch {
+    _Atomic int state;
+    _Atomic bool done;      /* its end event is known to have completed */
+    CUevent start, end;
+    CUcontext events_ctx;   /* the context the events were created in */
+    struct gt_stream *stream;
+    int dev;
+    bool graph;
+    uint32_t launches;
+    int64_t precharge;      /* debited when opened, settled when measured */
+    uint64_t seq;           /* closing order on its stream */
+    struct gt_batch *next;  /* monitor queue */
+};
+
+/* A stream as the driver names it: explicit streams by handle; the legacy
+ * stream by context; the per-thread stream by context and thread. */
+struct gt_key {
+    CUstream handle;
+    CUcontext ctx;
+    pid_t tid;
+};
+
+struct gt_stream {
+    pthread_mutex_t lock;
+    _Atomic bool used;
+    struct gt_key key;      /* written under table_lock */
+    CUstream record_on;     /* the handle our events go on */
+    CUcontext ctx;
+    int dev;
+    struct gt_batch *open;
+    uint64_t last_launch_ns;
+    uint64_t closed;        /* batches closed so far */
+    uint32_t last_size;     /* launches in its previous batch */
+    _Atomic int64_t graph_cost_ns; /* its last measured graph launch */
+    struct gt_batch ring[GT_RING];
+};
+
+struct gt_dev {
+    struct pacer_dev pacer;
+    _Atomic uint64_t launch_cost_ns; /* running average GPU time per launch */
+};
+
+static struct {
+    pthread_mutex_t init_lock;
+    _Atomic bool ready;
+    struct gt_dev devs[VGPU_MAX_DEVICES];
+    int checked_devs;                /* devices the unlimited fast path looks at */
+
+    pthread_mutex_t table_lock;
+    _Atomic unsigned table_high;     /* entries [0, high) were used at least once */
+    struct gt_stream streams[GT_STREAMS];
+
+    _Atomic int open_batches;
+    _Atomic int captures;            /* stream captures in progress */
+
+    pthread_mutex_t queue_lock;      /* monitor queue and the condition below */
+    pthread_cond_t queue_cond;       /* work queued, capture ended, batch freed */
+    struct gt_batch *head, *tail;
+    bool monitor_running;
+} gt = {
+    .init_lock = PTHREAD_MUTEX_INITIALIZER,
+    .table_lock = PTHREAD_MUTEX_INITIALIZER,
+    .queue_lock = PTHREAD_MUTEX_INITIALIZER,
+    .queue_cond = PTHREAD_COND_INITIALIZER,
+};
+
+static __thread struct {
+    struct gt_stream *s;
+    struct gt_key key;
+} tcache[GT_CACHE];
+static __thread unsigned tcache_next;
+static __thread pid_t thread_id;
+
+static uint64_t now_ns(void)
+{
+    return pacer_monotonic.now(NULL);
+}
+
+static pid_t current_tid(void)
+{
+    if (thread_id == 0)
+        thread_id = (pid_t)syscall(SYS_gettid);
+    return thread_id;
+}
+
+/* ---- setup --------------------------------------------------------------- */
+
+static void atfork_child(void);
+static void flush_at_exit(void);
+
+static void gt_init(void)
+{
+    if (atomic_load_explicit(&gt.ready, memory_order_acquire))
+        return;
+    pthread_mutex_lock(&gt.init_lock);
+    if (!atomic_load_explicit(&gt.ready, memory_order_relaxed)) {
+        const struct vgpu_control *control = vgpu.mode == VGPU_MODE_VGPU ? vgpu.control : NULL;
+        struct vgpu_proc_slot *slot = vgpu_slot();
+        for (int i = 0; i < VGPU_MAX_DEVICES; i++)
+            pacer_dev_init(&gt.devs[i].pacer, i, control, vgpu.usage,
+                           slot != NULL ? &slot->dev[i] : NULL);
+        gt.checked_devs = control != NULL ? (int)control->device_count : VGPU_MAX_DEVICES;
+        if (gt.checked_devs > VGPU_MAX_DEVICES)
+            gt.checked_devs = VGPU_MAX_DEVICES;
+        static bool registered;
+        if (!registered) {
+            pthread_atfork(NULL, NULL, atfork_child);
+            /* Registered after the driver started, so it runs before the
+             * driver's own exit handlers tear it down. */
+            atexit(flush_at_exit);
+            registered = true;
+        }
+        atomic_store_explicit(&gt.ready, true, memory_order_release);
+    }
+    pthread_mutex_unlock(&gt.init_lock);
+}
+
+/* A forked child has no CUDA context, no monitor and none of our events:
+ * start from nothing (only the forking thread survives, so no lock is held
+ * that matters; the locks are re-made). */
+static void atfork_child(void)
+{
+    memset(gt.streams, 0, sizeof(gt.streams));
+    atomic_store(&gt.table_high, 0);
+    atomic_store(&gt.open_batches, 0);
+    atomic_store(&gt.captures, 0);
+    atomic_store(&gt.ready, false);
+    pthread_mutex_init(&gt.init_lock, NULL);
+    pthread_mutex_init(&gt.table_lock, NULL);
+    pthread_mutex_init(&gt.queue_lock, NULL);
+    pthread_cond_init(&gt.queue_cond, NULL);
+    gt.head = gt.tail = NULL;
+    gt.monitor_running = false;
+    memset(tcache, 0, sizeof(tcache));
+    thread_id = 0;
+}
+
+/* Is nothing paced anywhere right now? The check every launch makes first,
+ * so a vGPU at 100 % pays a few loads and nothing else. */
+static bool unlimited_everywhere(void)
+{
+    if (atomic_load_explicit(&gt.open_batches, memory_order_relaxed) != 0)
+        return false;
+    if (vgpu.mode == VGPU_MODE_VGPU) {
+        for (int i = 0; i < gt.checked_devs; i++) {
+            struct pacer_quota q = pacer_quota_now(&gt.devs[i].pacer, 0);
+            if (!pacer_quota_full(&q))
+                return false;
+        }
+        return true;
+    }
+    /* Standalone: one env limit for every device, lowered only by fresh
+     * steering (see pacer.c). */
+    struct vgpu_usage *u = vgpu.usage;
+    uint32_t env = atomic_load_explicit(&u->devices[0].share_ppm, memory_order_relaxed);
+    if (env != 0 && env < VGPU_PPM_FULL)
+        return false;
+    uint64_t beat = atomic_load_explicit(&u->steer.heartbeat_ns, memory_order_relaxed);
+    if (beat == 0)
+        return true;
+    uint64_t now = now_ns();
+    return now < beat || now - beat > PACER_STEER_FRESH_NS;
+}
+
+/* ---- stream states ------------------------------------------------------- */
+
+static bool key_equal(const struct gt_key *a, const struct gt_key *b)
+{
+    return a->handle == b->handle && a->ctx == b->ctx && a->tid == b->tid;
+}
+
+/* The key of a launch's stream, and the handle to record our events on. */
+static bool stream_key(CUstream h, bool ptsz, struct gt_key *key, CUstream *record_on)
+{
+    if (h == NULL)
+        h = ptsz ? CU_STREAM_PER_THREAD : CU_STREAM_LEGACY;
+    *record_on = h;
+    if (h != CU_STREAM_LEGACY && h != CU_STREAM_PER_THREAD) {
+        *key = (struct gt_key){.handle = h};
+        return true;
+    }
+    CUcontext ctx = NULL;
+    if (vgpu_real_cuda.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || ctx == NULL)
+        return false;
+    *key = (struct gt_key){.ctx = ctx, .tid = h == CU_STREAM_PER_THREAD ? current_tid() : 0};
+    return true;
+}
+
+static struct gt_stream *table_find(const struct gt_key *key)
+{
+    unsigned high = atomic_load_explicit(&gt.table_high, memory_order_acquire);
+    for (unsigned i = 0; i < high; i++) {
+        struct gt_stream *s = &gt.streams[i];
+        if (atomic_load_explicit(&s->used, memory_order_acquire) && key_equal(&s->key, key))
+            return s;
+    }
+    return NULL;
+}
+
+/* A new state for a stream of the current context; NULL if the stream's
+ * device is not paced or the table is full (its launches go unmeasured). */
+static struct gt_stream *table_add(const struct gt_key *key, CUstream record_on)
+{
+    CUcontext ctx = key->ctx;
+    CUdevice dev;
+    if (ctx == NULL && (vgpu_real_cuda.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || ctx == NULL))
+        return NULL;
+    int index = devmap_current(&dev);
+    if (index < 0 || index >= VGPU_MAX_DEVICES)
+        return NULL;
+    struct gt_stream *s = NULL;
+    unsigned high = atomic_load_explicit(&gt.table_high, memory_order_relaxed);
+    for (unsigned i = 0; i < high && s == NULL; i++)
+        if (!atomic_load_explicit(&gt.streams[i].used, memory_order_relaxed))
+            s = &gt.streams[i];
+    if (s == NULL) {
+        if (high == GT_STREAMS) {
+            static bool reported;
+            if (!reported)
+                log_warn("more than %d streams: launches on new ones go unmeasured", GT_STREAMS);
+            reported = true;
+            return NULL;
+        }
+        s = &gt.streams[high];
+        pthread_mutex_init(&s->lock, NULL);
+        atomic_store_explicit(&gt.table_high, high + 1, memory_order_release);
+    }
+    s->key = *key;
+    s->record_on = record_on;
+    s->ctx = ctx;
+    s->dev = index;
+    s->open = NULL;
+    s->last_size = 0;
+    atomic_store(&s->graph_cost_ns, 0);
+    atomic_store_explicit(&s->used, true, memory_order_release);
+    return s;
+}
+
+/* The state of a launch's stream (created on first sight when `create`). */
+static struct gt_stream *stream_get(CUstream h, bool ptsz, bool create)
+{
+    struct gt_key key;
+    CUstream record_on;
+    if (!stream_key(h, ptsz, &key, &record_on))
+        return NULL;
+    for (unsigned i = 0; i < GT_CACHE; i++) {
+        struct gt_stream *s = tcache[i].s;
+        if (s != NULL && key_equal(&tcache[i].key, &key) &&
+            atomic_load_explicit(&s->used, memory_order_acquire) && key_equal(&s->key, &key))
+            return s;
+    }
+    pthread_mutex_lock(&gt.table_lock);
+    struct gt_stream *s = table_find(&key);
+    if (s == NULL && create)
+        s = table_add(&key, record_on);
+    pthread_mutex_unlock(&gt.table_lock);
+    if (s != NULL) {
+        unsigned slot = tcache_next++ % GT_CACHE;
+        tcache[slot].s = s;
+        tcache[slot].key = key;
+    }
+    return s;
+}
+
+/* ---- batches --------------------------------------------------------------- */
+
+static uint32_t batch_target(const struct gt_dev *d)
+{
+    uint64_t cost = atomic_load_explicit(&d->launch_cost_ns, memory_order_relaxed);
+    if (cost == 0)
+        return 1; /* first measure one launch alone */
+    uint64_t n = GT_BATCH_NS / cost;
+    if (n < 1)
+        n = 1;
+    return n > GT_BATCH_MAX_LAUNCHES ? GT_BATCH_MAX_LAUNCHES : (uint32_t)n;
+}
+
+static void enqueue(struct gt_batch *b)
+{
+    pthread_mutex_lock(&gt.queue_lock);
+    b->next = NULL;
+    if (gt.tail != NULL)
+        gt.tail->next = b;
+    else
+        gt.head = b;
+    gt.tail = b;
+    pthread_cond_broadcast(&gt.queue_cond);
+    pthread_mutex_unlock(&gt.queue_lock);
+}
+
+static void release_batch(struct gt_batch *b)
+{
+    atomic_store_explicit(&b->state, BATCH_FREE, memory_order_release);
+    pthread_mutex_lock(&gt.queue_lock);
+    pthread_cond_broadcast(&gt.queue_cond);
+    pthread_mutex_unlock(&gt.queue_lock);
+}
+
+/* Events of the stream's context for a batch record (created once, made
+ * again when the record moves to another context). */
+static int batch_events(struct gt_batch *b, CUcontext ctx)
+{
+    if (b->start != NULL && b->events_ctx == ctx)
+        return 0;
+    if (b->start != NULL && b->events_ctx != NULL) {
+        vgpu_real_cuda.cuEventDestroy_v2(b->start);
+        vgpu_real_cuda.cuEventDestroy_v2(b->end);
+    }
+    b->start = b->end = NULL;
+    /* Blocking sync: the monitor and a launcher at its in-flight bound
+     * sleep in cuEventSynchronize instead of spinning. */
+    if (vgpu_real_cuda.cuEventCreate(&b->start, CU_EVENT_BLOCKING_SYNC) != CUDA_SUCCESS ||
+        vgpu_real_cuda.cuEventCreate(&b->end, CU_EVENT_BLOCKING_SYNC) != CUDA_SUCCESS) {
+        if (b->start != NULL)
+            vgpu_real_cuda.cuEventDestroy_v2(b->start);
+        b->start = b->end = NULL;
+        return -1;
+    }
+    b->events_ctx = ctx;
+    return 0;
+}
+
+/* Close the stream's open batch: its end event goes right after its last
+ * launch, and the monitor takes it from there. Stream lock held. */
+static void close_open(struct gt_stream *s)
+{
+    struct gt_batch *b = s->open;
+    if (b == NULL)
+        return;
+    s->open = NULL;
+    atomic_fetch_sub_explicit(&gt.open_batches, 1, memory_order_relaxed);
+    struct gt_dev *d = &gt.devs[b->dev];
+    if (b->launches == 0) {
+        pacer_charge(d->pacer.bucket, -b->precharge);
+        release_batch(b);
+        return;
+    }
+    if (vgpu_real_cuda.cuEventRecord(b->end, s->record_on) != CUDA_SUCCESS) {
+        /* Cannot be measured: the estimate stands as the charge. */
+        pacer_account(&d->pacer, (uint64_t)b->precharge, b->launches);
+        release_batch(b);
+        return;
+    }
+    s->last_size = b->launches;
+    b->seq = ++s->closed;
+    atomic_store_explicit(&b->done, false, memory_order_relaxed);
+    atomic_store_explicit(&b->state, BATCH_QUEUED, memory_order_release);
+    enqueue(b);
+}
+
+/* The stream was captured under an open batch (it joined another stream's
+ * capture): no end event can be recorded now. Count the estimate. */
+static void abandon_open(struct gt_stream *s)
+{
+    struct gt_batch *b = s->open;
+    s->open = NULL;
+    atomic_fetch_sub_explicit(&gt.open_batches, 1, memory_order_relaxed);
+    pacer_account(&gt.devs[b->dev].pacer, (uint64_t)b->precharge, b->launches);
+    release_batch(b);
+}
+
+/* The oldest batch of the stream still running on the device, if the
+ * stream has GT_INFLIGHT of them. */
+static struct gt_batch *inflight_limit(struct gt_stream *s)
+{
+    struct gt_batch *oldest = NULL;
+    unsigned running = 0;
+    for (unsigned i = 0; i < GT_RING; i++) {
+        struct gt_batch *b = &s->ring[i];
+        if (atomic_load_explicit(&b->state, memory_order_acquire) != BATCH_QUEUED ||
+            atomic_load_explicit(&b->done, memory_order_relaxed) || b->stream != s)
+            continue;
+        running++;
+        if (oldest == NULL || b->seq < oldest->seq)
+            oldest = b;
+    }
+    return running >= GT_INFLIGHT ? oldest : NULL;
+}
+
+static struct gt_batch *free_record(struct gt_stream *s)
+{
+    for (unsigned i = 0; i < GT_RING; i++)
+        if (atomic_load_explicit(&s->ring[i].state, memory_order_acquire) == BATCH_FREE)
+            return &s->ring[i];
+    return NULL;
+}
+
+/*
+ * Open a batch on the stream (lock held; it is released while waiting).
+ * Returns the stream's open batch (maybe opened meanwhile by another
+ * thread), or NULL if none can be had: the launch then goes unmeasured.
+ */
+static struct gt_batch *open_batch(struct gt_stream *s, struct gt_dev *d, bool graph)
+{
+    uint64_t deadline = 0;
+    for (;;) {
+        if (s->open != NULL)
+            return s->open;
+        bool capturing = atomic_load_explicit(&gt.captures, memory_order_acquire) > 0;
+        struct gt_batch *oldest = capturing ? NULL : inflight_limit(s);
+        if (oldest != NULL) {
+            /* Bound the queue: a deep queue would let the stream run far
+             * past its quota before the measurements catch up. */
+            CUevent end = oldest->end;
+            pthread_mutex_unlock(&s->lock);
+            vgpu_real_cuda.cuEventSynchronize(end);
+            pthread_mutex_lock(&s->lock);
+            atomic_store_explicit(&oldest->done, true, memory_order_relaxed);
+            continue;
+        }
+        struct gt_batch *b = free_record(s);
+        if (b == NULL) {
+            /* Every record waits for the monitor: give it a moment. */
+            uint64_t now = now_ns();
+            if (deadline == 0)
+                deadline = now + GT_FREE_WAIT_NS;
+            if (now >= deadline || capturing)
+                return NULL;
+            pthread_mutex_unlock(&s->lock);
+            pthread_mutex_lock(&gt.queue_lock);
+            struct timespec until = {.tv_sec = (time_t)(deadline / 1000000000ull),
+                                     .tv_nsec = (long)(deadline % 1000000000ull)};
+            pthread_cond_clockwait(&gt.queue_cond, &gt.queue_lock, CLOCK_MONOTONIC, &until);
+            pthread_mutex_unlock(&gt.queue_lock);
+            pthread_mutex_lock(&s->lock);
+            continue;
+        }
+        if (batch_events(b, s->ctx) != 0 ||
+            vgpu_real_cuda.cuEventRecord(b->start, s->record_on) != CUDA_SUCCESS)
+            return NULL;
+        b->stream = s;
+        b->dev = s->dev;
+        b->graph = graph;
+        b->launches = 0;
+        uint64_t cost = atomic_load_explicit(&d->launch_cost_ns, memory_order_relaxed);
+        uint32_t expect = s->last_size == 0 ? 1 : s->last_size;
+        uint32_t target = batch_target(d);
+        b->precharge = graph ? atomic_load(&s->graph_cost_ns)
+                             : (int64_t)(cost * (expect < target ? expect : target));
+        pacer_charge(d->pacer.bucket, b->precharge);
+        atomic_store_explicit(&b->state, BATCH_OPEN, memory_order_release);
+        s->open = b;
+        atomic_fetch_add_explicit(&gt.open_batches, 1, memory_order_relaxed);
+        return b;
+    }
+}
+
+/* ---- the monitor ------------------------------------------------------------ */
+
+/* Make ctx current on the monitor thread (event calls of some drivers want
+ * their context current); remembered so it costs a call only on a change. */
+static bool monitor_use_ctx(CUcontext ctx)
+{
+    static CUcontext current;
+    if (current == ctx)
+        return true;
+    if (vgpu_real_cuda.cuCtxSetCurrent(ctx) != CUDA_SUCCESS)
+        return false;
+    current = ctx;
+    return true;
+}
+
+static void settle(struct gt_batch *b)
+{
+    struct gt_dev *d = &gt.devs[b->dev];
+    int64_t busy = b->precharge;
+    if (monitor_use_ctx(b->events_ctx) && vgpu_real_cuda.cuEventSynchronize(b->end) == CUDA_SUCCESS) {
+        float ms = 0;
+        CUresult rc = vgpu_real_cuda.cuEventElapsedTime_v2 != NULL
+                          ? vgpu_real_cuda.cuEventElapsedTime_v2(&ms, b->start, b->end)
+                          : vgpu_real_cuda.cuEventElapsedTime(&ms, b->start, b->end);
+        if (rc == CUDA_SUCCESS && ms >= 0)
+            busy = (int64_t)((double)ms * 1e6);
+    }
+    /* else the context went away under the batch: the estimate stands. */
+    atomic_store_explicit(&b->done, true, memory_order_relaxed);
+    pacer_charge(d->pacer.bucket, busy - b->precharge);
+    pacer_account(&d->pacer, (uint64_t)busy, b->launches);
+    if (b->graph) {
+        atomic_store_explicit(&b->stream->graph_cost_ns, busy, memory_order_relaxed);
+    } else if (b->launches > 0) {
+        /* Running average over ~8 batches: adapts within a few ms of work. */
+        uint64_t per = (uint64_t)busy / b->launches;
+        uint64_t avg = atomic_load_explicit(&d->launch_cost_ns, memory_order_relaxed);
+        avg = avg == 0 ? per : avg - avg / 8 + per / 8;
+        atomic_store_explicit(&d->launch_cost_ns, avg > 0 ? avg : 1, memory_order_relaxed);
+    }
+    release_batch(b);
+}
+
+/* Close batches whose stream went quiet (the application stopped launching
+ * without a sync point we see). Per-thread default streams are their
+ * thread's alone: the monitor cannot record on them. */
+static void close_quiet(uint64_t now)
+{
+    unsigned high = atomic_load_explicit(&gt.table_high, memory_order_acquire);
+    for (unsigned i = 0; i < high; i++) {
+        struct gt_stream *s = &gt.streams[i];
+        if (s->open == NULL || s->record_on == CU_STREAM_PER_THREAD)
+            continue;
+        if (pthread_mutex_trylock(&s->lock) != 0)
+            continue;
+        if (s->open != NULL && now - s->last_launch_ns >= GT_QUIET_NS && monitor_use_ctx(s->ctx))
+            close_open(s);
+        pthread_mutex_unlock(&s->lock);
+    }
+}
+
+static void *monitor_main(void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&gt.queue_lock);
+    for (;;) {
+        bool capturing = atomic_load_explicit(&gt.captures, memory_order_acquire) > 0;
+        if (gt.head != NULL && !capturing) {
+            struct gt_batch *b = gt.head;
+            pthread_mutex_unlock(&gt.queue_lock);
+            settle(b);
+            pthread_mutex_lock(&gt.queue_lock);
+            gt.head = b->next;
+            if (gt.head == NULL)
+                gt.tail = NULL;
+            continue;
+        }
+        if (!capturing && atomic_load_explicit(&gt.open_batches, memory_order_relaxed) > 0) {
+            pthread_mutex_unlock(&gt.queue_lock);
+            close_quiet(now_ns());
+            pthread_mutex_lock(&gt.queue_lock);
+            if (gt.head != NULL)
+                continue;
+            uint64_t wake = now_ns() + GT_QUIET_NS / 2;
+            struct timespec until = {.tv_sec = (time_t)(wake / 1000000000ull),
+                                     .tv_nsec = (long)(wake % 1000000000ull)};
+            pthread_cond_clockwait(&gt.queue_cond, &gt.queue_lock, CLOCK_MONOTONIC, &until);
+            continue;
+        }
+        pthread_cond_wait(&gt.queue_cond, &gt.queue_lock);
+    }
+    return NULL;
+}
+
+static void monitor_start(void)
+{
+    pthread_mutex_lock(&gt.queue_lock);
+    if (!gt.monitor_running) {
+        pthread_t th;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        /* The thread must not inherit the application's signal handling
+         * expectations: block everything it might otherwise receive. */
+        sigset_t all, old;
+        sigfillset(&all);
+        pthread_sigmask(SIG_SETMASK, &all, &old);
+        if (pthread_create(&th, &attr, monitor_main, NULL) == 0)
+            gt.monitor_running = true;
+        else
+            log_error("cannot start the GPU time monitor: %s", strerror(errno));
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+        pthread_attr_destroy(&attr);
+    }
+    pthread_mutex_unlock(&gt.queue_lock);
+}
+
+/* GPU time of the last batches of a process that exits would be lost with
+ * its monitor: close what is open and let the monitor count it (bounded). */
+static void flush_at_exit(void)
+{
+    if (!atomic_load(&gt.ready) || atomic_load(&gt.captures) > 0 || !gt.monitor_running)
+        return;
+    unsigned high = atomic_load_explicit(&gt.table_high, memory_order_acquire);
+    pid_t me = current_tid();
+    for (unsigned i = 0; i < high; i++) {
+        struct gt_stream *s = &gt.streams[i];
+        if (s->open == NULL || (s->record_on == CU_STREAM_PER_THREAD && s->key.tid != me))
+            continue;
+        if (pthread_mutex_trylock(&s->lock) != 0)
+            continue;
+        if (vgpu_real_cuda.cuCtxSetCurrent(s->ctx) == CUDA_SUCCESS)
+            close_open(s);
+        pthread_mutex_unlock(&s->lock);
+    }
+    uint64_t deadline = now_ns() + GT_EXIT_FLUSH_NS;
+    struct timespec until = {.tv_sec = (time_t)(deadline / 1000000000ull),
+                             .tv_nsec = (long)(deadline % 1000000000ull)};
+    pthread_mutex_lock(&gt.queue_lock);
+    while (gt.head != NULL &&
+           pthread_cond_clockwait(&gt.queue_cond, &gt.queue_lock, CLOCK_MONOTONIC, &until) == 0)
+        ;
+    pthread_mutex_unlock(&gt.queue_lock);
+}
+
+/* ---- the launch path ---------------------------------------------------------- */
+
+static bool stream_capturing(CUstream h, bool ptsz)
+{
+    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+    CUresult rc = ptsz && vgpu_real_cuda.cuStreamIsCapturing_ptsz != NULL
+                      ? vgpu_real_cuda.cuStreamIsCapturing_ptsz(h, &status)
+                      : vgpu_real_cuda.cuStreamIsCapturing(h, &status);
+    return rc == CUDA_SUCCESS && status != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+/* A launch we could not put in a batch still costs its estimate. */
+static void charge_unmeasured(struct gt_dev *d)
+{
+    int64_t cost = (int64_t)atomic_load_explicit(&d->launch_cost_ns, memory_order_relaxed);
+    pacer_charge(d->pacer.bucket, cost);
+    pacer_account(&d->pacer, (uint64_t)cost, 1);
+}
+
+bool gt_before(struct gt_launch *l, CUstream h, bool ptsz, bool graph)
+{
+    if (!vgpu_limited())
+        return false;
+    gt_init();
+    if (unlimited_everywhere())
+        return false;
+    struct gt_stream *s = stream_get(h, ptsz, true);
+    if (s == NULL)
+        return false;
+    struct gt_dev *d = &gt.devs[s->dev];
+    struct pacer_quota q = pacer_quota_now(&d->pacer, now_ns());
+    bool capturing = atomic_load_explicit(&gt.captures, memory_order_acquire) > 0 &&
+                     stream_capturing(h, ptsz);
+    if (pacer_quota_full(&q) || capturing) {
+        if (s->open != NULL) {
+            pthread_mutex_lock(&s->lock);
+            if (s->open != NULL) {
+                if (capturing)
+                    abandon_open(s);
+                else
+                    close_open(s);
+            }
+            pthread_mutex_unlock(&s->lock);
+        }
+        return false;
+    }
+    if (!gt.monitor_running)
+        monitor_start();
+    /* The pacer sits where a batch opens: an open batch's launches follow
+     * the one that was admitted, and the batch is bounded to ~1 ms. */
+    if (graph || s->open == NULL)
+        pacer_admit(&d->pacer, &pacer_monotonic);
+    pthread_mutex_lock(&s->lock);
+    if (graph)
+        close_open(s); /* a graph launch is a batch of its own */
+    if (open_batch(s, d, graph) == NULL) {
+        pthread_mutex_unlock(&s->lock);
+        charge_unmeasured(d);
+        return false;
+    }
+    l->stream = s;
+    l->graph = graph;
+    return true;
+}
+
+void gt_after(struct gt_launch *l, CUresult rc)
+{
+    struct gt_stream *s = l->stream;
+    struct gt_batch *b = s->open;
+    if (rc == CUDA_SUCCESS)
+        b->launches++;
+    s->last_launch_ns = now_ns();
+    if (l->graph || b->launches >= batch_target(&gt.devs[b->dev]))
+        close_open(s);
+    pthread_mutex_unlock(&s->lock);
+}
+
+static void close_stream(CUstream h, bool ptsz, bool forget)
+{
+    if (!vgpu_limited() || !atomic_load_explicit(&gt.ready, memory_order_acquire))
+        return;
+    if (!forget && atomic_load_explicit(&gt.open_batches, memory_order_relaxed) == 0)
+        return;
+    struct gt_stream *s = stream_get(h, ptsz, false);
+    if (s == NULL)
+        return;
+    pthread_mutex_lock(&s->lock);
+    if (s->open != NULL)
+        close_open(s);
+    if (forget) {
+        pthread_mutex_lock(&gt.table_lock);
+        atomic_store_explicit(&s->used, false, memory_order_release);
+        pthread_mutex_unlock(&gt.table_lock);
+    }
+    pthread_mutex_unlock(&s->lock);
+}
+
+void gt_sync_point(CUstream h, bool ptsz)
+{
+    close_stream(h, ptsz, false);
+}
+
+void gt_ctx_sync_point(void)
+{
+    CUcontext ctx = NULL;
+    if (!vgpu_limited() || !atomic_load_explicit(&gt.ready, memory_order_acquire) ||
+        atomic_load_explicit(&gt.open_batches, memory_order_relaxed) == 0 ||
+        vgpu_real_cuda.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || ctx == NULL)
+        return;
+    unsigned high = atomic_load_explicit(&gt.table_high, memory_order_acquire);
+    pid_t me = current_tid();
+    for (unsigned i = 0; i < high; i++) {
+        struct gt_stream *s = &gt.streams[i];
+        if (s->open == NULL || s->ctx != ctx ||
+            (s->record_on == CU_STREAM_PER_THREAD && s->key.tid != me))
+            continue;
+        pthread_mutex_lock(&s->lock);
+        if (s->ctx == ctx)
+            close_open(s);
+        pthread_mutex_unlock(&s->lock);
+    }
+}
+
+void gt_stream_destroy(CUstream h)
+{
+    if (h != NULL && h != CU_STREAM_LEGACY && h != CU_STREAM_PER_THREAD)
+        close_stream(h, false, true);
+}
+
+void gt_capture_begin(CUstream h, bool ptsz)
+{
+    close_stream(h, ptsz, false);
+}
+
+void gt_capture_started(CUresult rc)
+{
+    if (rc == CUDA_SUCCESS && vgpu_limited())
+        atomic_fetch_add_explicit(&gt.captures, 1, memory_order_acq_rel);
+}
+
+void gt_capture_ended(bool was_capturing)
+{
+    if (!was_capturing)
+        return;
+    int seen = atomic_load_explicit(&gt.captures, memory_order_acquire);
+    /* Never below zero: a capture begun by a path we do not wrap ends here too. */
+    while (seen > 0 && !atomic_compare_exchange_weak_explicit(&gt.captures, &seen, seen - 1,
+                                                              memory_order_acq_rel,
+                                                              memory_order_acquire))
+        ;
+    pthread_mutex_lock(&gt.queue_lock);
+    pthread_cond_broadcast(&gt.queue_cond);
+    pthread_mutex_unlock(&gt.queue_lock);
+}

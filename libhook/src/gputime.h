@@ -1,0 +1,65 @@
+/*
+ * gputime.h - measuring a process's GPU time with events around batches of
+ * launches, and pacing each batch through the shared bucket (pacer.h).
+ *
+ * Per stream, consecutive launches form a batch: a start event before the
+ * first, an end event after the last. A batch closes when it holds about
+ * GT_BATCH_NS of work (from the running cost per launch), at a point where
+ * the application synchronises with the stream, when the stream goes quiet
+ * for GT_QUIET_NS, or before a graph launch (a batch of its own). A monitor
+ * thread waits for closed batches in order, debits the measured time and
+ * adds it to the usage counters. Opening a batch passes the pacer, which
+ * sleeps while the bucket is in debt; at most GT_INFLIGHT batches per stream
+ * are queued on the device. Launches captured into a graph are neither
+ * measured nor charged: the graph's launches are.
+ */
+#ifndef VGPU_GPUTIME_H
+#define VGPU_GPUTIME_H
+
+#include <stdbool.h>
+
+#include "cuda_api.h"
+
+/* Target GPU time of one batch: events are amortised over ~1 ms of work. */
+#define GT_BATCH_NS 1000000ull
+#define GT_BATCH_MAX_LAUNCHES 256u
+/* Batches queued on a stream's device before the launcher waits. */
+#define GT_INFLIGHT 2u
+/* An open batch with no launch for this long is closed by the monitor. */
+#define GT_QUIET_NS 2000000ull
+
+struct gt_stream;
+
+/* A launch in progress: gt_before fills it, gt_after completes it. */
+struct gt_launch {
+    struct gt_stream *stream;
+    bool graph;
+};
+
+/*
+ * Before a launch on `stream` (`ptsz`: the per-thread-default-stream ABI,
+ * where NULL names the per-thread stream; `graph`: a cuGraphLaunch). Passes
+ * the pacer. Returns false when the launch goes unmeasured (pass-through,
+ * 100 % quota, captured): forward it and do not call gt_after. Returns true
+ * with the stream's batch held: forward the launch, then call gt_after.
+ */
+bool gt_before(struct gt_launch *l, CUstream stream, bool ptsz, bool graph);
+void gt_after(struct gt_launch *l, CUresult rc);
+
+/* The application waits for, queries or marks the stream: close its batch
+ * first so the end event sits right after the last launch. */
+void gt_sync_point(CUstream stream, bool ptsz);
+
+/* The same for every stream of the current context (cuCtxSynchronize). */
+void gt_ctx_sync_point(void);
+
+/* Stream capture begins on / ends on `stream`; around the real calls. */
+void gt_capture_begin(CUstream stream, bool ptsz);
+void gt_capture_started(CUresult rc);
+/* `was_capturing`: the stream was capturing before the real EndCapture. */
+void gt_capture_ended(bool was_capturing);
+
+/* The stream is about to be destroyed. */
+void gt_stream_destroy(CUstream stream);
+
+#endif

@@ -1,0 +1,361 @@
+/*
+ * test_pacer_launch.c - every launch path through the real hook on the
+ * simulated GPU: each is paced to the standalone CUDA_CORE_LIMIT, a share
+ * of 100 is not paced at all, and launches captured into a graph are not
+ * charged (the graph's launches are).
+ *
+ * The test re-executes itself as workers with LD_PRELOAD=libvgpu.so and
+ * LD_LIBRARY_PATH=<build>/sim (VGPU_BUILD names the build directory):
+ *   test_pacer_launch worker PATH KERNEL_US SECONDS SYNC_EVERY
+ * runs spin kernels through launch path PATH and prints
+ *   launches=N wall_ns=N capture_ns=N
+ * The work done (launches x kernel time / wall) is the utilization the
+ * simulated device gave it; the hook's own figure is in the usage block.
+ */
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cuda_api.h"
+#include "vgpu_abi.h"
+
+static const char ptx[] = ".version 7.0\n.target sm_52\n.address_size 64\n"
+                          ".visible .entry vgpu_spin(.param .u64 ns, .param .u64 out)\n{\n ret;\n}\n";
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* ---- worker ---------------------------------------------------------------- */
+
+#define WORKER_FNS(X) \
+    X(cuInit) X(cuDeviceGet) X(cuDevicePrimaryCtxRetain) X(cuCtxSetCurrent) X(cuModuleLoadData) \
+    X(cuModuleGetFunction) X(cuStreamCreate) X(cuStreamSynchronize) X(cuStreamSynchronize_ptsz) \
+    X(cuLaunchKernel) X(cuLaunchKernel_ptsz) X(cuLaunchKernelEx) X(cuLaunchKernelEx_ptsz) \
+    X(cuLaunchCooperativeKernel) X(cuLaunchCooperativeKernel_ptsz) \
+    X(cuLaunchCooperativeKernelMultiDevice) X(cuLaunchGridAsync) X(cuGraphLaunch) \
+    X(cuGraphLaunch_ptsz) X(cuStreamBeginCapture_v2) X(cuStreamEndCapture) \
+    X(cuGraphInstantiateWithFlags) X(cuCtxSynchronize)
+
+#define FIELD(name) __typeof__(name) *name;
+static struct {
+    WORKER_FNS(FIELD)
+} cu;
+#undef FIELD
+
+#define DIE(what, rc) \
+    do { \
+        fprintf(stderr, "worker: %s failed: %d\n", what, (int)(rc)); \
+        exit(1); \
+    } while (0)
+#define CALL(expr) \
+    do { \
+        CUresult rc_ = (expr); \
+        if (rc_ != CUDA_SUCCESS) \
+            DIE(#expr, rc_); \
+    } while (0)
+
+struct work {
+    CUfunction f;
+    CUstream stream;
+    void *params[2];
+};
+
+static CUresult launch(const char *path, struct work *w)
+{
+    if (strcmp(path, "kernel") == 0)
+        return cu.cuLaunchKernel(w->f, 1, 1, 1, 32, 1, 1, 0, w->stream, w->params, NULL);
+    if (strcmp(path, "kernel_ptsz") == 0) /* NULL: the per-thread default stream */
+        return cu.cuLaunchKernel_ptsz(w->f, 1, 1, 1, 32, 1, 1, 0, NULL, w->params, NULL);
+    if (strcmp(path, "legacy") == 0)
+        return cu.cuLaunchKernel(w->f, 1, 1, 1, 32, 1, 1, 0, NULL, w->params, NULL);
+    if (strcmp(path, "ex") == 0 || strcmp(path, "ex_ptsz") == 0) {
+        CUlaunchConfig cfg = {1, 1, 1, 32, 1, 1, 0, w->stream, NULL, 0};
+        return path[2] == '\0' ? cu.cuLaunchKernelEx(&cfg, w->f, w->params, NULL)
+                               : cu.cuLaunchKernelEx_ptsz(&cfg, w->f, w->params, NULL);
+    }
+    if (strcmp(path, "coop") == 0)
+        return cu.cuLaunchCooperativeKernel(w->f, 1, 1, 1, 32, 1, 1, 0, w->stream, w->params);
+    if (strcmp(path, "coop_ptsz") == 0)
+        return cu.cuLaunchCooperativeKernel_ptsz(w->f, 1, 1, 1, 32, 1, 1, 0, w->stream, w->params);
+    if (strcmp(path, "multidevice") == 0) {
+        CUDA_LAUNCH_PARAMS p = {w->f, 1, 1, 1, 32, 1, 1, 0, w->stream, w->params};
+        return cu.cuLaunchCooperativeKernelMultiDevice(&p, 1, 0);
+    }
+    fprintf(stderr, "worker: unknown launch path %s\n", path);
+    exit(2);
+}
+
+static int worker(const char *path, uint64_t kernel_us, double seconds, unsigned sync_every)
+{
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW);
+    if (lib == NULL)
+        DIE("dlopen", 0);
+#define RESOLVE(name) cu.name = (__typeof__(name) *)dlsym(lib, #name);
+    WORKER_FNS(RESOLVE)
+#undef RESOLVE
+    CUdevice dev;
+    CUcontext ctx;
+    CUmodule mod;
+    struct work w;
+    uint64_t ns = kernel_us * 1000, out = 0;
+    CALL(cu.cuInit(0));
+    CALL(cu.cuDeviceGet(&dev, 0));
+    CALL(cu.cuDevicePrimaryCtxRetain(&ctx, dev));
+    CALL(cu.cuCtxSetCurrent(ctx));
+    CALL(cu.cuModuleLoadData(&mod, ptx));
+    CALL(cu.cuModuleGetFunction(&w.f, mod, "vgpu_spin"));
+    CALL(cu.cuStreamCreate(&w.stream, CU_STREAM_NON_BLOCKING));
+    w.params[0] = &ns;
+    w.params[1] = &out;
+
+    bool graph = strcmp(path, "graph") == 0;
+    CUgraphExec exec = NULL;
+    uint64_t capture_ns = 0;
+    if (graph) {
+        /* Capture sync_every launches into one graph: this must neither
+         * wait for the pacer nor count as GPU time. */
+        CUgraph g;
+        uint64_t t0 = now_ns();
+        CALL(cu.cuStreamBeginCapture_v2(w.stream, 0));
+        for (unsigned i = 0; i < sync_every; i++)
+            CALL(launch("kernel", &w));
+        CALL(cu.cuStreamEndCapture(w.stream, &g));
+        capture_ns = now_ns() - t0;
+        CALL(cu.cuGraphInstantiateWithFlags(&exec, g, 0));
+    }
+    uint64_t launches = 0, start = now_ns(), end = start + (uint64_t)(seconds * 1e9);
+    do { /* at least one pass, even for a run of 0 s */
+        if (graph) {
+            CALL(cu.cuGraphLaunch(exec, w.stream));
+            launches += sync_every;
+            CALL(cu.cuStreamSynchronize(w.stream));
+            continue;
+        }
+        CALL(launch(path, &w));
+        if (++launches % sync_every == 0)
+            CALL(cu.cuCtxSynchronize());
+    } while (now_ns() < end);
+    CALL(cu.cuCtxSynchronize());
+    printf("launches=%" PRIu64 " wall_ns=%" PRIu64 " capture_ns=%" PRIu64 "\n", launches,
+           now_ns() - start, capture_ns);
+    return 0;
+}
+
+/* ---- the test ------------------------------------------------------------------ */
+
+static int failures;
+static char self[4096], build[4096], state_path[256], usage_path[256];
+
+struct result {
+    uint64_t launches, wall_ns, capture_ns;
+};
+
+/* Run `procs` workers at once sharing one standalone usage block. */
+static int run(const char *limit, unsigned procs, const char *path, unsigned kernel_us,
+               double seconds, unsigned sync_every, struct result *out)
+{
+    char preload[4200], libpath[4200], us[32], secs[32], sync[32];
+    snprintf(preload, sizeof(preload), "%s/libvgpu.so", build);
+    snprintf(libpath, sizeof(libpath), "%s/sim", build);
+    snprintf(us, sizeof(us), "%u", kernel_us);
+    snprintf(secs, sizeof(secs), "%.2f", seconds);
+    snprintf(sync, sizeof(sync), "%u", sync_every);
+    int fds[8][2];
+    pid_t pids[8];
+    for (unsigned p = 0; p < procs; p++) {
+        if (pipe(fds[p]) != 0)
+            return -1;
+        pids[p] = fork();
+        if (pids[p] == 0) {
+            dup2(fds[p][1], 1);
+            setenv("LD_PRELOAD", preload, 1);
+            setenv("LD_LIBRARY_PATH", libpath, 1);
+            setenv("VGPU_SIM_STATE", state_path, 1);
+            setenv("VGPU_USAGE", usage_path, 1);
+            setenv("CUDA_CORE_LIMIT", limit, 1);
+            setenv("VGPU_SIM_KERNEL_NS", "1000", 1);
+            execl(self, self, "worker", path, us, secs, sync, (char *)NULL);
+            _exit(127);
+        }
+        close(fds[p][1]);
+    }
+    memset(out, 0, sizeof(*out));
+    int rc = 0;
+    for (unsigned p = 0; p < procs; p++) {
+        char line[256] = {0};
+        ssize_t n = read(fds[p][0], line, sizeof(line) - 1);
+        close(fds[p][0]);
+        int status;
+        waitpid(pids[p], &status, 0);
+        struct result r = {0};
+        if (n <= 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0 ||
+            sscanf(line, "launches=%" SCNu64 " wall_ns=%" SCNu64 " capture_ns=%" SCNu64,
+                   &r.launches, &r.wall_ns, &r.capture_ns) != 3) {
+            fprintf(stderr, "%s x%u: worker failed (%s)\n", path, procs, line);
+            rc = -1;
+            continue;
+        }
+        out->launches += r.launches;
+        out->wall_ns = r.wall_ns > out->wall_ns ? r.wall_ns : out->wall_ns;
+        out->capture_ns += r.capture_ns;
+    }
+    return rc;
+}
+
+static struct vgpu_usage *map_usage(void)
+{
+    int fd = open(usage_path, O_RDONLY);
+    if (fd < 0)
+        return NULL;
+    void *p = mmap(NULL, sizeof(struct vgpu_usage), PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+static void fresh_machine(const char *name)
+{
+    snprintf(state_path, sizeof(state_path), "/tmp/vgpu-pacer-%d-%s.sim", getpid(), name);
+    snprintf(usage_path, sizeof(usage_path), "/tmp/vgpu-pacer-%d-%s.usage", getpid(), name);
+    unlink(state_path);
+    unlink(usage_path);
+}
+
+static void cleanup(void)
+{
+    unlink(state_path);
+    unlink(usage_path);
+}
+
+/* The device time a run got, from the work it completed. */
+static double utilization(const struct result *r, unsigned kernel_us)
+{
+    return (double)r->launches * kernel_us * 1000.0 / (double)r->wall_ns;
+}
+
+static void expect_share(const char *path, unsigned procs, unsigned percent, unsigned kernel_us,
+                         unsigned sync_every)
+{
+    char limit[16], name[64];
+    snprintf(limit, sizeof(limit), "%u", percent);
+    snprintf(name, sizeof(name), "%s-%u-%u", path, percent, kernel_us);
+    fresh_machine(name);
+    struct result r;
+    if (run(limit, procs, path, kernel_us, 1.0, sync_every, &r) != 0) {
+        failures++;
+        cleanup();
+        return;
+    }
+    double util = 100.0 * utilization(&r, kernel_us);
+    struct vgpu_usage *u = map_usage();
+    double hook = u != NULL ? 100.0 * (double)atomic_load(&u->devices[0].gpu_time_ns) /
+                                  (double)r.wall_ns
+                            : -1;
+    bool ok = util > percent - 5.0 && util < percent + 5.0 && hook > percent - 5.0 &&
+              hook < percent + 5.0;
+    printf("%-12s x%u limit %3u%% kernel %5uus: work %5.1f%%, hook measured %5.1f%% %s\n", path,
+           procs, percent, kernel_us, util, hook, ok ? "ok" : "FAILED");
+    if (!ok)
+        failures++;
+    if (u != NULL)
+        munmap(u, sizeof(*u));
+    cleanup();
+}
+
+static void test_every_launch_path_is_paced(void)
+{
+    const char *paths[] = {"kernel", "kernel_ptsz", "legacy", "ex", "ex_ptsz",
+                           "coop", "coop_ptsz", "multidevice"};
+    for (size_t i = 0; i < sizeof(paths) / sizeof(paths[0]); i++)
+        expect_share(paths[i], 1, 40, 2000, 1);
+    expect_share("graph", 1, 40, 2000, 10);
+}
+
+/* Tiny kernels are batched (events amortised) and still paced by time;
+ * processes of one usage block share one budget. */
+static void test_tiny_kernels_and_shared_budget(void)
+{
+    expect_share("kernel", 1, 30, 10, 100);
+    expect_share("kernel", 3, 30, 2000, 1);
+}
+
+static void test_share_100_is_not_measured(void)
+{
+    fresh_machine("full");
+    struct result r;
+    if (run("100", 1, "kernel", 5000, 1.0, 1, &r) != 0) {
+        failures++;
+        cleanup();
+        return;
+    }
+    struct vgpu_usage *u = map_usage();
+    double util = 100.0 * utilization(&r, 5000);
+    bool ok = util > 90 && u != NULL && atomic_load(&u->devices[0].gpu_time_ns) == 0;
+    printf("limit 100: work %.1f%%, no GPU time measured: %s\n", util, ok ? "ok" : "FAILED");
+    if (!ok)
+        failures++;
+    if (u != NULL)
+        munmap(u, sizeof(*u));
+    cleanup();
+}
+
+/* 100 launches of 1 ms captured at a 10 % limit: capture takes no pacer
+ * time (charged, they would need ~1 s) and counts no GPU time until the
+ * graph runs. */
+static void test_captured_launches_are_not_charged(void)
+{
+    fresh_machine("capture");
+    struct result r;
+    if (run("10", 1, "graph", 1000, 0.0, 100, &r) != 0) {
+        failures++;
+        cleanup();
+        return;
+    }
+    struct vgpu_usage *u = map_usage();
+    uint64_t measured = u != NULL ? atomic_load(&u->devices[0].gpu_time_ns) : 0;
+    /* The run launched the graph once (0 s loop: one pass): 100 ms of work. */
+    bool ok = r.capture_ns < 50000000ull && measured >= 95000000ull && measured <= 110000000ull;
+    printf("capture of 100 x 1 ms at 10%%: %.1f ms to capture, %.1f ms measured after one "
+           "graph launch: %s\n",
+           (double)r.capture_ns / 1e6, (double)measured / 1e6, ok ? "ok" : "FAILED");
+    if (!ok)
+        failures++;
+    if (u != NULL)
+        munmap(u, sizeof(*u));
+    cleanup();
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 6 && strcmp(argv[1], "worker") == 0)
+        return worker(argv[2], strtoull(argv[3], NULL, 10), atof(argv[4]),
+                      (unsigned)strtoul(argv[5], NULL, 10));
+    const char *dir = getenv("VGPU_BUILD");
+    if (realpath(dir != NULL ? dir : "build", build) == NULL ||
+        readlink("/proc/self/exe", self, sizeof(self) - 1) < 0) {
+        fprintf(stderr, "test_pacer_launch: cannot find the build directory\n");
+        return 1;
+    }
+    setvbuf(stdout, NULL, _IONBF, 0);
+    test_share_100_is_not_measured();
+    test_captured_launches_are_not_charged();
+    test_every_launch_path_is_paced();
+    test_tiny_kernels_and_shared_budget();
+    if (failures) {
+        fprintf(stderr, "test_pacer_launch: %d failure(s)\n", failures);
+        return 1;
+    }
+    printf("test_pacer_launch: ok\n");
+    return 0;
+}
