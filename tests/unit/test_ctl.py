@@ -1,0 +1,103 @@
+"""vgpuctl's pieces without a daemon: the client's messages, the ELF reader,
+the doctor's judgement, argument handling."""
+
+from __future__ import annotations
+
+import errno
+import shutil
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from vgpud.ctl import client as client_mod
+from vgpud.ctl.client import Client, DaemonUnreachable
+from vgpud.ctl.doctor import risky, unhooked
+from vgpud.ctl.elf import ElfError, exported_functions
+from vgpud.ctl.main import limits_body, parser
+
+ROOT = Path(__file__).resolve().parents[2]
+ATOMICS = ROOT / "build" / "libvgpu-atomics.so"
+
+
+def refuse_with(monkeypatch: pytest.MonkeyPatch, err: OSError) -> None:
+    def connect(self: socket.socket, address: object) -> None:
+        raise err
+
+    monkeypatch.setattr(client_mod.socket.socket, "connect", connect)
+
+
+def test_permission_denied_names_the_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    refuse_with(monkeypatch, PermissionError(errno.EACCES, "Permission denied"))
+    with pytest.raises(DaemonUnreachable) as err:
+        Client("/run/vgpud.sock").get("/v1/health")
+    assert (
+        str(err.value) == "permission denied on /run/vgpud.sock: you need root or the 'vgpud' group"
+    )
+
+
+@pytest.mark.parametrize("code", [errno.ENOENT, errno.ECONNREFUSED])
+def test_daemon_down(monkeypatch: pytest.MonkeyPatch, code: int) -> None:
+    refuse_with(monkeypatch, OSError(code, "x"))
+    with pytest.raises(DaemonUnreachable, match="vgpud is not running: cannot connect to /s"):
+        Client("/s").get("/v1/health")
+
+
+@pytest.mark.skipif(shutil.which("nm") is None or not ATOMICS.exists(), reason="needs nm and make")
+def test_elf_reader_agrees_with_nm() -> None:
+    nm = subprocess.run(
+        ["nm", "-D", "--defined-only", str(ATOMICS)], capture_output=True, text=True, check=True
+    )
+    expected = {line.split()[2] for line in nm.stdout.splitlines() if line.split()[1] in ("T", "W")}
+    assert exported_functions(ATOMICS) == expected
+    assert "vgpu_atomic_cas_u64" in expected
+
+
+def test_elf_reader_refuses_what_is_not_elf(tmp_path: Path) -> None:
+    (tmp_path / "x").write_bytes(b"#!/bin/sh\n")
+    with pytest.raises(ElfError, match="not an ELF file"):
+        exported_functions(tmp_path / "x")
+
+
+def test_doctor_flags_unhooked_allocation_and_launch_paths() -> None:
+    driver = {
+        "cuMemAlloc_v2",
+        "cuMemCreate",
+        "cuLaunchKernel",
+        "cuMemGetInfo_v2",
+        "cuMemHostAlloc",
+        "cuIpcOpenMemHandle_v2",
+        "nvmlInit",
+    }
+    hook = {"cuMemAlloc_v2"}
+    flagged, others = unhooked(driver, hook)
+    assert flagged == ["cuIpcOpenMemHandle_v2", "cuLaunchKernel", "cuMemCreate"]
+    assert others == ["cuMemGetInfo_v2", "cuMemHostAlloc"]
+    assert not risky("cuMemGetAllocationGranularity")
+
+
+def test_create_arguments_become_the_api_body() -> None:
+    args = parser().parse_args(
+        [
+            "create",
+            "--memory",
+            "1073741824",
+            "--share",
+            "30",
+            "--gpus",
+            "0,GPU-x",
+            "--label",
+            "a=b",
+            "--exclusive",
+        ]
+    )
+    assert limits_body(args, creating=True) == {
+        "memory": 1073741824,
+        "share": 30,
+        "gpus": [0, "GPU-x"],
+        "exclusive": True,
+        "labels": {"a": "b"},
+    }
+    update = parser().parse_args(["update", "x", "--memory", "2g"])
+    assert limits_body(update, creating=False) == {"memory": "2g"}
