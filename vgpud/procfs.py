@@ -18,14 +18,16 @@ process is gone or unreadable:
     ``maps(pid) -> list[MappedFile] | None`` file-backed mappings
     ``open_mapped(pid, mapping, write) -> int`` an fd on the mapped object
 ``ProcessTable(procfs)`` — the incremental scan the tracker uses every tick:
-    ``refresh() -> dict[int, Process]``     every live process by host pid
+    ``refresh(watch=()) -> dict[int, Process]``  every live process by host pid
 
 Cost (why ProcessTable is shaped like this): a Python read of one small
-/proc file costs ~6-9 us. Each refresh lists /proc and reads each pid's
-``stat`` (start time: tells PID reuse apart, state: tells zombies); a
-process's ``status`` and ``ns/pid`` (NSpid chain, uid, namespace — fixed for
-its lifetime) are read once, when its (pid, start_time) is first seen.
-Cgroup, env and mappings are read on demand, only for candidates.
+/proc file costs ~6-15 us, a stat() ~2 us. Each refresh lists /proc and
+stats each pid's directory (a reused pid has a new directory inode); only
+new processes and the watched ones (slot holders, GPU processes: their
+state and start time matter now) get their ``stat`` file read. A process's
+``status`` and ``ns/pid`` (NSpid chain, uid, namespace — fixed for its
+lifetime) are read once, when its (pid, start_time) is first seen. Cgroup,
+env and mappings are read on demand, only for candidates.
 
 Trust: /proc/<pid>/root and paths inside a container are never followed. A
 mapped file is reached only through /proc/<pid>/map_files/<range>, a kernel
@@ -38,6 +40,7 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -113,17 +116,25 @@ class MappedFile:
 class ProcFS:
     def __init__(self, root: str | os.PathLike[str] = "/proc") -> None:
         self.root = Path(root)
+        self._prefix = str(self.root)  # paths built as strings: this runs 1000s of times a tick
 
     def pids(self) -> list[int]:
-        return [int(name) for name in os.listdir(self.root) if name.isdigit()]
+        return [int(name) for name in os.listdir(self._prefix) if name.isdigit()]
+
+    def dir_inode(self, pid: int) -> int | None:
+        try:
+            return os.stat(f"{self._prefix}/{pid}").st_ino
+        except OSError as err:
+            _raise_unless_vanished(err)
+            return None
 
     def stat(self, pid: int) -> ProcStat | None:
-        data = self._read(pid, "stat", _SMALL_FILE)
+        data = self._read(pid, "stat", _SMALL_FILE, whole=True)
         return None if data is None else parse_stat(pid, data)
 
     def process(self, pid: int, stat: ProcStat | None = None) -> Process | None:
         stat = stat or self.stat(pid)
-        status = self._read(pid, "status", _SMALL_FILE)
+        status = self._read(pid, "status", _SMALL_FILE, whole=True)
         pidns = self.pidns(pid)
         if stat is None or status is None or pidns is None:
             return None
@@ -141,14 +152,14 @@ class ProcFS:
 
     def pidns(self, pid: int) -> int | None:
         try:
-            link = os.readlink(self.root / str(pid) / "ns" / "pid")
+            link = os.readlink(f"{self._prefix}/{pid}/ns/pid")
         except OSError as err:
             _raise_unless_vanished(err)
             return None
         return parse_ns_link(link)
 
     def cgroup(self, pid: int) -> str | None:
-        data = self._read(pid, "cgroup", _SMALL_FILE * 4)
+        data = self._read(pid, "cgroup", _SMALL_FILE * 4, whole=True)
         return None if data is None else data.decode(errors="replace")
 
     def environ(self, pid: int) -> dict[str, str] | None:
@@ -169,13 +180,19 @@ class ProcFS:
         flags = (os.O_RDWR if write else os.O_RDONLY) | os.O_CLOEXEC
         return os.open(self.root / str(pid) / "map_files" / mapping.range_name, flags)
 
-    def _read(self, pid: int, name: str, limit: int | None) -> bytes | None:
+    def _read(self, pid: int, name: str, limit: int | None, *, whole: bool = False) -> bytes | None:
+        """Read a /proc file. ``whole``: the kernel produces it in one read
+        call when the buffer is large enough (stat, status, cgroup are
+        single-record seq files), so a short read is the end of it."""
         try:
-            fd = os.open(self.root / str(pid) / name, os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(f"{self._prefix}/{pid}/{name}", os.O_RDONLY | os.O_CLOEXEC)
         except OSError as err:
             _raise_unless_vanished(err)
             return None
         try:
+            if whole and limit is not None:
+                data = os.read(fd, limit)
+                return data if len(data) < limit else data + _read_all(fd, None)
             return _read_all(fd, limit)
         except OSError as err:
             _raise_unless_vanished(err)
@@ -185,26 +202,39 @@ class ProcFS:
 
 
 class ProcessTable:
-    """Every live process, re-validated each refresh at the cost of one read."""
+    """Every live process, re-validated each refresh as cheaply as possible.
+
+    A reused pid gets a new /proc/<pid> directory (a new inode), so one
+    stat() of the directory tells an unchanged process from a new one.
+    ``watch`` names the pids whose state matters now (slot holders, GPU
+    processes): their ``stat`` file is read every refresh, so a zombie or a
+    reused pid among them is seen at once, whatever the directory says.
+    """
 
     def __init__(self, procfs: ProcFS) -> None:
         self.procfs = procfs
-        self._known: dict[int, Process] = {}
+        self._known: dict[int, tuple[int, Process]] = {}  # pid -> (dir inode, process)
 
-    def refresh(self) -> dict[int, Process]:
-        seen: dict[int, Process] = {}
+    def refresh(self, watch: Collection[int] = ()) -> dict[int, Process]:
+        seen: dict[int, tuple[int, Process]] = {}
         for pid in self.procfs.pids():
+            inode = self.procfs.dir_inode(pid)
+            if inode is None:
+                continue
+            known = self._known.get(pid)
+            if known is not None and known[0] == inode and pid not in watch:
+                seen[pid] = known
+                continue
             stat = self.procfs.stat(pid)
             if stat is None:
                 continue
-            known = self._known.get(pid)
-            if known is not None and known.start_time == stat.start_time:
-                seen[pid] = _with_stat(known, stat)
+            if known is not None and known[1].start_time == stat.start_time:
+                seen[pid] = (inode, _with_stat(known[1], stat))
             elif (process := self.procfs.process(pid, stat)) is not None:
-                seen[pid] = process
+                seen[pid] = (inode, process)
         # Zombies stay known (no second deep read) but are not live.
         self._known = seen
-        return {pid: process for pid, process in seen.items() if not process.exited}
+        return {pid: p for pid, (_, p) in seen.items() if not p.exited}
 
 
 def _with_stat(known: Process, stat: ProcStat) -> Process:

@@ -45,7 +45,7 @@ import logging
 import mmap
 import os
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
@@ -222,6 +222,7 @@ class Tracker:
         self._host_pids: dict[str, dict[int, int]] = {}  # vgpu -> slot -> host pid written
         self._adopted: dict[tuple[int, int], _Adopted] = {}
         self._previous: dict[Identity, TrackedProcess] = {}
+        self._holders: set[int] = set()  # host pids that held slots at the last scan
 
     def close(self) -> None:
         for adopted in self._adopted.values():
@@ -234,7 +235,8 @@ class Tracker:
         views.update({a.vgpu_id: a.blocks for a in self._adopted.values()})
         # Slots first, /proc second: see the module docstring, point 1.
         slots = {vgpu_id: view.usage.slots() for vgpu_id, view in views.items()}
-        live = self._table.refresh()
+        gpu_pids = nvml.pids() if nvml is not None else set()
+        live = self._table.refresh(watch=self._holders | gpu_pids)
         by_ns = {(p.pidns, p.ns_pid): p for p in live.values()}
 
         devices = {vgpu_id: _Devices.of(view) for vgpu_id, view in views.items()}
@@ -255,7 +257,7 @@ class Tracker:
         for gone in set(self._host_pids) - set(views):
             del self._host_pids[gone]
 
-        gpu_pids = nvml.pids() if nvml is not None else set()
+        self._holders = set(claimed)
         tracked: dict[int, TrackedProcess] = {}
         standalone_ids = {a.vgpu_id for a in self._adopted.values()}
         for pid, (vgpu_id, slot) in claimed.items():
@@ -275,6 +277,13 @@ class Tracker:
         self._previous = current
         standalone = {a.vgpu_id: a.blocks for a in self._adopted.values()}
         all_views: dict[str, VgpuView] = {**vgpus, **standalone}
+        members: dict[str | None, list[TrackedProcess]] = {}
+        for p in tracked.values():
+            members.setdefault(p.vgpu_id, []).append(p)
+        live_slots: dict[str, int] = {}
+        for s in slot_states:
+            if s.host_pid is not None:
+                live_slots[s.vgpu_id] = live_slots.get(s.vgpu_id, 0) + 1
         return TrackSnapshot(
             monotonic=time.monotonic(),
             processes=tracked,
@@ -284,8 +293,8 @@ class Tracker:
                     view,
                     devices.get(vgpu_id) or _Devices.of(view),
                     vgpu_id in standalone,
-                    tracked.values(),
-                    slot_states,
+                    members.get(vgpu_id, []),
+                    live_slots.get(vgpu_id, 0),
                 )
                 for vgpu_id, view in all_views.items()
             },
@@ -490,10 +499,9 @@ def _usage(
     view: VgpuView,
     devices: _Devices,
     standalone: bool,
-    processes: Iterable[TrackedProcess],
-    slots: Sequence[SlotState],
+    mine: Sequence[TrackedProcess],
+    live_slots: int,
 ) -> VgpuUse:
-    mine = [p for p in processes if p.vgpu_id == vgpu_id]
     budgets = view.usage.devices()
     gpus: dict[str, GpuUse] = {}
     for index, uuid in enumerate(devices.uuids):
@@ -513,5 +521,5 @@ def _usage(
         standalone=standalone,
         gpus=gpus,
         pids=tuple(sorted(p.pid for p in mine)),
-        live_slots=sum(1 for s in slots if s.vgpu_id == vgpu_id and s.host_pid is not None),
+        live_slots=live_slots,
     )

@@ -171,20 +171,33 @@ def test_identity_is_read_once_per_process_and_again_on_pid_reuse(tree: Path) ->
     status = tree / "4100" / "status"
     status.write_text(status.read_text().replace("NSpid:\t4100 1", "NSpid:\t4100 9"))
     # Same start time: the same process; its namespace identity is cached.
-    assert table.refresh()[4100].nspid == (4100, 1)
-    # Another start time: the pid was reused by a new process; read it again.
+    assert table.refresh(watch={4100})[4100].nspid == (4100, 1)
+    # Another start time on a watched pid: reused by a new process; read again.
     write_stat(tree, 4100, first.start_time + 500)
-    reused = table.refresh()[4100]
+    reused = table.refresh(watch={4100})[4100]
     assert (reused.start_time, reused.nspid) == (first.start_time + 500, (4100, 9))
+
+
+def test_unwatched_pid_is_reread_when_its_directory_is_new(tree: Path) -> None:
+    table = ProcessTable(ProcFS(tree))
+    first = table.refresh()[4150]
+    write_stat(tree, 4150, first.start_time + 1)
+    # Same directory: an unwatched process is not read again...
+    assert table.refresh()[4150].start_time == first.start_time
+    # ...a reused pid has a new /proc/<pid> directory, and is.
+    shutil.copytree(tree / "4150", tree / "4150.new", symlinks=True)
+    shutil.rmtree(tree / "4150")
+    (tree / "4150.new").rename(tree / "4150")
+    assert table.refresh()[4150].start_time == first.start_time + 1
 
 
 def test_zombie_is_not_live_but_zombie_leader_with_threads_is(tree: Path) -> None:
     table = ProcessTable(ProcFS(tree))
     start = table.refresh()[4100].start_time
     write_stat(tree, 4100, start, state="Z", threads=1)
-    assert 4100 not in table.refresh()
+    assert 4100 not in table.refresh(watch={4100})
     write_stat(tree, 4100, start, state="Z", threads=3)
-    assert 4100 in table.refresh()
+    assert 4100 in table.refresh(watch={4100})
 
 
 def test_open_mapped_goes_through_map_files(tree: Path, tmp_path: Path) -> None:
@@ -217,7 +230,7 @@ def test_real_proc_self() -> None:
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    """Poll until a forked child has exec'd (before that it shows our environ)."""
+    """Poll until ``condition`` holds (a child process has got somewhere)."""
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, "condition not met in time"
@@ -229,7 +242,9 @@ def test_real_environ_keeps_only_the_hook_variables() -> None:
     child = subprocess.Popen(["sleep", "30"], env=env)
     fs = ProcFS()
     try:
-        wait_for(lambda: (stat := fs.stat(child.pid)) is not None and stat.comm == "sleep")
+        # Until exec has set the new image's environment up, /proc shows the
+        # parent's or none: wait for the child's own, then check the filter.
+        wait_for(lambda: "CUDA_MEM_LIMIT_1" in (fs.environ(child.pid) or {}))
         assert fs.environ(child.pid) == {"CUDA_MEM_LIMIT_1": "1g", "VGPU_ID": "v1"}
     finally:
         child.kill()
