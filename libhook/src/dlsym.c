@@ -18,28 +18,52 @@
 #include "hooks.h"
 #include "vgpu.h"
 
-/* The first object after the caller's, in load order, that itself defines
- * `symbol` (what RTLD_NEXT means for objects loaded at startup). Objects are
- * looked up through a proper handle (dlopen RTLD_NOLOAD); those without one
- * (the vDSO) are skipped. */
+/* `symbol` as defined by `obj` itself (not by its dependencies), looked up
+ * through a proper handle; objects without one (the vDSO) define nothing. */
+static void *defined_by(struct link_map *obj, const char *symbol)
+{
+    Dl_info info;
+    struct link_map *owner = NULL;
+    void *handle = obj->l_name != NULL && obj->l_name[0] != '\0'
+                       ? dlopen(obj->l_name, RTLD_LAZY | RTLD_NOLOAD)
+                       : NULL;
+    if (handle == NULL)
+        return NULL;
+    void *fn = resolve_real_dlsym(handle, symbol);
+    if (fn != NULL && (dladdr1(fn, &info, (void **)&owner, RTLD_DL_LINKMAP) == 0 || owner != obj))
+        fn = NULL;
+    dlclose(handle);
+    return fn;
+}
+
+/*
+ * RTLD_NEXT for `caller`: the first object after the caller's that defines
+ * `symbol`. For a caller loaded before us (the program, an earlier preload)
+ * the objects up to us are searched one by one, and from us on glibc's own
+ * RTLD_NEXT (asked from here) is exact. For a caller loaded after us we walk
+ * the rest of the link map ourselves; that walk also sees objects opened
+ * RTLD_LOCAL, which glibc would skip (a documented limit).
+ */
 static void *next_after(const void *caller, const char *symbol)
 {
     Dl_info info;
-    struct link_map *self = NULL;
-    if (dladdr1(caller, &info, (void **)&self, RTLD_DL_LINKMAP) == 0 || self == NULL)
+    struct link_map *from = NULL, *self = NULL;
+    if (dladdr1(caller, &info, (void **)&from, RTLD_DL_LINKMAP) == 0 || from == NULL ||
+        dladdr1((void *)dlsym, &info, (void **)&self, RTLD_DL_LINKMAP) == 0 || self == NULL)
         return resolve_real_dlsym(RTLD_NEXT, symbol);
-    for (struct link_map *obj = self->l_next; obj != NULL; obj = obj->l_next) {
-        void *handle = obj->l_name != NULL && obj->l_name[0] != '\0'
-                           ? dlopen(obj->l_name, RTLD_LAZY | RTLD_NOLOAD)
-                           : NULL;
-        if (handle == NULL)
-            continue;
-        void *fn = resolve_real_dlsym(handle, symbol);
-        struct link_map *owner = NULL;
-        bool own = fn != NULL && dladdr1(fn, &info, (void **)&owner, RTLD_DL_LINKMAP) != 0 &&
-                   owner == obj;
-        dlclose(handle);
-        if (own)
+    struct link_map *obj = from->l_next;
+    for (; obj != NULL && obj != self; obj = obj->l_next) {
+        void *fn = defined_by(obj, symbol);
+        if (fn != NULL)
+            return fn;
+    }
+    if (obj == self) {
+        void *fn = defined_by(self, symbol);
+        return fn != NULL ? fn : resolve_real_dlsym(RTLD_NEXT, symbol);
+    }
+    for (obj = from->l_next; obj != NULL; obj = obj->l_next) {
+        void *fn = defined_by(obj, symbol);
+        if (fn != NULL)
             return fn;
     }
     return NULL;
