@@ -20,12 +20,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.fixtures.hook import GPU_UUIDS, FakeVgpu  # noqa: E402
-from vgpud.backstop import BackstopPolicy, BackstopState, decide  # noqa: E402
-from vgpud.nvml import GpuSample, NvmlSample  # noqa: E402
-from vgpud.procfs import ProcFS  # noqa: E402
-from vgpud.reaper import ReaperState, plan  # noqa: E402
-from vgpud.tracker import Tracker  # noqa: E402
+from tests.fixtures.hook import GPU_UUIDS, FakeVgpu
+from vgpud.backstop import BackstopPolicy, BackstopState, decide
+from vgpud.nvml import GpuSample, NvmlSample
+from vgpud.procfs import ProcFS
+from vgpud.reaper import ReaperState, plan
+from vgpud.tracker import Tracker
 
 
 def main() -> None:
@@ -74,7 +74,7 @@ def main() -> None:
             decide_t += t2 - t1
         host_procs = len(fs.pids())
         per_scan = (scan_t + decide_t) / args.scans
-        print(f"machine: {platform.node()} {platform.machine()}, Python {platform.python_version()}")
+        print(f"machine: {platform.machine()}, Python {platform.python_version()}")
         print(f"host processes: {host_procs}, tracked: {len(snap.processes)}, vGPUs: {args.vgpus}")
         print(f"first scan (cold caches): {first * 1000:.1f} ms CPU")
         print(f"steady scan: {scan_t / args.scans * 1000:.1f} ms CPU")
