@@ -779,6 +779,8 @@ static void print_json_string(const char *s)
 static void print_result(const struct options *o, const struct result *r)
 {
     double rate = r->wall_s > 0 ? (double)r->kernels / r->wall_s : 0;
+    if (r->error[0])
+        fprintf(stderr, "vgpu-burn: pid %d: %s\n", r->pid, r->error);
     if (o->json) {
         printf("{\"pid\": %d, \"device\": %d, \"launches\": %" PRIu64 ", \"kernels\": %" PRIu64
                ", \"kernels_per_s\": %.1f, \"gpu_time_s\": %.6f, \"wall_s\": %.6f, \"busy\": %.4f"
@@ -798,8 +800,6 @@ static void print_result(const struct options *o, const struct result *r)
         printf(", alloc %" PRIu64 " of %" PRIu64 " bytes%s%s", r->alloc_bytes, r->alloc_requested,
                r->alloc_error[0] ? ", first error " : "", r->alloc_error);
     printf("\n");
-    if (r->error[0])
-        fprintf(stderr, "vgpu-burn: pid %d: %s\n", r->pid, r->error);
 }
 
 static int exit_code(const struct options *o, const struct result *results, unsigned n)

@@ -26,7 +26,7 @@ static nvmlReturn_t copy_string(char *out, unsigned int length, const char *valu
     return NVML_SUCCESS;
 }
 
-nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index)
+static nvmlReturn_t device_index(nvmlDevice_t device, unsigned int *index)
 {
     struct sim_state *st;
     unsigned i;
@@ -38,9 +38,14 @@ nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index)
     return r;
 }
 
+nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index)
+{
+    return device_index(device, index);
+}
+
 nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minorNumber)
 {
-    return nvmlDeviceGetIndex(device, minorNumber); /* /dev/nvidia<index> */
+    return device_index(device, minorNumber); /* /dev/nvidia<index> */
 }
 
 nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length)

@@ -3,6 +3,7 @@
  * handles.
  */
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
@@ -36,7 +37,8 @@ nvmlReturn_t nv_device(nvmlDevice_t device, struct sim_state **st, unsigned *ind
     struct sim_state *s = nv_state();
     if (s == NULL)
         return NVML_ERROR_UNINITIALIZED;
-    if (device < &g_devices[0] || device >= &g_devices[s->config.devices])
+    uintptr_t first = (uintptr_t)&g_devices[0], p = (uintptr_t)device;
+    if (p < first || p >= (uintptr_t)&g_devices[s->config.devices] || (p - first) % sizeof(g_devices[0]) != 0)
         return NVML_ERROR_INVALID_ARGUMENT;
     if (atomic_load(&s->devices[device->index].lost))
         return NVML_ERROR_GPU_IS_LOST;
