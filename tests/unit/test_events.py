@@ -1,0 +1,49 @@
+"""The event log: numbered, bounded, resumable, followed without polling."""
+
+from __future__ import annotations
+
+import asyncio
+
+from vgpud.events import EventLog
+
+
+async def test_since_resumes_and_the_buffer_is_bounded() -> None:
+    log = EventLog(capacity=3)
+    for i in range(5):
+        log.publish("vgpu.created", vgpu=f"v{i}")
+    assert [e.seq for e in log.since(0)] == [3, 4, 5]  # the oldest are gone
+    assert [e.vgpu for e in log.since(4)] == ["v4"]
+    assert log.since(5) == []
+
+
+async def test_follow_yields_backlog_then_new_events_and_ends_on_close() -> None:
+    log = EventLog(capacity=10)
+    log.publish("a")
+    got: list[str] = []
+
+    async def reader() -> None:
+        async for event in log.follow(0):
+            got.append(event.type)
+
+    task = asyncio.create_task(reader())
+    await asyncio.sleep(0)
+    log.publish("b")
+    log.publish("c")
+    await asyncio.sleep(0)
+    log.close()
+    await asyncio.wait_for(task, 5)
+    assert got == ["a", "b", "c"]
+
+
+async def test_event_json_has_every_field() -> None:
+    log = EventLog(capacity=10)
+    e = log.publish("oom", vgpu="v", gpu="g", pid=None, refused=2)
+    assert e.to_json() == {
+        "seq": 1,
+        "time": e.time,
+        "type": "oom",
+        "vgpu": "v",
+        "gpu": "g",
+        "pid": None,
+        "detail": {"refused": 2},
+    }
