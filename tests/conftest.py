@@ -33,10 +33,9 @@ _SCRUBBED_PREFIXES = ("VGPU_SIM_",)
 _SCRUBBED_KEYS = ("CUDA_VISIBLE_DEVICES", "LD_PRELOAD")
 
 
-@pytest.fixture
-def sim_env(tmp_path: Path) -> Iterator[dict[str, str]]:
-    """Environment for subprocesses that run against a private simulated GPU."""
-    state = tmp_path / "vgpu-sim-state"
+def sim_environment(state: Path) -> dict[str, str]:
+    """The environment of a process on the simulated machine whose state
+    file is ``state`` (what ``sim_env`` gives; for wider-scoped fixtures)."""
     env = {
         key: value
         for key, value in os.environ.items()
@@ -45,5 +44,12 @@ def sim_env(tmp_path: Path) -> Iterator[dict[str, str]]:
     inherited = env.get("LD_LIBRARY_PATH")
     env["LD_LIBRARY_PATH"] = f"{SIM_LIB_DIR}:{inherited}" if inherited else str(SIM_LIB_DIR)
     env["VGPU_SIM_STATE"] = str(state)
-    yield env
+    return env
+
+
+@pytest.fixture
+def sim_env(tmp_path: Path) -> Iterator[dict[str, str]]:
+    """Environment for subprocesses that run against a private simulated GPU."""
+    state = tmp_path / "vgpu-sim-state"
+    yield sim_environment(state)
     state.unlink(missing_ok=True)

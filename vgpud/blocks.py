@@ -223,6 +223,10 @@ class Atomics:
         self.load_u32 = _bind(lib, "vgpu_atomic_load_u32", u32, vp)
         self.store_u32 = _bind(lib, "vgpu_atomic_store_u32", None, vp, u32)
         self.cas_u32 = _bind(lib, "vgpu_atomic_cas_u32", ctypes.c_int, vp, u32, u32)
+        # SIGBUS guard for mappings of files a container can shrink (vgpu_guard.c).
+        self.guard_add = _bind(lib, "vgpu_guard_add", ctypes.c_int, vp, ctypes.c_size_t)
+        self.guard_remove = _bind(lib, "vgpu_guard_remove", None, ctypes.c_int)
+        self.guard_lost = _bind(lib, "vgpu_guard_lost", ctypes.c_int, ctypes.c_int)
 
     @staticmethod
     def load(lib_dir: Path | None = None) -> Atomics:
@@ -678,6 +682,12 @@ class UsageBlock(_Mapping):
 
     def __init__(self, path: Path, mm: mmap.mmap, atomics: Atomics, device_count: int) -> None:
         super().__init__(path, mm, atomics)
+        # The container may truncate the file under our mapping: the guard
+        # turns the SIGBUS that would kill the daemon into zero pages.
+        self._guard = atomics.guard_add(self._base, ctypes.sizeof(UsageC))
+        if self._guard < 0:
+            mm.close()
+            raise BlockError(f"usage block {path}: cannot guard its mapping")
         # Bulk reads go through word views: one slice per slot instead of a
         # ctypes object per field keeps a 1000-process scan cheap.
         self._w32 = memoryview(mm).cast("I")
@@ -728,7 +738,14 @@ class UsageBlock(_Mapping):
             return
         self._w32.release()
         self._w64.release()
+        self._atomics.guard_remove(self._guard)
         super().close()
+
+    @property
+    def lost(self) -> bool:
+        """The file shrank under our mapping (a container truncated it):
+        what it shows now is zeros, not the hooks' counters; let it go."""
+        return bool(self._atomics.guard_lost(self._guard))
 
     # reading
 

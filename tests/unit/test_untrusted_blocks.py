@@ -1,0 +1,106 @@
+"""A container can truncate its usage block under the daemon's mapping: the
+daemon must survive it (vgpu_guard.c), and only that block is affected.
+
+Each case runs in a child Python, so a regression kills the child with
+SIGBUS and fails the assertion instead of taking pytest down.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from tests.conftest import ROOT
+from vgpud.blocks import Atomics
+
+
+def run_child(code: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    prelude = textwrap.dedent(
+        f"""
+        import os
+        from pathlib import Path
+        from vgpud.blocks import UsageBlock
+        tmp = Path({str(tmp_path)!r})
+        """
+    )
+    return subprocess.run(
+        [sys.executable, "-c", prelude + textwrap.dedent(code)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_a_truncated_usage_block_reads_as_empty_and_is_marked_lost(tmp_path: Path) -> None:
+    done = run_child(
+        """
+        victim = UsageBlock.create(tmp / "victim", device_count=1)
+        other = UsageBlock.create(tmp / "other", device_count=1)
+        other.write_steer(0, 500_000)
+        assert not victim.lost
+        os.truncate(tmp / "victim", 0)  # what a container can do to its block
+        # Every daemon path over the block: reads, repairs, steering.
+        assert [d.used for d in victim.devices()] == [0]
+        assert victim.slots() == []
+        assert victim.reset_used(0) == 0
+        victim.write_steer(0, 100_000)
+        victim.steer_heartbeat(1)
+        victim.standalone_limits()
+        assert victim.lost
+        # Another vGPU's block is untouched.
+        assert not other.lost and other.read_steer(0).quota_ppm == 500_000
+        victim.close()
+        other.close()
+        print("alive")
+        """,
+        tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "alive"
+
+
+def test_a_partly_truncated_block_is_caught_too(tmp_path: Path) -> None:
+    done = run_child(
+        """
+        block = UsageBlock.create(tmp / "u", device_count=1)
+        os.truncate(tmp / "u", 4096)
+        block.slots()  # the slots live past the first page: lost
+        assert block.lost
+        print("alive")
+        """,
+        tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_sigbus_elsewhere_still_kills(tmp_path: Path) -> None:
+    # The guard catches faults in the blocks it watches, nothing else.
+    done = run_child(
+        """
+        import mmap
+        UsageBlock.create(tmp / "u", device_count=1)  # installs the guard
+        with open(tmp / "plain", "wb+") as f:
+            f.truncate(4096)
+            m = mmap.mmap(f.fileno(), 4096)
+            f.truncate(0)
+            m[0]
+        """,
+        tmp_path,
+    )
+    assert done.returncode == -signal.SIGBUS
+
+
+def test_a_removed_guard_frees_its_entry() -> None:
+    # More blocks over a daemon's life than the guard has entries at once.
+    atomics = Atomics.load()
+    buffer = ctypes.create_string_buffer(4096)
+    for _ in range(5000):
+        guard = atomics.guard_add(ctypes.addressof(buffer), len(buffer))
+        assert guard >= 0
+        atomics.guard_remove(guard)
