@@ -686,7 +686,7 @@ class UsageBlock(_Mapping):
         # turns the SIGBUS that would kill the daemon into zero pages.
         self._guard = atomics.guard_add(self._base, ctypes.sizeof(UsageC))
         if self._guard < 0:
-            mm.close()
+            _Mapping.close(self)
             raise BlockError(f"usage block {path}: cannot guard its mapping")
         # Bulk reads go through word views: one slice per slot instead of a
         # ctypes object per field keeps a 1000-process scan cheap.
