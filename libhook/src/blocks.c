@@ -342,6 +342,29 @@ int blocks_reclaim_dead(struct vgpu_usage *usage, uint64_t our_pidns)
     return reclaimed;
 }
 
+/*
+ * With no process left in the vGPU, whatever the totals still hold is a
+ * leak (a process killed between charging the total and its slot): reset
+ * them, as the daemon does. The CAS from the value we saw to 0 fails if any
+ * process reserved or released meanwhile, so a live reservation is never
+ * erased.
+ */
+static void reset_idle_totals(struct vgpu_usage *usage)
+{
+    uint64_t seen[VGPU_MAX_DEVICES];
+    for (int d = 0; d < VGPU_MAX_DEVICES; d++)
+        seen[d] = atomic_load(&usage->devices[d].used);
+    for (int i = 0; i < VGPU_MAX_PROCS; i++)
+        if (atomic_load(&usage->slots[i].state) != VGPU_SLOT_FREE)
+            return;
+    for (int d = 0; d < VGPU_MAX_DEVICES; d++) {
+        uint64_t expected = seen[d];
+        if (expected != 0 && atomic_compare_exchange_strong(&usage->devices[d].used, &expected, 0))
+            log_verbose("device %d: %llu bytes leaked by dead processes reset", d,
+                        (unsigned long long)seen[d]);
+    }
+}
+
 int blocks_claim_slot(struct vgpu_usage *usage, const struct vgpu_identity *self)
 {
     /* A slot with our exact identity was taken by our image before an exec:
@@ -354,6 +377,7 @@ int blocks_claim_slot(struct vgpu_usage *usage, const struct vgpu_identity *self
         if (same_identity(&id, self))
             reclaim_slot(usage, i, &id);
     }
+    reset_idle_totals(usage);
     for (int i = 0; i < VGPU_MAX_PROCS; i++) {
         struct vgpu_proc_slot *slot = &usage->slots[i];
         uint32_t state = VGPU_SLOT_FREE;

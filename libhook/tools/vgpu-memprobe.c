@@ -21,6 +21,9 @@
  *   ipc-export        export the most recent allocation; prints its handle
  *   ipc-open:HEX      open an exported handle and read its first u32
  *   churn:PATH:SIZE   allocate and free through PATH forever (for kill tests)
+ *   fork              fork: the child runs the remaining commands and exits
+ *                     normally; the parent waits for it, prints
+ *                     {"op":"forked","status":S}, then runs them too
  *   wait              print {"op":"wait"} and block until a line on stdin
  *   exit              exit at once, leaving everything allocated
  * or, alone and before anything is initialised:
@@ -34,9 +37,11 @@
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "cuda_api.h"
@@ -487,6 +492,20 @@ static void cmd_wait(void)
         exit(0);
 }
 
+/* true in the child, which goes on with the remaining commands */
+static bool cmd_fork(void)
+{
+    pid_t pid = fork();
+    if (pid == 0)
+        return true;
+    int status = -1;
+    if (pid > 0)
+        waitpid(pid, &status, 0);
+    printf("{\"op\":\"forked\",\"status\":%d}\n", status);
+    fflush(stdout);
+    return false;
+}
+
 static void run(const char *cmd)
 {
     if (strncmp(cmd, "alloc:", 6) == 0)
@@ -628,7 +647,11 @@ int main(int argc, char **argv)
     report("init", "", 0, rc);
     if (rc != CUDA_SUCCESS)
         return 1;
-    for (int i = optind; i < argc; i++)
-        run(argv[i]);
+    for (int i = optind; i < argc; i++) {
+        if (strcmp(argv[i], "fork") == 0)
+            cmd_fork();
+        else
+            run(argv[i]);
+    }
     return 0;
 }
