@@ -1,0 +1,135 @@
+"""A vGPU reaches a podman container through its CDI spec, and holds there:
+the recipe arrives, the memory limit holds, the daemon sees the container's
+processes (host and container PID, cgroup), and a killed container's memory
+comes back within a scan."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from typing import Any
+
+from tests.e2e.conftest import GIB
+from tests.e2e.harness import Vgpud, wait_for
+from tests.e2e.podman import Podman
+
+MakeVgpu = Callable[..., dict[str, Any]]
+
+
+def cdi_device(name: str) -> str:
+    return f"vgpud.io/vgpu={name}"
+
+
+def test_the_cdi_device_brings_the_recipe_and_only_it(
+    vgpud: Vgpud, podman: Podman, make_vgpu: MakeVgpu
+) -> None:
+    vgpu = make_vgpu(name="recipe", memory="1g", share=20)
+
+    done = podman.run(
+        ["sh", "-c", "env; echo ---; find /run/vgpud; echo ---; grep vgpud /proc/self/mountinfo"],
+        devices=[cdi_device("recipe")],
+    )
+
+    assert done.returncode == 0, done.stderr
+    env_text, files, mounts = done.stdout.split("---\n")
+    env = dict(line.split("=", 1) for line in env_text.splitlines() if "=" in line)
+    for key, value in vgpu["recipe"]["env"].items():
+        assert env.get(key) == value, key
+    # Its own two blocks, nothing else of vgpud's run directory.
+    assert sorted(files.split()) == [
+        "/run/vgpud",
+        "/run/vgpud/vgpu",
+        "/run/vgpud/vgpu/control",
+        "/run/vgpud/vgpu/usage",
+    ]
+    options = {line.split()[4]: line.split()[5] for line in mounts.splitlines()}
+    assert options["/run/vgpud/vgpu/control"].startswith("ro,")
+    assert options["/run/vgpud/vgpu/usage"].startswith("rw,")
+    assert options["/usr/lib/vgpud/libvgpu.so"].startswith("ro,")
+
+
+def test_the_id_names_the_device_too_and_a_deleted_vgpu_is_gone(
+    vgpud: Vgpud, podman: Podman
+) -> None:
+    vgpu = vgpud.create(memory="512m", share=10)
+    try:
+        assert podman.run(["true"], devices=[cdi_device(vgpu["id"])]).returncode == 0
+    finally:
+        vgpud.delete(vgpu["id"])
+
+    done = podman.run(["true"], devices=[cdi_device(vgpu["id"])])
+    assert done.returncode != 0
+    assert "unresolvable CDI devices" in done.stderr
+
+
+def test_the_memory_limit_holds_inside_the_container(
+    vgpud: Vgpud,
+    podman: Podman,
+    make_vgpu: MakeVgpu,
+    sim_state: dict[str, str],
+    sim_volumes: list[str],
+) -> None:
+    vgpu = make_vgpu(name="memory", memory="1g", share=50)
+
+    done = podman.run(
+        ["vgpu-burn", "--alloc", "2g", "--chunk", "128m", "--seconds", "0"],
+        devices=[cdi_device("memory")],
+        env=sim_state,
+        volumes=sim_volumes,
+    )
+
+    output = done.stdout + done.stderr
+    assert done.returncode == 3, output  # the allocation was not fully satisfied
+    assert "CUDA_ERROR_OUT_OF_MEMORY" in output
+    # The hook's own high-water mark: never above the limit, and the limit
+    # was really reached (less than one chunk left over).
+    peak = vgpud.get(f"/v1/vgpus/{vgpu['id']}")["gpus"][0]["memory_peak"]
+    assert GIB - 128 * 2**20 < peak <= GIB
+
+
+def _process_of(vgpud: Vgpud, vgpu_id: str) -> dict[str, Any] | None:
+    return next((p for p in vgpud.get("/v1/processes") if p["vgpu"] == vgpu_id), None)
+
+
+def test_the_daemon_maps_the_container_and_reclaims_it_when_killed(
+    vgpud: Vgpud,
+    podman: Podman,
+    make_vgpu: MakeVgpu,
+    sim_state: dict[str, str],
+    sim_volumes: list[str],
+) -> None:
+    vgpu = make_vgpu(name="tracked", memory="1g", share=30)
+    podman.start(
+        "tracked",
+        ["vgpu-burn", "--alloc", "256m", "--hold", "--seconds", "120"],
+        devices=[cdi_device("tracked")],
+        env=sim_state,
+        volumes=sim_volumes,
+    )
+    host_pid = podman.host_pid("tracked")
+    container_id = podman.container_id("tracked")
+
+    process = wait_for(lambda: _process_of(vgpud, vgpu["id"]), "the process in /v1/processes")
+    assert process["host_pid"] == host_pid
+    assert process["container_pid"] == 1  # the burn is the container's init
+    # ... and the container, from the cgroup podman put it in.
+    assert process["container"]["runtime"] == "podman"
+    assert process["container"]["id"] == container_id
+    metrics = vgpud.get("/metrics")
+    assert re.search(
+        rf'vgpud_vgpu_processes\{{[^}}]*vgpu="{vgpu["id"]}"[^}}]*\}} 1(\.0)?$', metrics, re.M
+    ), metrics
+
+    def used() -> int:
+        return int(vgpud.get(f"/v1/vgpus/{vgpu['id']}")["gpus"][0]["memory_used"])
+
+    wait_for(lambda: used() >= 256 * 2**20, "the burn's allocation in the vGPU's usage")
+    podman.kill("tracked")
+    killed = time.monotonic()
+    wait_for(
+        lambda: used() == 0 and _process_of(vgpud, vgpu["id"]) is None,
+        "the killed container's memory to be reclaimed",
+        timeout=15,
+    )
+    print(f"reclaimed {time.monotonic() - killed:.2f} s after podman kill (scan 0.5 s)")
