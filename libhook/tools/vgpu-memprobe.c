@@ -21,6 +21,8 @@
  *   ipc-export        export the most recent allocation; prints its handle
  *   ipc-open:HEX      open an exported handle and read its first u32
  *   churn:PATH:SIZE   allocate and free through PATH forever (for kill tests)
+ *   bench:PATH:SIZE:N time N alloc+free pairs (after a warm-up); prints the
+ *                     median, p99 and mean ns per pair
  *   fork              fork: the child runs the remaining commands and exits
  *                     normally; the parent waits for it, prints
  *                     {"op":"forked","status":S}, then runs them too
@@ -41,6 +43,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -483,6 +486,58 @@ static void cmd_churn(const char *arg)
             do_free(&a);
 }
 
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static int compare_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+static void cmd_bench(const char *arg)
+{
+    struct allocation a;
+    memset(&a, 0, sizeof(a));
+    const char *last = strrchr(arg, ':');
+    char spec[64];
+    long count = last != NULL ? strtol(last + 1, NULL, 10) : 0;
+    if (last == NULL || count < 1 || (size_t)(last - arg) >= sizeof(spec))
+        usage_exit("expected bench:PATH:SIZE:N");
+    memcpy(spec, arg, (size_t)(last - arg));
+    spec[last - arg] = '\0';
+    parse_alloc(spec, &a.path, &a.size);
+    uint64_t *pairs = calloc((size_t)count, sizeof(*pairs));
+    if (pairs == NULL)
+        usage_exit("out of memory");
+    int errors = 0;
+    for (long i = -count / 10 - 1; i < count; i++) { /* the first tenth warms up */
+        uint64_t start = now_ns();
+        CUresult rc = do_alloc(&a);
+        if (rc == CUDA_SUCCESS)
+            rc = do_free(&a);
+        uint64_t took = now_ns() - start;
+        errors += rc != CUDA_SUCCESS;
+        if (i >= 0)
+            pairs[i] = took;
+    }
+    uint64_t sum = 0;
+    for (long i = 0; i < count; i++)
+        sum += pairs[i];
+    qsort(pairs, (size_t)count, sizeof(*pairs), compare_u64);
+    printf("{\"op\":\"bench\",\"path\":\"%s\",\"size\":%" PRIu64 ",\"pairs\":%ld,"
+           "\"errors\":%d,\"median_ns\":%" PRIu64 ",\"p99_ns\":%" PRIu64 ",\"mean_ns\":%" PRIu64
+           "}\n",
+           path_names[a.path], a.size, count, errors, pairs[count / 2],
+           pairs[(size_t)((double)count * 0.99)], sum / (uint64_t)count);
+    fflush(stdout);
+    free(pairs);
+}
+
 static void cmd_wait(void)
 {
     char line[64];
@@ -531,6 +586,8 @@ static void run(const char *cmd)
         cmd_ipc_open(cmd + 9);
     else if (strncmp(cmd, "churn:", 6) == 0)
         cmd_churn(cmd + 6);
+    else if (strncmp(cmd, "bench:", 6) == 0)
+        cmd_bench(cmd + 6);
     else if (strcmp(cmd, "wait") == 0)
         cmd_wait();
     else if (strcmp(cmd, "exit") == 0)
