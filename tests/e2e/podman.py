@@ -81,10 +81,12 @@ class Podman:
         devices: Iterable[str] = (),
         env: Mapping[str, str] | None = None,
         volumes: Iterable[str] = (),
+        extra: Sequence[str] = (),
         timeout: float = 120,
     ) -> subprocess.CompletedProcess[str]:
-        """Run a container to its end; the result has its exit code and output."""
-        args = [*self.base(), *self._run_args(devices, env, volumes), "--rm"]
+        """Run a container to its end; the result has its exit code and output.
+        ``extra``: more `podman run` flags, as given."""
+        args = [*self.base(), *self._run_args(devices, env, volumes), *extra, "--rm"]
         return subprocess.run(
             [*args, "--rootfs", str(self.rootfs), *command],
             capture_output=True,

@@ -6,6 +6,9 @@ comes back within a scan."""
 from __future__ import annotations
 
 import re
+import shlex
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -21,32 +24,66 @@ def cdi_device(name: str) -> str:
     return f"vgpud.io/vgpu={name}"
 
 
+# What a container sees of its vGPU: env, vgpud's files, their mounts.
+LOOK_INSIDE = [
+    "sh",
+    "-c",
+    "env; echo ---; find /run/vgpud; echo ---; grep vgpud /proc/self/mountinfo",
+]
+
+
+def inside_view(output: str) -> tuple[dict[str, str], list[str], dict[str, str]]:
+    env_text, files, mounts = output.split("---\n")
+    env = dict(line.split("=", 1) for line in env_text.splitlines() if "=" in line)
+    # mountinfo: field 5 is the mount point, field 6 its options.
+    options = {line.split()[4]: line.split()[5].split(",")[0] for line in mounts.splitlines()}
+    return env, sorted(files.split()), options
+
+
 def test_the_cdi_device_brings_the_recipe_and_only_it(
     vgpud: Vgpud, podman: Podman, make_vgpu: MakeVgpu
 ) -> None:
     vgpu = make_vgpu(name="recipe", memory="1g", share=20)
 
-    done = podman.run(
-        ["sh", "-c", "env; echo ---; find /run/vgpud; echo ---; grep vgpud /proc/self/mountinfo"],
-        devices=[cdi_device("recipe")],
-    )
+    done = podman.run(LOOK_INSIDE, devices=[cdi_device("recipe")])
 
     assert done.returncode == 0, done.stderr
-    env_text, files, mounts = done.stdout.split("---\n")
-    env = dict(line.split("=", 1) for line in env_text.splitlines() if "=" in line)
+    env, files, options = inside_view(done.stdout)
     for key, value in vgpu["recipe"]["env"].items():
         assert env.get(key) == value, key
     # Its own two blocks, nothing else of vgpud's run directory.
-    assert sorted(files.split()) == [
+    assert files == [
         "/run/vgpud",
         "/run/vgpud/vgpu",
         "/run/vgpud/vgpu/control",
         "/run/vgpud/vgpu/usage",
     ]
-    options = {line.split()[4]: line.split()[5] for line in mounts.splitlines()}
-    assert options["/run/vgpud/vgpu/control"].startswith("ro,")
-    assert options["/run/vgpud/vgpu/usage"].startswith("rw,")
-    assert options["/usr/lib/vgpud/libvgpu.so"].startswith("ro,")
+    assert options == {
+        "/run/vgpud/vgpu/control": "ro",
+        "/run/vgpud/vgpu/usage": "rw",
+        "/usr/lib/vgpud/libvgpu.so": "ro",
+    }
+
+
+def test_vgpuctl_env_gives_a_runtime_without_cdi_the_same(
+    vgpud: Vgpud, podman: Podman, make_vgpu: MakeVgpu
+) -> None:
+    make_vgpu(name="flags", memory="1g", share=20)
+    vgpuctl = [sys.executable, "-m", "vgpud.ctl.main", "--socket", str(vgpud.socket)]
+    printed = subprocess.run(
+        [*vgpuctl, "env", "--podman", "flags"], capture_output=True, text=True, check=True
+    )
+
+    with_flags = podman.run(LOOK_INSIDE, extra=shlex.split(printed.stdout))
+    with_cdi = podman.run(LOOK_INSIDE, devices=[cdi_device("flags")])
+
+    assert with_flags.returncode == 0, with_flags.stderr
+    flags_env, flags_files, flags_options = inside_view(with_flags.stdout)
+    cdi_env, cdi_files, cdi_options = inside_view(with_cdi.stdout)
+    assert {k: flags_env.get(k) for k in cdi_env if k != "HOSTNAME"} == {
+        k: v for k, v in cdi_env.items() if k != "HOSTNAME"
+    }
+    assert (flags_files, flags_options) == (cdi_files, cdi_options)
 
 
 def test_the_id_names_the_device_too_and_a_deleted_vgpu_is_gone(
