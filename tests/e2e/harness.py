@@ -85,6 +85,13 @@ class Vgpud:
         status, body = self.request("DELETE", f"/v1/vgpus/{vgpu_id}?force=true")
         assert status in (200, 204, 404), f"delete {vgpu_id}: {status} {body}"
 
+    def events(self, vgpu_id: str | None = None) -> list[dict[str, Any]]:
+        """The events so far (of one vGPU)."""
+        status, body = self.request("GET", "/v1/events?follow=false")
+        assert status == 200, body
+        events = [json.loads(line) for line in body.splitlines() if line.strip()]
+        return [e for e in events if vgpu_id is None or e.get("vgpu") == vgpu_id]
+
     def alive(self) -> bool:
         return self.process.poll() is None
 
