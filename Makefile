@@ -8,6 +8,10 @@ BUILD   := build
 VENV    := .venv
 PREFIX  ?= /usr
 LIBDIR  ?= $(PREFIX)/lib/vgpud
+BINDIR  ?= $(PREFIX)/bin
+UNITDIR ?= /lib/systemd/system
+# The Python that `make install` builds the daemon's venv with: the system's.
+INSTALL_PYTHON ?= /usr/bin/python3
 
 WARN    := -std=c11 -Wall -Wextra -Werror -Wshadow -Wformat=2 -Wstrict-prototypes -Wmissing-prototypes
 HARDEN  := -D_FORTIFY_SOURCE=2 -fstack-protector-strong
@@ -33,7 +37,7 @@ TOOLS := $(patsubst libhook/tools/%.c,$(BUILD)/%,$(TOOL_SRC))
 CTESTS := $(patsubst libhook/tests/%.c,$(BUILD)/tests/%,$(CTEST_SRC))
 VENV_STAMP := $(VENV)/.installed
 
-.PHONY: all lib sim tools venv test test-c test-py lint test-gpu demo install clean bench e2e-deps
+.PHONY: all lib sim tools venv test test-c test-py lint test-gpu demo install uninstall clean bench e2e-deps
 all: lib sim tools venv
 
 lib: $(LIB) $(ATOMICS)
@@ -110,13 +114,54 @@ test-gpu: lib tools
 demo: all
 	$(VENV)/bin/python -m vgpud.demo
 
+# make install: as root on a node, or with DESTDIR=<dir> to stage a package
+# (then creating the group and `systemctl daemon-reload` are left to the
+# package's scripts). The daemon and vgpuctl get their own virtual
+# environment: Debian's and Ubuntu's system Python refuses pip (PEP 668), and
+# our dependencies stay out of the system's. It is built beside the old one
+# and swapped in, never rebuilt under a running daemon's feet.
+VENV_NEW = $(DESTDIR)$(LIBDIR)/venv.new
 install: lib
-	install -d $(DESTDIR)$(LIBDIR) $(DESTDIR)/etc/vgpud $(DESTDIR)/lib/systemd/system
-	install -m 0644 $(LIB) $(DESTDIR)$(LIBDIR)/libvgpu.so
-	install -m 0644 $(ATOMICS) $(DESTDIR)$(LIBDIR)/libvgpu-atomics.so
-	install -m 0644 systemd/vgpud.service $(DESTDIR)/lib/systemd/system/vgpud.service
-	test -e $(DESTDIR)/etc/vgpud/vgpud.toml || install -m 0644 etc/vgpud.toml $(DESTDIR)/etc/vgpud/vgpud.toml
-	$(PYTHON) -m pip install .
+	install -d $(DESTDIR)$(LIBDIR) $(DESTDIR)$(BINDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)/etc/vgpud
+	install -m 0644 $(LIB) $(ATOMICS) $(DESTDIR)$(LIBDIR)/
+	rm -rf $(VENV_NEW)
+	$(INSTALL_PYTHON) -m venv $(VENV_NEW)
+	@# pip builds from a copy: setuptools would write its own build/ into ours.
+	src=$$(mktemp -d) && cp -r pyproject.toml vgpud $$src/ && \
+	  $(VENV_NEW)/bin/pip install -q --no-compile --root-user-action=ignore $$src; \
+	  rc=$$?; rm -rf $$src; exit $$rc
+	@# Point the venv at where it will live, and compile it for that place
+	@# (the service cannot write byte code: /usr is read-only to it).
+	grep -rlF '$(VENV_NEW)' $(VENV_NEW)/bin $(VENV_NEW)/pyvenv.cfg | xargs -r sed -i 's|$(VENV_NEW)|$(LIBDIR)/venv|g'
+	$(INSTALL_PYTHON) -m compileall -q -f -s $(VENV_NEW) -p $(LIBDIR)/venv $(VENV_NEW)/lib
+	rm -rf $(DESTDIR)$(LIBDIR)/venv.old
+	if [ -d $(DESTDIR)$(LIBDIR)/venv ]; then mv $(DESTDIR)$(LIBDIR)/venv $(DESTDIR)$(LIBDIR)/venv.old; fi
+	mv $(VENV_NEW) $(DESTDIR)$(LIBDIR)/venv
+	rm -rf $(DESTDIR)$(LIBDIR)/venv.old
+	ln -sfn $(LIBDIR)/venv/bin/vgpud $(DESTDIR)$(BINDIR)/vgpud
+	ln -sfn $(LIBDIR)/venv/bin/vgpuctl $(DESTDIR)$(BINDIR)/vgpuctl
+	sed 's|^ExecStart=/usr/bin/vgpud |ExecStart=$(BINDIR)/vgpud |' systemd/vgpud.service > $(DESTDIR)$(UNITDIR)/vgpud.service
+	chmod 0644 $(DESTDIR)$(UNITDIR)/vgpud.service
+	@# An existing config is the admin's: never overwritten.
+	test -e $(DESTDIR)/etc/vgpud/vgpud.toml || { \
+	  sed 's|^lib_dir = .*|lib_dir = "$(LIBDIR)"|' etc/vgpud.toml > $(DESTDIR)/etc/vgpud/vgpud.toml && \
+	  chmod 0644 $(DESTDIR)/etc/vgpud/vgpud.toml; }
+	@if [ -z "$(DESTDIR)" ]; then \
+	  getent group vgpud >/dev/null || groupadd --system vgpud; \
+	  if [ -d /run/systemd/system ]; then systemctl daemon-reload; fi; \
+	fi
+
+# Removes what install added; keeps /etc/vgpud (config), /var/lib/vgpud
+# (state), /run/vgpud (blocks that running processes may still map) and the
+# vgpud group (files may belong to it).
+uninstall:
+	@if [ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ]; then \
+	  systemctl disable --now vgpud.service 2>/dev/null || true; fi
+	rm -f $(DESTDIR)$(BINDIR)/vgpud $(DESTDIR)$(BINDIR)/vgpuctl $(DESTDIR)$(UNITDIR)/vgpud.service
+	rm -f $(DESTDIR)$(LIBDIR)/libvgpu.so $(DESTDIR)$(LIBDIR)/libvgpu-atomics.so
+	rm -rf $(DESTDIR)$(LIBDIR)/venv $(DESTDIR)$(LIBDIR)/venv.new $(DESTDIR)$(LIBDIR)/venv.old
+	rmdir $(DESTDIR)$(LIBDIR) 2>/dev/null || true
+	@if [ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ]; then systemctl daemon-reload; fi
 
 clean:
 	rm -rf $(BUILD)

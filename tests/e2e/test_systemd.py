@@ -130,6 +130,23 @@ def journal_events(system: SystemdNamespace) -> list[dict[str, Any]]:
     return [json.loads(line) for line in system.journal(UNIT).splitlines() if line.startswith("{")]
 
 
+def wait_logged(system: SystemdNamespace, event: str, **fields: Any) -> None:
+    """Until the daemon's journal has ``event`` with ``fields`` (the journal
+    takes a moment after the daemon wrote it)."""
+
+    def logged() -> bool:
+        return any(
+            e.get("event") == event and all(e.get(k) == v for k, v in fields.items())
+            for e in journal_events(system)
+        )
+
+    wait_for(logged, f"the daemon to log {event!r} {fields}", timeout=20)
+
+
+def wait_journal_line(system: SystemdNamespace, unit: str, line: str) -> None:
+    wait_for(lambda: line in system.journal(unit).splitlines(), f"{line!r} in {unit}'s log", 20)
+
+
 # --- the install ----------------------------------------------------------------
 
 
@@ -227,8 +244,7 @@ def test_start_is_ready_serves_the_api_and_logs_json(system: SystemdNamespace) -
     assert api(system, "GET", "/v1/vgpus") == (200, [])
     assert not system.host_path(f"/run/vgpud/{vgpu['id']}").exists()
 
-    events = [e["event"] for e in journal_events(system)]
-    assert "vgpud ready" in events, events
+    wait_logged(system, "vgpud ready")
 
 
 def test_socket_is_for_root_and_the_vgpud_group(system: SystemdNamespace) -> None:
@@ -289,7 +305,8 @@ def test_ctypes_callbacks_work_under_memory_deny_write_execute(system: SystemdNa
     system.host_path("/run/vgpud-test/units/mdwe-probe.service").write_text(MDWE_UNIT)
     system.systemctl("daemon-reload")
     system.systemctl("start", "mdwe-probe.service")  # oneshot: returns when it is done
-    assert system.journal("mdwe-probe.service").splitlines()[:2] == ["callback 42", "wx denied"]
+    wait_journal_line(system, "mdwe-probe.service", "callback 42")
+    wait_journal_line(system, "mdwe-probe.service", "wx denied")
 
 
 def test_reload_rereads_the_config_in_the_same_process(system: SystemdNamespace) -> None:
@@ -297,13 +314,7 @@ def test_reload_rereads_the_config_in_the_same_process(system: SystemdNamespace)
     system.run("sed", "-i", "s/^scan_interval = .*/scan_interval = 0.5/", "/etc/vgpud/vgpud.toml")
     system.systemctl("reload", UNIT)
 
-    def changed() -> bool:
-        return any(
-            e["event"] == "config changed" and e.get("key") == "scan_interval"
-            for e in journal_events(system)
-        )
-
-    wait_for(changed, "the daemon to log the reloaded scan_interval", timeout=20)
+    wait_logged(system, "config changed", key="scan_interval", new=0.5)
     assert int(system.show(UNIT, "MainPID")["MainPID"]) == pid
 
 
@@ -332,7 +343,7 @@ def test_a_hung_daemon_is_restarted_and_its_vgpus_survive(system: SystemdNamespa
 
     wait_for(restarted, "the watchdog to kill the daemon and systemd to restart it", 60)
     assert int(system.show(UNIT, "MainPID")["MainPID"]) != pid
-    assert "Watchdog timeout" in system.journal(UNIT)
+    wait_journal_line(system, UNIT, "vgpud.service: Watchdog timeout (limit 5s)!")
     # The restarted daemon adopted the blocks in place: same files, same vGPU.
     assert control.stat().st_ino == inode
     code, got = api(system, "GET", f"/v1/vgpus/{vgpu['id']}")
@@ -351,7 +362,7 @@ def test_stop_removes_the_socket_and_keeps_blocks_and_state(system: SystemdNames
     assert not system.host_path("/run/vgpud/vgpud.sock").exists()
     assert {p.name for p in blocks.iterdir()} >= {"control", "usage"}
     assert system.host_path("/var/lib/vgpud/vgpus.json").is_file()
-    assert any(e["event"] == "vgpud stopped" for e in journal_events(system))
+    wait_logged(system, "vgpud stopped")
 
     start(system)
     code, got = api(system, "GET", f"/v1/vgpus/{vgpu['id']}")
