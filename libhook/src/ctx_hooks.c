@@ -43,7 +43,7 @@ static CUresult created(struct overhead_probe *probe, CUresult rc, const char *w
     if (probe->index == VGPU_DEV_FOREIGN || overhead_end(probe) != 0) {
         destroy(*pctx);
         *pctx = NULL;
-        return budget_oom(probe->index, what, 0);
+        return budget_oom(probe->index, what, probe->wanted);
     }
     return rc;
 }
@@ -115,7 +115,7 @@ VGPU_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
     if (index == VGPU_DEV_FOREIGN || overhead_end(&probe) != 0) {
         primary_release(dev);
         *pctx = NULL;
-        return budget_oom(index, "primary context creation", 0);
+        return budget_oom(index, "primary context creation", probe.wanted);
     }
     return rc;
 }
@@ -164,7 +164,7 @@ static CUresult loaded(struct overhead_probe *probe, CUresult rc, CUmodule *modu
     if (overhead_end(probe) != 0) {
         vgpu_real_cuda.cuModuleUnload(*module);
         *module = NULL;
-        return budget_oom(probe->index, "module load", 0);
+        return budget_oom(probe->index, "module load", probe->wanted);
     }
     return rc;
 }

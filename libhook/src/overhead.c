@@ -168,8 +168,10 @@ int overhead_end(struct overhead_probe *probe)
         return 0;
     pthread_mutex_lock(&lock);
     if (!probe->by_device) {
-        if (measure_process(probe->nvml, probe->index, &target) == 0)
+        if (measure_process(probe->nvml, probe->index, &target) == 0) {
+            probe->wanted = target;
             rc = charge(probe->index, target);
+        }
     } else {
         uint64_t after, current = 0;
         struct vgpu_proc_slot *slot = vgpu_slot();
@@ -180,6 +182,7 @@ int overhead_end(struct overhead_probe *probe)
                          : current - (probe->device_before - after < current
                                           ? probe->device_before - after
                                           : current);
+            probe->wanted = target;
             rc = charge(probe->index, target);
         }
     }

@@ -265,6 +265,7 @@ struct overhead_probe {
     nvmlDevice_t nvml;       /* the device through the real NVML, or NULL */
     bool by_device;          /* no host pid: use the device's used delta */
     uint64_t device_before;  /* by_device: device used before the call */
+    uint64_t wanted;         /* the overhead overhead_end tried to charge */
 };
 void overhead_begin(struct overhead_probe *probe, CUdevice dev, int index);
 /* After the call succeeded: re-measure and charge the difference. -1 if the

@@ -85,6 +85,9 @@
     X(cuGraphAddMemAllocNode, cuGraphAddMemAllocNode, cuGraphAddMemAllocNode) \
     X(cuGraphAddMemFreeNode, cuGraphAddMemFreeNode, cuGraphAddMemFreeNode) \
     X(cuGraphDestroy, cuGraphDestroy, cuGraphDestroy) \
+    X(cuGraphInstantiateWithFlags, cuGraphInstantiateWithFlags, cuGraphInstantiateWithFlags) \
+    X(cuGraphLaunch, cuGraphLaunch, cuGraphLaunch) \
+    X(cuGraphExecDestroy, cuGraphExecDestroy, cuGraphExecDestroy) \
     X(cuDeviceGraphMemTrim, cuDeviceGraphMemTrim, cuDeviceGraphMemTrim) \
     X(cuMemHostAlloc, cuMemHostAlloc, cuMemHostAlloc) \
     X(cuMemFreeHost, cuMemFreeHost, cuMemFreeHost) \
@@ -121,6 +124,7 @@ struct allocation {
     uint64_t size;
     CUdeviceptr ptr;   /* linear paths */
     void *handle;      /* arrays, host memory, graphs */
+    CUgraphExec exec;  /* graph path: the launched graph */
     CUmemGenericAllocationHandle vmm;
 };
 
@@ -215,9 +219,12 @@ static void report(const char *op, const char *path, uint64_t size, CUresult rc)
     fflush(stdout);
 }
 
+/* A graph with one memory allocation node, instantiated and launched so
+ * that the allocation exists (and may be freed outside the graph). */
 static CUresult alloc_graph(struct allocation *a)
 {
     CUgraph graph = NULL;
+    CUgraphExec exec = NULL;
     CUDA_MEM_ALLOC_NODE_PARAMS params;
     memset(&params, 0, sizeof(params));
     params.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
@@ -228,20 +235,31 @@ static CUresult alloc_graph(struct allocation *a)
     CUresult rc = cu.cuGraphCreate(&graph, 0);
     if (rc == CUDA_SUCCESS)
         rc = cu.cuGraphAddMemAllocNode(&node, graph, NULL, 0, &params);
+    if (rc == CUDA_SUCCESS)
+        rc = cu.cuGraphInstantiateWithFlags(&exec, graph, 0);
+    if (rc == CUDA_SUCCESS)
+        rc = cu.cuGraphLaunch(exec, NULL);
+    if (rc == CUDA_SUCCESS)
+        rc = cu.cuCtxSynchronize();
     if (rc != CUDA_SUCCESS) {
+        if (exec != NULL)
+            cu.cuGraphExecDestroy(exec);
         if (graph != NULL)
             cu.cuGraphDestroy(graph);
         return rc;
     }
     a->ptr = params.dptr;
     a->handle = graph;
+    a->exec = exec;
     return rc;
 }
 
 static CUresult do_alloc(struct allocation *a)
 {
-    CUDA_ARRAY_DESCRIPTOR d2 = {a->size / 4, 0, CU_AD_FORMAT_FLOAT, 1};
-    CUDA_ARRAY3D_DESCRIPTOR d3 = {a->size / 4, 0, 0, CU_AD_FORMAT_FLOAT, 1, 0};
+    /* Shapes every GPU accepts: rows of 4096 floats; cubes 256 x 256 floats
+     * deep; a 2D mipmap of two levels (the second a quarter of the first). */
+    CUDA_ARRAY_DESCRIPTOR d2 = {4096, a->size / 16384, CU_AD_FORMAT_FLOAT, 1};
+    CUDA_ARRAY3D_DESCRIPTOR d3 = {256, 256, a->size / 262144, CU_AD_FORMAT_FLOAT, 1, 0};
     size_t pitch;
     switch (a->path) {
     case P_ALLOC:
@@ -280,8 +298,9 @@ static CUresult do_alloc(struct allocation *a)
     case P_ARRAY3D:
         return cu.cuArray3DCreate((CUarray *)&a->handle, &d3);
     case P_MIPMAP:
-        /* Two levels: size/4 + size/8 elements of 4 bytes. */
-        d3.Width = a->size / 4;
+        d3.Width = 4096;
+        d3.Height = a->size / 16384;
+        d3.Depth = 0;
         return cu.cuMipmappedArrayCreate((CUmipmappedArray *)&a->handle, &d3, 2);
     case P_GRAPH:
         return alloc_graph(a);
@@ -308,6 +327,9 @@ static CUresult do_free(struct allocation *a)
     case P_GRAPH: {
         /* The graph memory is freed like any stream-ordered allocation. */
         CUresult rc = cu.cuMemFreeAsync(a->ptr, NULL);
+        if (rc == CUDA_SUCCESS)
+            rc = cu.cuCtxSynchronize();
+        cu.cuGraphExecDestroy(a->exec);
         cu.cuGraphDestroy((CUgraph)a->handle);
         return rc;
     }

@@ -21,7 +21,7 @@ LIMIT = 100 * MiB
 OOM = "CUDA_ERROR_OUT_OF_MEMORY"
 
 # What each path charges for a 4 MiB request (see vgpu-memprobe.c for the
-# shapes): the mipmapped array has a second level of half the size.
+# shapes): the 2D mipmapped array has a second level of a quarter the size.
 CHARGE = {
     "alloc": 4 * MiB,
     "alloc_v1": 4 * MiB,
@@ -32,7 +32,7 @@ CHARGE = {
     "vmm": 4 * MiB,
     "array": 4 * MiB,
     "array3d": 4 * MiB,
-    "mipmap": 6 * MiB,
+    "mipmap": 5 * MiB,
     "graph": 4 * MiB,
 }
 # Freed pool memory stays on the device until the pool is trimmed.
