@@ -522,6 +522,10 @@ class ControlBlock(_Mapping):
     kind = "control"
     _c: ControlC
 
+    def __init__(self, path: Path, mm: mmap.mmap, atomics: Atomics) -> None:
+        super().__init__(path, mm, atomics)
+        self._published: dict[int, tuple[int, int]] = {}  # dev -> (quota, window) written
+
     @classmethod
     def create(
         cls,
@@ -619,15 +623,19 @@ class ControlBlock(_Mapping):
         self._atomics.store_u32(self._addr(e, "share_ppm"), share_ppm)
 
     def write_throttle(self, dev_index: int, quota_ppm: int, window_ns: int = 0) -> bool:
-        """Publish a quota; returns whether anything changed (and was written)."""
+        """Publish a quota; returns whether anything changed (and was written).
+        The daemon is the only writer, so what it published last is what the
+        entry holds: a repeated quota (most ticks) costs no read of the block."""
         _check_ppm(quota_ppm, "quota_ppm")
-        current = self.read_throttle(dev_index)
-        if current.quota_ppm == quota_ppm and current.window_ns == window_ns:
+        if self._published.get(dev_index) == (quota_ppm, window_ns):
             return False
-        _seqlock_write(
-            self._atomics, self._addr(self._dev(dev_index), "throttle"), quota_ppm, window_ns
-        )
-        return True
+        current = self.read_throttle(dev_index)
+        if (current.quota_ppm, current.window_ns) != (quota_ppm, window_ns):
+            _seqlock_write(
+                self._atomics, self._addr(self._dev(dev_index), "throttle"), quota_ppm, window_ns
+            )
+        self._published[dev_index] = (quota_ppm, window_ns)
+        return (current.quota_ppm, current.window_ns) != (quota_ppm, window_ns)
 
     def read_throttle(self, dev_index: int) -> Throttle:
         return _seqlock_read(self._atomics, self._addr(self._dev(dev_index), "throttle"))
@@ -657,6 +665,8 @@ _UDEV_OFF = UsageC.devices.offset
 _UDEV_SIZE = ctypes.sizeof(UsageDeviceC)
 _PDEV_OFF = ProcSlotC.dev.offset
 _PDEV_WORDS = ctypes.sizeof(ProcDeviceC) // 8
+_UDEV_GPU_TIME = UsageDeviceC.gpu_time_ns.offset // 8
+_UDEV_THROTTLED = UsageDeviceC.throttled_ns.offset // 8
 # The word views below rely on every struct being a whole number of u64s.
 assert _SLOT_SIZE % 8 == 0 and _UDEV_SIZE % 8 == 0 and _SLOTS_OFF % 8 == 0
 assert _UDEV_OFF % 8 == 0 and _PDEV_OFF % 8 == 0 and ctypes.sizeof(UsageC) % 8 == 0
@@ -775,6 +785,15 @@ class UsageBlock(_Mapping):
                     **values,
                 )
             )
+        return out
+
+    def pacing_counters(self) -> list[tuple[int, int]]:
+        """(gpu_time_ns, throttled_ns) per device: the controller's inputs,
+        read every tick, so without building UsageDevice objects."""
+        out = []
+        for d in range(self.device_count):
+            w = (_UDEV_OFF + d * _UDEV_SIZE) // 8
+            out.append((self._w64[w + _UDEV_GPU_TIME], self._w64[w + _UDEV_THROTTLED]))
         return out
 
     def slots(self) -> list[SlotView]:

@@ -305,7 +305,8 @@ class Daemon:
 
     def _summary(self, service: Service) -> str:
         return (
-            f"{len(service.registry.entries)} vGPUs, {len(service.processes)} processes, "
+            f"{len(service.registry.entries)} vGPUs, "
+            f"{len(service.track.processes) if service.track else 0} processes, "
             f"{len(service.devices())} GPUs"
         )
 

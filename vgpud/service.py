@@ -22,7 +22,7 @@ from vgpud.model import CreateRequest, GpuLike, Limits, UpdateRequest, Vgpu
 from vgpud.nvml import NvmlSample
 from vgpud.placement import Rules
 from vgpud.registry import Entry, Registry
-from vgpud.tracker import TrackSnapshot
+from vgpud.tracker import TrackedProcess, TrackSnapshot
 from vgpud.units import parse_memory
 
 
@@ -84,7 +84,7 @@ class Service:
         self.figures: dict[str, GpuFigures] = {}  # by GPU uuid, from the sampler
         self.sample: NvmlSample | None = None  # the sampler's latest
         self.track: TrackSnapshot | None = None  # the last scan
-        self.processes: list[ProcessView] = []  # from the last scan
+        self._views: tuple[TrackSnapshot | None, list[ProcessView]] = (None, [])
         # Held while a worker thread reads the blocks, and to unmap one.
         self.blocks_lock = asyncio.Lock()
 
@@ -126,6 +126,16 @@ class Service:
             return self.registry.delete(key, force=force, processes=self.process_count(entry))
 
     # --- views ------------------------------------------------------------------
+
+    @property
+    def processes(self) -> list[ProcessView]:
+        """The last scan's processes, built when first asked for (not every scan)."""
+        track = self.track
+        if track is None:
+            return []
+        if self._views[0] is not track:
+            self._views = (track, [process_view(p) for p in track.processes.values()])
+        return self._views[1]
 
     def process_count(self, entry: Entry) -> int:
         """Processes holding a slot now (a dead one's slot is reclaimed
@@ -174,7 +184,8 @@ class Service:
         figures = self.figures.get(uuid)
         if figures is None or figures.process_util is None:
             return None
-        pids = {p.host_pid for p in self.processes if p.vgpu == vgpu_id}
+        use = self.track.vgpus.get(vgpu_id) if self.track is not None else None
+        pids = set(use.pids) if use is not None else set()
         return round(sum(u for pid, u in figures.process_util.items() if pid in pids), 1)
 
     def matches(
@@ -226,6 +237,27 @@ class Service:
             "nvml": bool(getattr(self.gpus, "available", True)),
             "driver_version": getattr(self.gpus, "driver_version", None),
         }
+
+
+def process_view(p: TrackedProcess) -> ProcessView:
+    ref = p.container
+    return ProcessView(
+        host_pid=p.pid,
+        container_pid=p.ns_pid,
+        vgpu=p.vgpu_id,
+        slot=p.slot,
+        kind=str(p.kind),
+        comm=p.comm,
+        memory=dict(p.memory),
+        hooked=dict(p.hooked),
+        utilization=dict(p.sm_util),
+        container={
+            "runtime": str(ref.runtime),
+            "id": ref.container_id,
+            "pod_uid": ref.pod_uid,
+            "cgroup": ref.cgroup_path,
+        },
+    )
 
 
 def _version() -> str:

@@ -48,12 +48,13 @@ class Steering:
         for e in entries:
             soft = e.vgpu.limits.mode == "soft"
             share_ppm = e.vgpu.limits.share * (PPM_FULL // 100)
-            for i, (s, u) in enumerate(zip(e.vgpu.slices, e.usage.devices(), strict=True)):
+            pacing = e.usage.pacing_counters()
+            for i, (s, pace) in enumerate(zip(e.vgpu.slices, pacing, strict=True)):
                 key = (e.vgpu.id, s.gpu_uuid)
                 allocations.append(
                     ctl.Allocation(e.vgpu.id, s.gpu_uuid, share_ppm, soft, e.vgpu.limits.weight)
                 )
-                counters[key] = (u.gpu_time_ns, u.throttled_ns)
+                counters[key] = pace
                 writers[key] = partial(e.control.write_throttle, i, window_ns=ctl.WINDOW_NS)
         for vgpu_id, blocks in standalone.items():
             limits = blocks.usage.standalone_limits()

@@ -21,8 +21,8 @@ from vgpud import backstop, reaper
 from vgpud import events as ev
 from vgpud.events import EventLog
 from vgpud.registry import Entry
-from vgpud.service import ProcessView, Service
-from vgpud.tracker import TrackedProcess, Tracker, TrackSnapshot, VgpuBlocks
+from vgpud.service import Service
+from vgpud.tracker import Tracker, TrackSnapshot, VgpuBlocks
 
 T = TypeVar("T")
 
@@ -40,27 +40,6 @@ class _Counters:
     throttled: tuple[int, ...]
 
 
-def process_view(p: TrackedProcess) -> ProcessView:
-    ref = p.container
-    return ProcessView(
-        host_pid=p.pid,
-        container_pid=p.ns_pid,
-        vgpu=p.vgpu_id,
-        slot=p.slot,
-        kind=str(p.kind),
-        comm=p.comm,
-        memory=dict(p.memory),
-        hooked=dict(p.hooked),
-        utilization=dict(p.sm_util),
-        container={
-            "runtime": str(ref.runtime),
-            "id": ref.container_id,
-            "pod_uid": ref.pod_uid,
-            "cgroup": ref.cgroup_path,
-        },
-    )
-
-
 class Watch:
     def __init__(self, service: Service, events: EventLog, tracker: Tracker) -> None:
         self.service = service
@@ -76,7 +55,6 @@ class Watch:
         views = {e.vgpu.id: VgpuBlocks(e.usage, e.control) for e in entries}
         snapshot = await self.in_thread(self.tracker.scan, views, self.service.sample)
         self.service.track = snapshot
-        self.service.processes = [process_view(p) for p in snapshot.processes.values()]
         for p in snapshot.arrivals:
             self.events.publish(
                 ev.PROCESS_STARTED,

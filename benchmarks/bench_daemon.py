@@ -1,0 +1,248 @@
+"""Daemon cost: CPU with 100 vGPUs and 1000 tracked processes at the default
+periods, and API latency at 200 requests/s.
+
+    .venv/bin/python benchmarks/bench_daemon.py [--vgpus 100] [--procs 1000]
+        [--cpu-seconds 30] [--rate 200] [--api-seconds 15] [--markdown FILE]
+
+What is real and what is simulated: the daemon is the real vgpud (default
+config periods: control 0.1 s, NVML sample 0.2 s, scan 1 s) on the
+simulated GPU (build/sim, 4 devices). The processes are real: 1000 sleeping
+processes, each given an ACTIVE slot in one vGPU's usage block with its real
+identity (PID namespace, pid, start time), written the way the hook writes
+it, so the tracker maps, publishes host pids and checks liveness for each of
+them every scan. They make no CUDA calls, so NVML lists none of them and the
+per-process utilization path is idle. The API load is GETs of a vGPU (by id),
+/v1/health and /v1/devices, a new unix-socket connection per request (what
+vgpuctl does), paced open-loop at the given rate from another process; the
+latency is measured by that client.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import mmap
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from multiprocessing import Process, Queue
+from pathlib import Path
+
+from vgpud import __version__
+from vgpud.blocks import SLOT_ACTIVE, UsageC
+from vgpud.ctl.client import Client, DaemonUnreachable
+
+ROOT = Path(__file__).resolve().parents[1]
+SIM_DEVICES = 4
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
+
+
+def start_time(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+
+
+def start_daemon(work: Path, vgpus: int) -> tuple[subprocess.Popen[bytes], Client, dict[str, str]]:
+    env = dict(os.environ)
+    env.update(
+        {
+            "LD_LIBRARY_PATH": str(ROOT / "build" / "sim"),
+            "VGPU_SIM_STATE": str(work / "sim"),
+            "VGPU_SIM_DEVICES": str(SIM_DEVICES),
+            "VGPUD_CDI_DIR": "",
+            "VGPUD_SOCKET_GROUP": "",
+            "VGPUD_LOG_LEVEL": "warning",
+            "VGPUD_MAX_VGPUS_PER_GPU": str(-(-vgpus // SIM_DEVICES)),
+        }
+    )
+    sock = str(work / "s")
+    args = [sys.executable, "-m", "vgpud.daemon", "--sim", "--socket", sock]
+    args += ["--run-dir", str(work / "run"), "--state-dir", str(work / "state")]
+    log = open(work / "vgpud.log", "wb")  # noqa: SIM115 - the daemon keeps it
+    daemon = subprocess.Popen(args, env=env, stdout=log, stderr=log)
+    client = Client(sock)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            client.get("/v1/health")
+            break
+        except DaemonUnreachable:
+            if time.monotonic() > deadline or daemon.poll() is not None:
+                raise SystemExit(f"vgpud did not start; see {work / 'vgpud.log'}") from None
+            time.sleep(0.05)
+    return daemon, client, env
+
+
+def make_vgpus(client: Client, n: int) -> list[dict[str, object]]:
+    out = []
+    for i in range(n):
+        # Soft shares are not admitted against each other: 100 fit on 4 GPUs.
+        body = {"gpus": [i % SIM_DEVICES], "memory": "64m", "share": 5, "mode": "soft"}
+        out.append(client.post("/v1/vgpus", body))
+    return out
+
+
+def give_slots(vgpus: list[dict[str, object]], pids: list[int]) -> None:
+    """Write an ACTIVE slot per process, as the hook would at its first CUDA call."""
+    pidns = os.stat("/proc/self/ns/pid").st_ino
+    per_vgpu = -(-len(pids) // len(vgpus))
+    for n, v in enumerate(vgpus):
+        mine = pids[n * per_vgpu : (n + 1) * per_vgpu]
+        path = v["host_env"]["VGPU_USAGE"]  # type: ignore[index]
+        fd = os.open(path, os.O_RDWR)
+        mm = mmap.mmap(fd, ctypes.sizeof(UsageC))
+        os.close(fd)
+        block = UsageC.from_buffer(mm)
+        for i, pid in enumerate(mine):
+            slot = block.slots[i]
+            slot.pid, slot.pidns, slot.start_time = pid, pidns, start_time(pid)
+            slot.dev[0].used = 1 << 20
+            block.devices[0].used += 1 << 20
+            slot.state = SLOT_ACTIVE
+        del slot, block
+        mm.close()
+
+
+def load(sock: str, paths: list[str], rate: float, seconds: float, out: Queue) -> None:  # type: ignore[type-arg]
+    client = Client(sock)
+    latencies = []
+    errors = 0
+    start = time.perf_counter()
+    n = int(rate * seconds)
+    for i in range(n):
+        due = start + i / rate
+        delay = due - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        t0 = time.perf_counter()
+        try:
+            status, _ = client.raw("GET", paths[i % len(paths)])
+            errors += status != 200
+        except OSError:
+            errors += 1
+        latencies.append(time.perf_counter() - t0)
+    out.put((latencies, errors, time.perf_counter() - start))
+
+
+def loop_costs(client: Client) -> dict[str, tuple[float, float]]:
+    """Mean duration (ms) and rate (per s) of each daemon loop, from /metrics."""
+    text = client.raw("GET", "/metrics")[1].decode()
+    sums: dict[str, float] = {}
+    counts: dict[str, float] = {}
+    for line in text.splitlines():
+        for kind, into in (("_sum", sums), ("_count", counts)):
+            prefix = f'vgpud_loop_duration_seconds{kind}{{loop="'
+            if line.startswith(prefix):
+                name = line[len(prefix) :].split('"')[0]
+                into[name] = float(line.rsplit(" ", 1)[1])
+    return {k: (sums[k] / counts[k] * 1000, counts[k]) for k in sums if counts.get(k)}
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--vgpus", type=int, default=100)
+    p.add_argument("--procs", type=int, default=1000)
+    p.add_argument("--cpu-seconds", type=float, default=30)
+    p.add_argument("--rate", type=float, default=200)
+    p.add_argument("--api-seconds", type=float, default=15)
+    p.add_argument("--markdown", type=Path, help="also write the results here")
+    a = p.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="vgb", dir="/tmp"))
+    daemon, client, _ = start_daemon(work, a.vgpus)
+    sleepers: list[subprocess.Popen[bytes]] = []
+    try:
+        idle_before = cpu_seconds(daemon.pid)
+        time.sleep(5)
+        idle = (cpu_seconds(daemon.pid) - idle_before) / 5 * 100
+        vgpus = make_vgpus(client, a.vgpus)
+        sleepers = [subprocess.Popen(["sleep", "3600"]) for _ in range(a.procs)]
+        give_slots(vgpus, [s.pid for s in sleepers])
+        # Let the tracker see them all (first sight reads status and ns once).
+        deadline = time.monotonic() + 60
+        while len(client.get("/v1/processes")) < a.procs and time.monotonic() < deadline:
+            time.sleep(0.5)
+        tracked = len(client.get("/v1/processes"))
+        time.sleep(2)
+        before, t0 = cpu_seconds(daemon.pid), time.monotonic()
+        time.sleep(a.cpu_seconds)
+        busy = (cpu_seconds(daemon.pid) - before) / (time.monotonic() - t0) * 100
+        loops = loop_costs(client)
+
+        paths = [
+            f"/v1/vgpus/{vgpus[0]['id']}",
+            "/v1/health",
+            "/v1/devices",
+            f"/v1/vgpus/{vgpus[-1]['id']}",
+        ]
+        results: Queue = Queue()  # type: ignore[type-arg]
+        loader = Process(
+            target=load, args=(client.socket_path, paths, a.rate, a.api_seconds, results)
+        )
+        before, t0 = cpu_seconds(daemon.pid), time.monotonic()
+        loader.start()
+        latencies, errors, elapsed = results.get(timeout=a.api_seconds * 4 + 60)
+        loader.join()
+        busy_api = (cpu_seconds(daemon.pid) - before) / (time.monotonic() - t0) * 100
+    finally:
+        for s in sleepers:
+            s.kill()
+        for s in sleepers:
+            s.wait()
+        daemon.terminate()
+        daemon.wait(30)
+
+    ms = [x * 1000 for x in latencies]
+    lines = [
+        "# vgpud daemon benchmark",
+        "",
+        f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {platform.node()}: "
+        f"{os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), "
+        f"Linux {platform.release()}, Python {platform.python_version()}, vgpud {__version__}.",
+        "GPU: SIMULATED (build/sim, 4 devices). Command: "
+        f"`.venv/bin/python benchmarks/bench_daemon.py --vgpus {a.vgpus} --procs {a.procs}`.",
+        "",
+        "Simulated: the GPU. Real: the daemon with its default periods, "
+        f"{a.procs} sleeping processes each holding an ACTIVE slot (real pid, PID namespace and "
+        "start time) in one of the vGPUs' usage blocks, so every scan maps and checks each of "
+        "them; they make no CUDA calls (NVML lists none). See the script's docstring.",
+        "",
+        "| measure | result | target |",
+        "| --- | --- | --- |",
+        f"| daemon CPU, idle, no vGPU | {idle:.2f} % of a core | |",
+        f"| daemon CPU, {a.vgpus} vGPUs, {tracked} tracked processes, {a.cpu_seconds:.0f} s | "
+        f"{busy:.2f} % of a core | < 2 % |",
+        f"| API at {a.rate:.0f} req/s for {a.api_seconds:.0f} s "
+        f"({len(ms)} requests, {errors} errors) | "
+        f"p50 {statistics.median(ms):.2f} ms, p99 {percentile(ms, 99):.2f} ms, "
+        f"max {max(ms):.2f} ms | p99 < 5 ms |",
+        f"| daemon CPU during the API load | {busy_api:.1f} % of a core | |",
+        *(
+            f"| mean time of one `{name}` loop iteration (whole run) | {mean:.2f} ms | |"
+            for name, (mean, _) in sorted(loops.items())
+        ),
+        f"| achieved request rate | {len(ms) / elapsed:.1f} req/s | |",
+        "",
+    ]
+    text = "\n".join(lines)
+    print(text)
+    if a.markdown:
+        a.markdown.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
