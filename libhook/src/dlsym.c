@@ -2,11 +2,12 @@
  * dlsym.c - the dlsym override: the road of programs (and the CUDA runtime)
  * that dlopen the driver and look entry points up by name.
  *
- * We ask glibc's dlsym first, exactly as the caller asked; if the answer is
- * the driver's own pointer for a hooked name, we hand out our wrapper
- * instead. Comparing pointers rather than handles covers every handle that
- * can reach the driver (its own, RTLD_DEFAULT, a library that depends on
- * it) and leaves everything else exactly as glibc answers it.
+ * We ask glibc's dlsym first, exactly as the caller asked. If it finds a
+ * hooked name, the caller gets our wrapper instead, whatever the handle (the
+ * driver's, RTLD_DEFAULT, a library that depends on it, or another copy of
+ * the driver than the one we loaded: a hooked name never escapes, so a
+ * misconfigured VGPU_REAL_LIBCUDA cannot open a way around the limits).
+ * Every other answer is exactly glibc's.
  *
  * RTLD_NEXT is relative to the caller, and glibc takes the caller from the
  * return address, which would be us. We therefore walk the link map from
@@ -76,8 +77,5 @@ VGPU_EXPORT void *dlsym(void *handle, const char *symbol)
     if (fn == NULL || !hooks_maybe_hooked(symbol) || resolve_busy())
         return fn;
     const struct hook_entry *row = hooks_by_name(symbol);
-    if (row == NULL)
-        return fn;
-    resolve_init();
-    return fn == *row->real ? row->wrapper : fn;
+    return row != NULL ? row->wrapper : fn;
 }

@@ -17,10 +17,10 @@
 /* The configuration was refused: show nothing rather than the whole GPU. */
 #define VGPU_NVML_ENTER(name) \
     do { \
-        if (vgpu_real_nvml.name == NULL) \
-            return NVML_ERROR_FUNCTION_NOT_FOUND; \
         if (!vgpu_nvml_enter() && vgpu.mode == VGPU_MODE_FAILED) \
             return NVML_ERROR_NO_PERMISSION; \
+        if (vgpu_real_nvml.name == NULL) \
+            return NVML_ERROR_FUNCTION_NOT_FOUND; \
     } while (0)
 
 /* total/used/free of a limited device; false: show the device as it is. */

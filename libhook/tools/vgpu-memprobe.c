@@ -716,6 +716,10 @@ int main(int argc, char **argv)
         return 1;
     resolve_nvml();
     CUcontext ctx;
+    if (cu.cuInit == NULL || cu.cuGetErrorName == NULL) {
+        printf("{\"op\":\"init\",\"path\":\"\",\"size\":0,\"result\":\"unresolved\",\"code\":-1}\n");
+        return 1;
+    }
     CUresult rc = cu.cuInit(0);
     if (rc == CUDA_SUCCESS)
         rc = cu.cuDeviceGet(&device, ordinal);

@@ -229,3 +229,68 @@ def test_context_overhead_counts_against_the_limit(sim_env: dict[str, str], tmp_
     # A slice smaller than a context cannot even create one.
     tight = probe(standalone(sim_env, tmp_path, CUDA_MEM_LIMIT="32m", VGPU_SIM_CTX_OVERHEAD="48m"))
     assert tight.init["result"] == OOM
+
+
+NVML_LISTS = r"""
+import ctypes, json, struct
+nv = ctypes.CDLL("libnvidia-ml.so.1")
+assert nv.nvmlInit_v2() == 0
+dev = ctypes.c_void_p()
+assert nv.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(dev)) == 0
+out = {}
+for kind in ("Compute", "Graphics", "MPSCompute"):
+    for suffix, size in (("", 16), ("_v2", 24), ("_v3", 24)):
+        fn = getattr(nv, f"nvmlDeviceGet{kind}RunningProcesses{suffix}")
+        count = ctypes.c_uint(0)
+        asked = fn(dev, ctypes.byref(count), None)
+        need = count.value
+        buf = ctypes.create_string_buffer(size * max(need, 1))
+        count = ctypes.c_uint(need)
+        answered = fn(dev, ctypes.byref(count), buf)
+        pids = [struct.unpack_from("I", buf.raw, i * size)[0] for i in range(count.value)]
+        out[kind + suffix] = [asked, need, answered, pids]
+print(json.dumps(out))
+"""
+
+
+def test_nvml_process_lists_keep_the_size_protocol_after_filtering(
+    sim_env: dict[str, str], tmp_path: Path
+) -> None:
+    import json
+    import subprocess
+
+    blocks = vgpu_blocks(tmp_path, 64 * MiB)
+    member = InteractiveProbe(hooked(sim_env, **blocks), ["alloc:alloc:4m", "wait"])
+    outsider = InteractiveProbe(sim_env, ["alloc:alloc:8m", "wait"])
+    try:
+        member.until_wait()
+        outsider.until_wait()
+        out = subprocess.run(
+            ["python3", "-c", NVML_LISTS],
+            env=hooked(sim_env, **blocks),
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    finally:
+        for proc in (member, outsider):
+            proc.resume()
+            proc.finish()
+    lists = json.loads(out)
+    insufficient, success = 7, 0
+    for version in ("Compute", "Compute_v2", "Compute_v3"):
+        assert lists[version] == [insufficient, 1, success, [member.proc.pid]], version
+    for version in ("Graphics", "Graphics_v3", "MPSCompute", "MPSCompute_v2"):
+        assert lists[version] == [success, 0, success, []], version
+
+
+def test_real_libraries_can_be_named(sim_env: dict[str, str], tmp_path: Path) -> None:
+    from tests.conftest import SIM_LIB_DIR
+
+    named = standalone(sim_env, tmp_path, VGPU_REAL_LIBCUDA=str(SIM_LIB_DIR / "libcuda.so.1"))
+    assert probe(named, "meminfo").ops("meminfo")[0]["total"] == LIMIT
+    missing = standalone(sim_env, tmp_path, VGPU_REAL_LIBCUDA=str(tmp_path / "libcuda.so.1"))
+    # The program finds a driver itself; the hook, told to use another, refuses.
+    run = probe(missing, "meminfo", args=["--resolve", "dlsym"])
+    assert run.init["result"] == "CUDA_ERROR_NOT_INITIALIZED"
+    assert "no CUDA driver" in run.stderr
