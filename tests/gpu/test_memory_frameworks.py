@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from .conftest import GiB, MiB, Hooked
+from .conftest import GiB, Hooked, MiB
 
 LIMIT = 4 * GiB
 
@@ -196,8 +196,11 @@ sys.stdin.read()
 
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
     holder = subprocess.Popen(
-        [sys.executable, "-c", hold], env=env, stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE, text=True,
+        [sys.executable, "-c", hold],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
