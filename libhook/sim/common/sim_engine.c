@@ -6,8 +6,9 @@
  * busy_until, by CAS on busy_until: lock-free, so a killed process holds
  * nothing. Kernels of different processes therefore interleave at kernel
  * granularity, like a time-sliced GPU with no preemption. Each claimed
- * interval is recorded in the device's ring, which NVML reads to answer
- * utilization queries.
+ * interval is recorded in the device's ring, with the pid and PID
+ * namespace of its process, which NVML reads to answer utilization queries
+ * in the pids its caller sees.
  */
 #include <errno.h>
 #include <time.h>
@@ -56,7 +57,11 @@ static void record(struct sim_device *d, int pid, uint64_t start, uint64_t end,
     atomic_store(&e->seq, published(n) - 1);
     atomic_store(&e->start, start);
     atomic_store(&e->end, end);
+    static uint64_t pidns;
+    if (pidns == 0)
+        pidns = sim_self_pidns();
     atomic_store(&e->pid, (uint32_t)pid);
+    atomic_store(&e->pidns, (uint32_t)pidns);
     atomic_store(&e->seq, published(n));
     cursor->index = n + 1;
     cursor->end = end;
@@ -93,9 +98,28 @@ static void add_busy(struct sim_pid_busy *out, size_t cap, size_t *count, int pi
     (*count)++;
 }
 
+/* The pid the caller sees for (pidns, pid): one lookup per process per query. */
+struct seen_memo {
+    uint32_t pidns, pid;
+    int seen;
+};
+
+static int seen_pid(struct seen_memo *memo, size_t *used, size_t cap, uint32_t pidns, uint32_t pid)
+{
+    for (size_t i = 0; i < *used; i++)
+        if (memo[i].pidns == pidns && memo[i].pid == pid)
+            return memo[i].seen;
+    int seen = sim_pid_seen(pidns, (int)pid);
+    if (*used < cap)
+        memo[(*used)++] = (struct seen_memo){pidns, pid, seen};
+    return seen;
+}
+
 size_t sim_engine_usage(struct sim_state *st, unsigned dev, uint64_t from, uint64_t to,
                         struct sim_pid_busy *out, size_t cap, uint64_t *total)
 {
+    struct seen_memo memo[64];
+    size_t memo_used = 0;
     struct sim_device *d = &st->devices[dev];
     uint64_t head = atomic_load(&d->ring_head);
     uint64_t oldest = head > SIM_RING_SIZE ? head - SIM_RING_SIZE : 0;
@@ -111,7 +135,7 @@ size_t sim_engine_usage(struct sim_state *st, unsigned dev, uint64_t from, uint6
             continue;  /* still being written */
         }
         uint64_t start = atomic_load(&e->start), end = atomic_load(&e->end);
-        int pid = (int)atomic_load(&e->pid);
+        uint32_t pid = atomic_load(&e->pid), pidns = atomic_load(&e->pidns);
         if (atomic_load(&e->seq) != seq)
             break;
         if (end <= from) {
@@ -124,7 +148,9 @@ size_t sim_engine_usage(struct sim_state *st, unsigned dev, uint64_t from, uint6
         if (hi <= lo)
             continue;
         *total += hi - lo;
-        add_busy(out, cap, &count, pid, hi - lo);
+        int seen = seen_pid(memo, &memo_used, sizeof(memo) / sizeof(memo[0]), pidns, pid);
+        if (seen > 0) /* a process the caller cannot see counts in the total only */
+            add_busy(out, cap, &count, seen, hi - lo);
     }
     return count;
 }

@@ -2,22 +2,31 @@
  * sim_proc.c - process slots and per-device memory accounting.
  *
  * A process is known by its key: pid and start time (/proc/<pid>/stat field
- * 22), so a recycled pid never inherits a dead process's memory. Charging
+ * 22), so a recycled pid never inherits a dead process's memory, and by its
+ * PID namespace: a process in a container records the pid it sees, and a
+ * caller elsewhere maps it to its own view (sim_pid_seen) before judging
+ * it or listing it, as the kernel driver knows every process by its host
+ * pid. Charging
  * is optimistic and lock-free: add to your own slot, then sum the device;
  * over capacity, clear dead owners and sum again, and if still over, take
  * the bytes back. Two racing allocators may both fail near the edge, but
  * the device is never overcommitted.
  */
+#include <dirent.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "sim_state.h"
 
 #define PID_BITS 22
+/* The initial PID namespace's inode is fixed by the kernel (PROC_PID_INIT_INO). */
+#define INIT_PIDNS 0xEFFFFFFCu
+#define SEEN_CACHE 64
 
 uint64_t sim_proc_key(int pid, uint64_t start_time)
 {
@@ -29,7 +38,9 @@ int sim_proc_key_pid(uint64_t key)
     return (int)(key & ((1u << PID_BITS) - 1));
 }
 
-uint64_t sim_proc_key_of(int pid)
+/* Field 22 of /proc/<pid>/stat (clock ticks since boot, the same in every
+ * namespace); 0 if the process does not exist or is a zombie. */
+static uint64_t start_time_of(int pid)
 {
     char path[64], buf[1024];
     snprintf(path, sizeof(path), "/proc/%d/stat", pid);
@@ -54,7 +65,90 @@ uint64_t sim_proc_key_of(int pid)
         p = strchr(p + 1, ' ');
     if (p == NULL)
         return 0;
-    return sim_proc_key(pid, strtoull(p + 1, NULL, 10));
+    return strtoull(p + 1, NULL, 10);
+}
+
+uint64_t sim_proc_key_of(int pid)
+{
+    uint64_t start = start_time_of(pid);
+    return start != 0 ? sim_proc_key(pid, start) : 0;
+}
+
+uint64_t sim_self_pidns(void)
+{
+    struct stat st;
+    return stat("/proc/self/ns/pid", &st) == 0 ? (uint64_t)st.st_ino : 0;
+}
+
+/* Is /proc/<pid> the process with pid `inner` in namespace `pidns`? */
+static bool is_inner(int pid, uint64_t pidns, int inner)
+{
+    char path[64], buf[2048];
+    struct stat st;
+    snprintf(path, sizeof(path), "/proc/%d/ns/pid", pid);
+    if (stat(path, &st) != 0 || (uint64_t)st.st_ino != pidns)
+        return false;
+    snprintf(path, sizeof(path), "/proc/%d/status", pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (n <= 0)
+        return false;
+    buf[n] = '\0';
+    char *line = strstr(buf, "\nNSpid:");
+    if (line == NULL)
+        return false;
+    char *end = strchr(line + 1, '\n'), *last = NULL;
+    for (char *p = line + 7; p != NULL && (end == NULL || p < end); p = strpbrk(p + 1, " \t"))
+        last = p; /* the innermost pid is the line's last field */
+    return last != NULL && atoi(last) == inner;
+}
+
+/* Recent answers of sim_pid_seen: a lookup walks /proc, a check does not. */
+static pthread_mutex_t g_seen_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+    uint64_t pidns;
+    int inner, outer;
+} g_seen[SEEN_CACHE];
+static unsigned g_seen_next;
+
+int sim_pid_seen(uint64_t pidns, int pid)
+{
+    static uint64_t self_ns;
+    if (self_ns == 0)
+        self_ns = sim_self_pidns();
+    if (pidns == self_ns)
+        return pid;
+    if (self_ns != INIT_PIDNS)
+        return -1; /* another container's namespace: not ours to judge */
+    int found = 0;
+    pthread_mutex_lock(&g_seen_lock);
+    for (unsigned i = 0; i < SEEN_CACHE && found == 0; i++)
+        if (g_seen[i].pidns == pidns && g_seen[i].inner == pid && is_inner(g_seen[i].outer, pidns, pid))
+            found = g_seen[i].outer;
+    pthread_mutex_unlock(&g_seen_lock);
+    if (found != 0)
+        return found;
+    DIR *proc = opendir("/proc");
+    if (proc == NULL)
+        return -1;
+    for (struct dirent *e; found == 0 && (e = readdir(proc)) != NULL;) {
+        int outer = atoi(e->d_name);
+        if (outer > 0 && is_inner(outer, pidns, pid))
+            found = outer;
+    }
+    closedir(proc);
+    if (found != 0) {
+        pthread_mutex_lock(&g_seen_lock);
+        unsigned i = g_seen_next++ % SEEN_CACHE;
+        g_seen[i].pidns = pidns;
+        g_seen[i].inner = pid;
+        g_seen[i].outer = found;
+        pthread_mutex_unlock(&g_seen_lock);
+    }
+    return found;
 }
 
 static bool key_is_owner(uint64_t key)
@@ -62,14 +156,27 @@ static bool key_is_owner(uint64_t key)
     return key != 0 && key != SIM_KEY_REAPING;
 }
 
+/* The owner's pid as the caller sees it; 0 if gone, -1 if it cannot tell. */
+static int owner_seen(struct sim_proc *slot, uint64_t key)
+{
+    uint64_t pidns = atomic_load(&slot->pidns);
+    if (pidns == 0)
+        return -1; /* being claimed right now */
+    int pid = sim_pid_seen(pidns, sim_proc_key_pid(key));
+    if (pid <= 0)
+        return pid;
+    return start_time_of(pid) == key >> PID_BITS ? pid : 0;
+}
+
 /* Clear a dead owner's slot; exactly one reaper wins the CAS. */
 static bool reap_if_dead(struct sim_proc *slot, uint64_t key)
 {
-    if (sim_proc_key_of(sim_proc_key_pid(key)) == key)
+    if (owner_seen(slot, key) != 0)
         return false;
     if (atomic_compare_exchange_strong(&slot->key, &key, SIM_KEY_REAPING)) {
         for (unsigned d = 0; d < SIM_MAX_DEVICES; d++)
             atomic_store(&slot->used[d], 0);
+        atomic_store(&slot->pidns, 0);
         atomic_store(&slot->key, 0);
     }
     return true;
@@ -94,6 +201,7 @@ static struct sim_proc *claim_slot(struct sim_state *st, uint64_t key)
             continue;
         seen = 0;
         if (atomic_compare_exchange_strong(&slot->key, &seen, key)) {
+            atomic_store(&slot->pidns, sim_self_pidns());
             uint32_t high = atomic_load(&st->proc_high);
             while (high < i + 1 && !atomic_compare_exchange_weak(&st->proc_high, &high, i + 1))
                 ;
@@ -168,8 +276,11 @@ size_t sim_mem_processes(struct sim_state *st, unsigned dev, struct sim_proc_usa
         uint64_t used = atomic_load(&slot->used[dev]);
         if (!key_is_owner(key) || used == 0 || reap_if_dead(slot, key))
             continue;
+        int pid = owner_seen(slot, key);
+        if (pid <= 0)
+            continue; /* alive, in a namespace the caller cannot see into */
         if (count < cap)
-            out[count] = (struct sim_proc_usage){.pid = sim_proc_key_pid(key), .used = used};
+            out[count] = (struct sim_proc_usage){.pid = pid, .used = used};
         count++;
     }
     return count;

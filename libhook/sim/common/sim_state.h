@@ -24,7 +24,7 @@
 #pragma GCC visibility push(hidden)
 
 #define SIM_STATE_MAGIC 0x4554415453554d49ULL /* "IMUSTATE" little-endian */
-#define SIM_STATE_VERSION 1u
+#define SIM_STATE_VERSION 2u
 
 #define SIM_MAX_DEVICES 16
 #define SIM_MAX_PROCS 1024
@@ -56,8 +56,8 @@ struct sim_interval {
     _Atomic uint64_t seq;
     _Atomic uint64_t start; /* CLOCK_MONOTONIC ns */
     _Atomic uint64_t end;
-    _Atomic uint32_t pid;
-    uint32_t reserved;
+    _Atomic uint32_t pid;   /* as seen in its PID namespace */
+    _Atomic uint32_t pidns; /* that namespace's inode (they fit in 32 bits) */
 };
 
 struct sim_xid {
@@ -82,6 +82,7 @@ struct sim_device {
 
 struct sim_proc {
     _Atomic uint64_t key;
+    _Atomic uint64_t pidns; /* the owner's PID namespace inode; 0 while being claimed */
     _Atomic uint64_t used[SIM_MAX_DEVICES]; /* device bytes charged to the process */
 };
 
@@ -116,6 +117,15 @@ uint64_t sim_proc_key(int pid, uint64_t start_time);
 /* The key of a running process, 0 if it does not exist. */
 uint64_t sim_proc_key_of(int pid);
 int sim_proc_key_pid(uint64_t key);
+/* The inode of the caller's PID namespace. */
+uint64_t sim_self_pidns(void);
+/* A process known by its pid inside PID namespace `pidns`, as the caller
+ * sees it: its pid in the caller's namespace, 0 if no such process is
+ * visible to a caller that would see it (it is gone), -1 if the caller
+ * cannot tell (a namespace it cannot look into). The host (initial
+ * namespace) sees every process, as the kernel driver does: NVML called
+ * there answers with host pids for processes in containers. */
+int sim_pid_seen(uint64_t pidns, int pid);
 /* The calling process's slot, claimed on first use; NULL if all are taken. */
 struct sim_proc *sim_proc_self(struct sim_state *st);
 
