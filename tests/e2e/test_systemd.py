@@ -22,18 +22,16 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT, SIM_LIB_DIR
+from tests.conftest import BUILD, ROOT, SIM_LIB_DIR
 from tests.e2e.systemd.namespace import SystemdNamespace, boot_systemd, unavailable, wait_for
-
-pytestmark = pytest.mark.root
 
 UNIT = "vgpud.service"
 SOCKET = "/run/vgpud.sock"
+SIM_STATE = "/dev/shm/vgpu-sim"  # set for vgpud by units/vgpud.service.d/test.conf
 # What the unit grants (CapabilityBoundingSet=), as /proc/<pid>/status shows it.
 CAPABILITIES = {
     "cap_chown": 0,
     "cap_dac_override": 1,
-    "cap_dac_read_search": 2,
     "cap_kill": 5,
     "cap_sys_ptrace": 19,
     "cap_sys_admin": 21,
@@ -217,6 +215,7 @@ def test_prefix_reaches_the_unit_the_links_and_lib_dir(tmp_path: Path) -> None:
 # --- under systemd ------------------------------------------------------------------
 
 
+@pytest.mark.root
 def test_unit_passes_systemd_analyze_verify(system: SystemdNamespace) -> None:
     if system.run("sh", "-c", "command -v systemd-analyze", check=False).returncode != 0:
         pytest.skip("systemd-analyze is not installed")
@@ -226,6 +225,7 @@ def test_unit_passes_systemd_analyze_verify(system: SystemdNamespace) -> None:
     assert (result.returncode, result.stdout + result.stderr) == (0, "")
 
 
+@pytest.mark.root
 def test_start_is_ready_serves_the_api_and_logs_json(system: SystemdNamespace) -> None:
     start(system)
     status = system.show(UNIT, "StatusText", "NRestarts")
@@ -247,6 +247,7 @@ def test_start_is_ready_serves_the_api_and_logs_json(system: SystemdNamespace) -
     wait_logged(system, "vgpud ready")
 
 
+@pytest.mark.root
 def test_socket_is_for_root_and_the_vgpud_group(system: SystemdNamespace) -> None:
     start(system)
     link = system.host_path(SOCKET)
@@ -264,6 +265,7 @@ def test_socket_is_for_root_and_the_vgpud_group(system: SystemdNamespace) -> Non
     assert system.run(*as_member, "python3", "-c", connect).stdout.strip() == "ok"
 
 
+@pytest.mark.root
 def test_hardening_reaches_the_daemon(system: SystemdNamespace) -> None:
     pid = start(system)
     status = dict(
@@ -298,6 +300,44 @@ SystemCallArchitectures=native
 """
 
 
+BURN_UNIT = """\
+[Service]
+User=nobody
+Environment=LD_PRELOAD=/usr/lib/vgpud/libvgpu.so LD_LIBRARY_PATH=/usr/lib/vgpud/sim
+Environment=VGPU_SIM_STATE={sim_state} CUDA_MEM_LIMIT=1g
+ExecStart={burn} --alloc 256m --hold --seconds 120 --duty 0.1
+"""
+
+
+@pytest.mark.root
+def test_the_sandboxed_daemon_adopts_another_users_standalone_process(
+    system: SystemdNamespace,
+) -> None:
+    """Under the unit's hardening (capabilities, PrivateTmp=, ProtectHome=,
+    ...) the daemon still finds a process of another user, in another
+    service, and adopts its standalone usage block (kept in that process's
+    own /tmp, reached through /proc/<pid>/map_files)."""
+    if not (BUILD / "vgpu-burn").exists():
+        pytest.skip("build/vgpu-burn is not built (run `make`)")
+    start(system)
+    # One simulated machine for the daemon and the burn, whatever their uid.
+    system.run("chmod", "0666", SIM_STATE)
+    unit = BURN_UNIT.format(sim_state=SIM_STATE, burn=BUILD / "vgpu-burn")
+    system.host_path("/run/vgpud-test/units/vgpu-burn.service").write_text(unit)
+    system.systemctl("daemon-reload")
+    system.systemctl("start", "vgpu-burn.service")
+    pid = int(system.show("vgpu-burn.service", "MainPID")["MainPID"])
+
+    def holding() -> dict[str, Any] | None:
+        _, processes = api(system, "GET", "/v1/processes")
+        mine = [p for p in processes if p["host_pid"] == pid]
+        return mine[0] if mine and sum(mine[0]["memory"].values()) >= 256 << 20 else None
+
+    process = wait_for(holding, "the daemon to report the burn's 256 MiB", timeout=30)
+    assert process["kind"] == "standalone", process
+
+
+@pytest.mark.root
 def test_ctypes_callbacks_work_under_memory_deny_write_execute(system: SystemdNamespace) -> None:
     """The unit's MemoryDenyWriteExecute= refuses W+X memory (the negative
     control) yet leaves ctypes callbacks working, in the venv's Python."""
@@ -309,6 +349,7 @@ def test_ctypes_callbacks_work_under_memory_deny_write_execute(system: SystemdNa
     wait_journal_line(system, "mdwe-probe.service", "wx denied")
 
 
+@pytest.mark.root
 def test_reload_rereads_the_config_in_the_same_process(system: SystemdNamespace) -> None:
     pid = start(system)
     system.run("sed", "-i", "s/^scan_interval = .*/scan_interval = 0.5/", "/etc/vgpud/vgpud.toml")
@@ -318,6 +359,7 @@ def test_reload_rereads_the_config_in_the_same_process(system: SystemdNamespace)
     assert int(system.show(UNIT, "MainPID")["MainPID"]) == pid
 
 
+@pytest.mark.root
 def test_watchdog_pings_arrive(system: SystemdNamespace) -> None:
     start(system)
     assert system.show(UNIT, "WatchdogUSec")["WatchdogUSec"] == "5s"
@@ -329,6 +371,7 @@ def test_watchdog_pings_arrive(system: SystemdNamespace) -> None:
     wait_for(lambda: ping() > first, "a WATCHDOG=1 ping after the first", timeout=15)
 
 
+@pytest.mark.root
 def test_a_hung_daemon_is_restarted_and_its_vgpus_survive(system: SystemdNamespace) -> None:
     pid = start(system)
     vgpu = create_vgpu(system, "survivor")
@@ -350,6 +393,7 @@ def test_a_hung_daemon_is_restarted_and_its_vgpus_survive(system: SystemdNamespa
     assert (code, got["name"]) == (200, "survivor")
 
 
+@pytest.mark.root
 def test_stop_removes_the_socket_and_keeps_blocks_and_state(system: SystemdNamespace) -> None:
     start(system)
     vgpu = create_vgpu(system, "kept")
@@ -369,6 +413,7 @@ def test_stop_removes_the_socket_and_keeps_blocks_and_state(system: SystemdNames
     assert (code, got["name"]) == (200, "kept")
 
 
+@pytest.mark.root
 def test_make_uninstall_on_a_node_stops_the_service(system: SystemdNamespace) -> None:
     start(system)
     system.run("make", "--no-print-directory", "-C", str(ROOT), "uninstall")
@@ -379,6 +424,7 @@ def test_make_uninstall_on_a_node_stops_the_service(system: SystemdNamespace) ->
         assert system.host_path(path).exists(), f"uninstall removed {path}"
 
 
+@pytest.mark.root
 def test_the_host_tmp_is_untouched_by_a_boot(bootable: Path, tmp_path: Path) -> None:
     """The guard itself: a file in the host's /tmp outlives a boot and a
     poweroff, and what is written to /tmp inside stays inside
