@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -115,6 +116,7 @@ def main() -> int:
         daemon.terminate()
         daemon.wait(30)
         log.close()
+    shutil.rmtree(work, ignore_errors=True)  # kept (with the log) only when something failed
     return 0
 
 

@@ -176,3 +176,17 @@ def test_a_bad_config_fails_the_start_with_its_own_exit_code(daemon: Daemon) -> 
     daemon.start(wait=False)
     assert daemon.wait() == EXIT_START_FAILED
     assert "placement_policy" in daemon.log()
+
+
+def test_metrics_are_served_on_tcp_when_configured(daemon: Daemon) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    daemon.config_path.write_text(f'metrics_listen = "127.0.0.1:{port}"\n')
+    daemon.start()
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        answer = b""
+        while chunk := conn.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 200") and b"vgpud_loop_duration_seconds" in answer

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import pty
+import select
 import signal
 import subprocess
 import sys
@@ -133,3 +135,30 @@ def test_without_a_daemon_the_message_says_so() -> None:
     done = ctl(sock, "list", check=False)
     assert done.returncode == 1
     assert done.stderr.strip() == f"vgpuctl: vgpud is not running: cannot connect to {sock}"
+
+
+def test_top_is_live_and_q_quits(daemon: Daemon) -> None:
+    env = {**daemon.env, "VGPUD_SOCKET": daemon.socket}
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vgpud.ctl.main", "top", "--interval", "0.2"],
+        env=env,
+        stdin=follower,
+        stdout=follower,
+        stderr=follower,
+    )
+    os.close(follower)
+    seen = b""
+
+    def frames() -> bool:
+        nonlocal seen
+        ready, _, _ = select.select([leader], [], [], 0.1)
+        if ready:
+            seen += os.read(leader, 65536)
+        return seen.count(b"vgpud top") >= 2  # refreshed, not printed once
+
+    wait_for(frames, 20, "two frames")
+    assert b"(q to quit)" in seen
+    os.write(leader, b"q")
+    assert proc.wait(timeout=10) == 0
+    os.close(leader)
