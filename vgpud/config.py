@@ -75,6 +75,10 @@ RESTART_KEYS = frozenset(
         "cdi_dir",
         "sim",
         "metrics_listen",
+        "max_request_bytes",
+        "event_buffer",
+        "proc_root",
+        "cgroup_root",
     }
 )
 

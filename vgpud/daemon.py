@@ -31,7 +31,7 @@ import socket
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +102,16 @@ def main(argv: list[str] | None = None) -> int:
     return asyncio.run(daemon.run())
 
 
+@dataclass
+class Node:
+    """What a started daemon runs: built by Daemon._start, used by the loops."""
+
+    service: Service
+    metrics: Metrics
+    tracker: Tracker
+    watch: Watch
+
+
 class Daemon:
     def __init__(self, config: Config, reload: Callable[[], Config]) -> None:
         self.config = config
@@ -116,27 +126,28 @@ class Daemon:
         self.metrics_runner: web.AppRunner | None = None
         self.registry: Registry | None = None
         self.gpus: nvml.NvmlGateway | nvml.NullNvml | None = None
+        self.node: Node | None = None
         self.socket_inode: int | None = None
         self.last_watchdog = 0.0
 
     async def run(self) -> int:
         self._install_signals()
         try:
-            service = await self._start()
+            node = await self._start()
         except (StartError, ApiError, BlockError, OSError) as exc:
             log.error("vgpud failed to start", reason=str(exc))
             await self._release()
             return EXIT_START_FAILED
         self.notifier.ready()
-        self.notifier.status(self._summary(service))
-        log.info("vgpud ready", socket=self.config.socket, vgpus=len(service.registry.entries))
+        self.notifier.status(self._summary(node.service))
+        log.info("vgpud ready", socket=self.config.socket, vgpus=len(node.service.registry.entries))
         await self.stop_event.wait()
         await self._stop()
         return 0
 
     # --- start ----------------------------------------------------------------
 
-    async def _start(self) -> Service:
+    async def _start(self) -> Node:
         c = self.config
         log.info("starting vgpud", version=__version__, config=c.as_dict())
         atomics = Atomics.load(Path(c.lib_dir))
@@ -148,18 +159,16 @@ class Daemon:
         )
         self.registry.adopt()
         service = Service(c, self.registry, self.gpus, self.events)
-        self.service = service
-        metrics = Metrics(service)
-        self.metrics = metrics
-        self.tracker = Tracker(c.proc_root)
-        self.watch = Watch(service, self.events, self.tracker)
-        await self._serve(service, metrics)
+        tracker = Tracker(c.proc_root)
+        node = Node(service, Metrics(service), tracker, Watch(service, self.events, tracker))
+        self.node = node
+        await self._serve(service, node.metrics)
         self.loops = [
-            self._loop("control", c.control_interval, self._control),
-            self._loop("sample", c.sample_interval, self._sample),
-            self._loop("scan", c.scan_interval, self._scan),
+            self._loop(node, "control", c.control_interval, self._control),
+            self._loop(node, "sample", c.sample_interval, self._sample),
+            self._loop(node, "scan", c.scan_interval, self._scan),
         ]
-        return service
+        return node
 
     def _hook_library(self) -> Path:
         try:
@@ -247,15 +256,15 @@ class Daemon:
     # --- loops ----------------------------------------------------------------
 
     def _loop(
-        self, name: str, interval: float, body: Callable[[], Awaitable[None]]
+        self, node: Node, name: str, interval: float, body: Callable[[Node], Awaitable[None]]
     ) -> asyncio.Task[None]:
         async def run() -> None:
-            histogram = self.metrics.loop_seconds.labels(name)
+            histogram = node.metrics.loop_seconds.labels(name)
             next_at = time.monotonic()
             while True:
                 start = time.monotonic()
                 try:
-                    await body()
+                    await body(node)
                 except asyncio.CancelledError:
                     raise
                 except Exception:
@@ -271,26 +280,25 @@ class Daemon:
         """The current period (a reload may have changed it)."""
         return float(getattr(self.config, f"{name}_interval", default))
 
-    async def _control(self) -> None:
-        assert self.registry is not None
-        service = self.service
+    async def _control(self, node: Node) -> None:
+        service = node.service
         track = service.track
         # Standalone blocks belong to the tracker, which may unmap one while
         # its scan runs: steer them only between scans.
         standalone = track.standalone if track and not service.blocks_lock.locked() else {}
         self.steering.tick(
-            self.registry.all(), standalone, track, service.sample, time.monotonic_ns()
+            service.registry.all(), standalone, track, service.sample, time.monotonic_ns()
         )
         interval = self.notifier.watchdog_interval
         if interval is not None and time.monotonic() - self.last_watchdog >= interval:
             self.notifier.watchdog()
             self.last_watchdog = time.monotonic()
 
-    async def _sample(self) -> None:
+    async def _sample(self, node: Node) -> None:
         assert self.gpus is not None
         sample = await self.gpus.sample()
-        self.service.sample = sample
-        self.service.figures = {
+        node.service.sample = sample
+        node.service.figures = {
             uuid: GpuFigures(
                 memory_used=g.memory_used,
                 utilization=None if g.utilization_gpu is None else float(g.utilization_gpu),
@@ -299,9 +307,9 @@ class Daemon:
             for uuid, g in sample.gpus.items()
         }
 
-    async def _scan(self) -> None:
-        await self.watch.scan()
-        self.notifier.status(self._summary(self.service))
+    async def _scan(self, node: Node) -> None:
+        await node.watch.scan()
+        self.notifier.status(self._summary(node.service))
 
     def _summary(self, service: Service) -> str:
         return (
@@ -338,8 +346,8 @@ class Daemon:
         # Keys read once at start keep their running value until a restart.
         effective = replace(new, **{k: old for k, (old, _) in later.items()})
         self.config = effective
-        if hasattr(self, "service"):
-            self.service.config = effective
+        if self.node is not None:
+            self.node.service.config = effective
         logsetup.set_level(effective.log_level)
         for key, (old, value) in now.items():
             log.info("config changed", key=key, old=old, new=value)
@@ -379,12 +387,10 @@ class Daemon:
         for runner in (self.runner, self.metrics_runner):
             if runner is not None:
                 await runner.cleanup()
-        if hasattr(self, "service"):
-            async with self.service.blocks_lock:  # a scan's thread may still read them
-                self.tracker.close()
-                if self.registry is not None:
-                    self.registry.close()
-        elif self.registry is not None:
+        if self.node is not None:
+            async with self.node.service.blocks_lock:  # a scan's thread may still read them
+                self.node.tracker.close()
+        if self.registry is not None:
             self.registry.close()
         if self.gpus is not None:
             await self.gpus.close()

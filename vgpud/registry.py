@@ -299,6 +299,7 @@ class Registry:
     def _make_blocks(self, v: Vgpu) -> Entry:
         paths = self.paths(v.id)
         directory = paths.control.parent
+        control: ControlBlock | None = None
         try:
             directory.mkdir(mode=0o755)
             os.chmod(directory, 0o755)  # not the umask's choice: containers must reach usage
@@ -308,6 +309,8 @@ class Registry:
             apply_limits(control, v)
             usage = UsageBlock.create(paths.usage, device_count=len(v.slices), atomics=self.atomics)
         except (OSError, BlockError) as exc:
+            if control is not None:
+                control.close()
             shutil.rmtree(directory, ignore_errors=True)
             raise ServerError(f"cannot create the blocks in {directory}: {exc}") from exc
         return Entry(v, control, usage, paths)
