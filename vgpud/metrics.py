@@ -111,4 +111,27 @@ class _StateCollector(Collector):
                 figure = self.service.vgpu_utilization(v.id, s.gpu_uuid)
                 if figure is not None:
                     util.add_metric(labels, figure)
+        # Adopted standalone vGPUs (env-limited containers): their limits
+        # are the environment's, their quota the steer area's.
+        track = self.service.track
+        index = {g.uuid: str(g.index) for g in self.service.devices()}
+        for vgpu_id, blocks in (track.standalone if track is not None else {}).items():
+            own = blocks.usage.standalone_limits()
+            use = track.vgpus.get(vgpu_id) if track is not None else None
+            for i, (uuid, u) in enumerate(zip(own.uuids, blocks.usage.devices(), strict=False)):
+                labels = [vgpu_id, "", index.get(uuid, ""), uuid]
+                used.add_metric(labels, u.used)
+                if own.mem_limit[i]:  # 0: the environment set no limit here
+                    limit.add_metric(labels, own.mem_limit[i])
+                if own.share_ppm[i]:
+                    share.add_metric(labels, own.share_ppm[i] / PPM_FULL)
+                steered = blocks.usage.read_steer(i).quota_ppm  # 0: never steered
+                if steered:
+                    quota.add_metric(labels, steered / PPM_FULL)
+                throttled.add_metric(labels, u.throttled_ns / 1e9)
+                ooms.add_metric(labels, u.oom_count)
+                procs.add_metric(labels, use.live_slots if use is not None else 0)
+                figure = self.service.vgpu_utilization(vgpu_id, uuid)
+                if figure is not None:
+                    util.add_metric(labels, figure)
         yield from (used, limit, util, quota, share, throttled, ooms, procs)

@@ -83,7 +83,7 @@ def session_podman(tmp_path_factory: pytest.TempPathFactory, rootfs: Path) -> It
     private_cdi = storage / "cdi" if supports_cdi_spec_dir() else None
     podman = Podman(storage, rootfs, private_cdi)
     yield podman
-    podman.remove_all()
+    podman.close()
 
 
 @pytest.fixture

@@ -147,10 +147,24 @@ class Podman:
             )
         self.names.clear()
 
+    def close(self) -> None:
+        """Remove the containers and undo the mounts podman made in storage
+        (it mounts its overlay directory over itself), so the directory can
+        be deleted."""
+        self.remove_all()
+        prefix = str(self.storage.resolve()) + "/"
+        mounts = Path("/proc/self/mountinfo").read_text().splitlines()
+        for point in sorted({m.split()[4] for m in mounts}, reverse=True):
+            if point.startswith(prefix):
+                subprocess.run(["umount", "--lazy", point], capture_output=True, check=False)
+
     def _run_args(
         self, devices: Iterable[str], env: Mapping[str, str] | None, volumes: Iterable[str]
     ) -> list[str]:
-        args = ["run", "--network", "none", *ULIMITS]
+        # One root filesystem serves every container: read-only, with a
+        # private tmpfs on /tmp, /var/tmp and /run in each (podman's default
+        # for --read-only), so no container sees another's files.
+        args = ["run", "--network", "none", "--read-only", *ULIMITS]
         for device in devices:
             args += ["--device", device]
         for key, value in (env or {}).items():

@@ -109,7 +109,7 @@ def test_scribbling_on_a_usage_block_harms_neither_the_daemon_nor_another_vgpu(
     victim = make_vgpu(name="bystander", memory="1g", share=20)
     podman.start(
         "bystander",
-        ["vgpu-burn", "--alloc", "256m", "--hold", "--seconds", "8"],
+        ["vgpu-burn", "--alloc", "256m", "--hold", "--seconds", "5"],
         devices=[cdi_device("bystander")],
         env=sim_state,
         volumes=sim_volumes,
