@@ -94,7 +94,11 @@ done
 # tar, not cp: /lib and friends may be symlinks into /usr (merged /usr), and
 # directories that exist keep their modes (the stage's top is 0700).
 tar -C "$stage" -cf - . | tar -C "$root" -xf - --keep-directory-symlink --no-overwrite-dir
-chroot "$root" groupadd --system vgpud
+chroot "$root" sh -c 'getent group vgpud >/dev/null || groupadd --system vgpud'
+# On a node where vgpud is installed for real, its recorded vGPUs stay out.
+if [ -d "$root/var/lib/vgpud" ]; then
+    mount -t tmpfs -o mode=0700 vgpud-test-state "$root/var/lib/vgpud"
+fi
 # --sim looks for the simulated NVML in lib_dir (/usr/lib/vgpud) first.
 mkdir -p "$root/usr/lib/vgpud/sim"
 cp -a "$sim/." "$root/usr/lib/vgpud/sim/"

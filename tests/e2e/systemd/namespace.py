@@ -57,6 +57,8 @@ def unavailable() -> str | None:
         return f"systemd is not installed ({SYSTEMD})"
     if "overlay" not in Path("/proc/filesystems").read_text():
         return "the kernel has no overlayfs"
+    if not Path(f"/proc/self/task/{os.getpid()}/children").exists():
+        return "the kernel does not list a task's children (CONFIG_PROC_CHILDREN)"
     if _cgroup2_mount() is None:
         return "no cgroup v2 hierarchy is mounted (systemd needs one to manage)"
     return None
