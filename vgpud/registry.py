@@ -157,6 +157,22 @@ class Registry:
             usage = UsageBlock.create(paths.usage, device_count=len(v.slices), atomics=self.atomics)
         return Entry(v, control, usage, paths)
 
+    def repair_lost_usage(self) -> list[str]:
+        """Recreate the usage blocks a container cut short under our mapping
+        (``UsageBlock.lost``): the new file serves the vGPU's next
+        processes; those that mapped the old one broke it themselves. The
+        caller makes sure no other thread reads the blocks meanwhile."""
+        repaired = []
+        for entry in self.entries.values():
+            if entry.usage.lost:
+                entry.usage.close()
+                entry.usage = UsageBlock.create(
+                    entry.paths.usage, device_count=len(entry.vgpu.slices), atomics=self.atomics
+                )
+                self._repaired(entry.vgpu, "usage", "truncated under the daemon's mapping")
+                repaired.append(entry.vgpu.id)
+        return repaired
+
     def _repaired(self, v: Vgpu, which: str, why: str) -> None:
         log.warning("block missing or corrupt: recreated", vgpu=v.id, block=which, reason=why)
         self.events.publish(ev.BLOCK_REPAIRED, vgpu=v.id, block=which, reason=why)

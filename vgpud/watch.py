@@ -74,6 +74,8 @@ class Watch:
             self.throttled.discard(gone)
         self._reap(snapshot, views)
         self._backstop(snapshot)
+        async with self.service.blocks_lock:  # no scan thread reads what we unmap
+            self.service.registry.repair_lost_usage()
         return snapshot
 
     def _reap(self, snapshot: TrackSnapshot, views: dict[str, VgpuBlocks]) -> None:

@@ -147,3 +147,15 @@ def test_scribbling_on_a_usage_block_harms_neither_the_daemon_nor_another_vgpu(
     assert vgpud.alive(), vgpud.log_text()
     assert vgpud.request("GET", "/v1/health")[0] == 200
     wait_for(lambda: bystander_used() == 0, "the bystander's memory to be reclaimed")
+    # The daemon noticed the cut-short block and made its vGPU a new one.
+    wait_for(
+        lambda: any(e["type"] == "block.repaired" for e in vgpud.events(scribbler["id"])),
+        "the scribbler's usage block to be recreated",
+    )
+    again = podman.run(
+        ["vgpu-burn", "--alloc", "128m", "--seconds", "0"],
+        devices=[cdi_device("scribbler")],
+        env=sim_state,
+        volumes=sim_volumes,
+    )
+    assert again.returncode == 0, again.stdout + again.stderr

@@ -1,5 +1,6 @@
 """A container can truncate its usage block under the daemon's mapping: the
-daemon must survive it (vgpu_guard.c), and only that block is affected.
+daemon must survive it (vgpu_guard.c), only that block is affected, and the
+daemon recreates it.
 
 Each case runs in a child Python, so a regression kills the child with
 SIGBUS and fails the assertion instead of taking pytest down.
@@ -8,6 +9,7 @@ SIGBUS and fails the assertion instead of taking pytest down.
 from __future__ import annotations
 
 import ctypes
+import os
 import signal
 import subprocess
 import sys
@@ -15,7 +17,14 @@ import textwrap
 from pathlib import Path
 
 from tests.conftest import ROOT
-from vgpud.blocks import Atomics
+from tests.unit.fakes import gpus
+from vgpud.blocks import Atomics, UsageBlock
+from vgpud.events import EventLog
+from vgpud.model import CreateRequest, Limits
+from vgpud.placement import Rules
+from vgpud.registry import Registry
+from vgpud.state import StateStore
+from vgpud.units import parse_memory
 
 
 def run_child(code: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
@@ -104,3 +113,29 @@ def test_a_removed_guard_frees_its_entry() -> None:
         guard = atomics.guard_add(ctypes.addressof(buffer), len(buffer))
         assert guard >= 0
         atomics.guard_remove(guard)
+
+
+def test_the_daemon_recreates_a_usage_block_cut_short(tmp_path: Path) -> None:
+    events = EventLog(100)
+    registry = Registry(
+        tmp_path / "run",
+        StateStore(tmp_path / "state"),
+        tmp_path / "lib.so",
+        Atomics.load(),
+        events,
+    )
+    registry.adopt()
+    limits = Limits(memory=parse_memory("1g"), share=30, mode="hard", weight=100)
+    entry = registry.create(CreateRequest(), limits, gpus(1), Rules())
+    path = entry.paths.usage
+
+    os.truncate(path, 100)
+    assert registry.repair_lost_usage() == []  # nothing touched the lost pages yet
+    entry.usage.slots()  # a scan does
+    assert registry.repair_lost_usage() == [entry.vgpu.id]
+
+    fresh = UsageBlock.open(path, device_count=1)  # a whole, valid block again
+    fresh.close()
+    assert not registry.get(entry.vgpu.id).usage.lost
+    assert [e.type for e in events.since(0)][-1] == "block.repaired"
+    registry.close()
