@@ -66,7 +66,7 @@ class Tuning:
 
     # Integral gain of the hard correction, per second, on the relative error
     # (share - util) / share.
-    ki: float = 2.0
+    ki: float = 3.0
     # Bounds of the correction factor on the share.
     correction_min: float = 0.5
     correction_max: float = 2.0
@@ -88,6 +88,9 @@ class Tuning:
     # Quotas are rounded to this many ppm so that noise does not rewrite
     # the control block every tick.
     quantum_ppm: int = 100
+    # After a share change or a start, NVML figures of this long describe
+    # the ramp from before (200 ms periods reported late), not a bias.
+    settle_s: float = 0.5
 
 
 DEFAULT_TUNING = Tuning()
@@ -137,6 +140,10 @@ class SliceState:
     quota: float = 1.0  # the last quota given (fraction)
     nvml_util: float | None = None  # the last NVML figure (fraction)
     nvml_at_ns: int = 0
+    share_ppm: int = 0  # the share the correction was learnt at
+    active: bool = False
+    learn_from_ns: int = 0  # NVML figures before this are a transition, not a bias
+    held_since_ns: int | None = None  # held back by the pacer without a break since
 
 
 @dataclass(frozen=True)
@@ -155,9 +162,10 @@ class _Reading:
     share: float
     active: bool
     use: float | None  # best figure of its utilization
-    fresh_nvml: float | None  # NVML figure that arrived this tick
+    fresh_nvml: float | None  # NVML figure that arrived this tick, to learn from
     nvml_dt_s: float  # time since the previous NVML figure
     throttled: float  # fraction of the tick its launches waited
+    held_back: bool  # the pacer has held it back long enough to learn from
     state: SliceState
 
 
@@ -214,6 +222,17 @@ def _read(
     dt_s = None if prev.counters_at_ns is None else (now_ns - prev.counters_at_ns) / NS_PER_S
     hook_use = _rate(sample.gpu_time_ns, prev.gpu_time_ns, dt_s)
     throttled = _rate(sample.throttled_ns, prev.throttled_ns, dt_s) or 0.0
+    # Processes the last scan has not seen yet already show in the hook's
+    # counters: they are active from their first paced launch.
+    active = sample.active or bool(hook_use) or throttled > 0
+    learn_from = prev.learn_from_ns
+    settle_ns = round(tuning.settle_s * NS_PER_S)
+    if alloc.share_ppm != prev.share_ppm or (active and not prev.active):
+        learn_from = now_ns + settle_ns
+    held = throttled > tuning.throttled_min
+    held_since = (
+        (prev.held_since_ns if prev.held_since_ns is not None else now_ns) if held else None
+    )
 
     fresh = None if sample.util is None else max(0.0, sample.util) / 100.0
     nvml_dt_s = (now_ns - prev.nvml_at_ns) / NS_PER_S if prev.nvml_util is not None else 0.0
@@ -234,15 +253,22 @@ def _read(
         counters_at_ns=now_ns,
         nvml_util=nvml,
         nvml_at_ns=nvml_at,
+        share_ppm=alloc.share_ppm,
+        active=active,
+        learn_from_ns=learn_from,
+        held_since_ns=held_since,
     )
     return _Reading(
         alloc=alloc,
         share=alloc.share_ppm / PPM_FULL,
-        active=sample.active,
+        active=active,
         use=use,
-        fresh_nvml=fresh,
+        fresh_nvml=fresh if now_ns >= learn_from else None,
         nvml_dt_s=nvml_dt_s,
         throttled=throttled,
+        # The NVML figure describes the last period or two: only when the
+        # pacer held it back through them does a shortfall mean a bias.
+        held_back=held_since is not None and now_ns - held_since >= settle_ns,
         state=new_state,
     )
 
@@ -274,10 +300,9 @@ def _hard(r: _Reading, tuning: Tuning) -> tuple[float, SliceState]:
     correction = r.state.correction
     if r.active and r.fresh_nvml is not None:
         error = (r.share - r.fresh_nvml) / r.share
-        held_back = r.throttled > tuning.throttled_min
         # Anti-windup: credit only while the pacer holds it back; always
         # correct downward when it is above its share.
-        if error < 0 or held_back:
+        if error < 0 or r.held_back:
             step_s = min(r.nvml_dt_s, tuning.max_step_s)
             correction += tuning.ki * error * step_s
             correction = min(max(correction, tuning.correction_min), tuning.correction_max)

@@ -170,19 +170,25 @@ def _fair(wants: dict[str, float]) -> dict[str, float]:
 
 
 def run_plant(
-    vgpus: list[FakeVgpu], seconds: float, events: dict[int, dict[str, float]] | None = None
+    vgpus: list[FakeVgpu],
+    seconds: float,
+    events: dict[int, dict[str, float]] | None = None,
+    share_changes: dict[int, dict[str, float]] | None = None,
 ) -> dict[str, list[int]]:
     """Ticks of 100 ms. A quota written at one tick paces the next; NVML
-    reports every second tick the average of the two ticks before."""
-    allocs = [
-        Allocation(v.name, GPU, ppm(v.share * 100), soft=v.soft, weight=v.weight) for v in vgpus
-    ]
+    reports every second tick the average of the two ticks before. `events`
+    and `share_changes` set demands and shares at given ticks."""
     state = ControllerState()
     quota = {v.name: v.share for v in vgpus}
     quotas_seen: dict[str, list[int]] = {v.name: [] for v in vgpus}
     for step in range(round(seconds * 10)):
         for name, demand in (events or {}).get(step, {}).items():
             next(v for v in vgpus if v.name == name).demand = demand
+        for name, share in (share_changes or {}).get(step, {}).items():
+            next(v for v in vgpus if v.name == name).share = share
+        allocs = [
+            Allocation(v.name, GPU, ppm(v.share * 100), soft=v.soft, weight=v.weight) for v in vgpus
+        ]
         # What each vGPU would get from its pacer, then from time slicing.
         paced = {
             v.name: v.demand if quota[v.name] >= 1.0 else min(v.demand, quota[v.name] * v.bias)
@@ -198,7 +204,7 @@ def run_plant(
         slices = {
             v.name: SliceSample(
                 active=v.demand > 0,
-                util=100 * sum(v.history[-2:]) / 2 if nvml_tick else None,
+                util=100 * sum(v.history[-3:-1]) / 2 if nvml_tick and step > 1 else None,
                 gpu_time_ns=v.gpu_time_ns,
                 throttled_ns=v.throttled_ns,
             )
@@ -249,6 +255,18 @@ def test_hard_that_uses_less_does_not_bank_credit() -> None:
     # From the burst on, no 1 s window is above the share.
     for start in (6.0, 6.5, 7.0):
         assert window_mean(v.history, start, start + 1.0) <= 0.3 + 1e-9
+
+
+@pytest.mark.parametrize("bias", [1.0, 1.2])
+def test_share_change_takes_effect_without_overshoot(bias: float) -> None:
+    """A live change: the quota follows the share at once, and the NVML
+    figures of the ramp (reported late) are not mistaken for a bias."""
+    v = FakeVgpu("a", 0.3, demand=1.0, bias=bias)
+    run_plant([v], seconds=9, share_changes={30: {"a": 0.7}, 60: {"a": 0.3}})
+    assert max(v.history[30:60]) <= 0.7 + 0.02
+    assert window_mean(v.history, 4.0, 6.0) == pytest.approx(0.7, abs=0.02)
+    assert min(v.history[62:90]) >= 0.3 - 0.02
+    assert window_mean(v.history, 7.0, 9.0) == pytest.approx(0.3, abs=0.02)
 
 
 def test_soft_alone_takes_the_whole_device() -> None:

@@ -1,0 +1,625 @@
+"""Compute isolation campaign: how closely vGPUs get their share of GPU time.
+
+Starts vgpud (unprivileged, private socket and dirs), creates vGPUs through
+its API and runs build/vgpu-burn in them with the hook, while a sampler
+process reads NVML (device utilization, and per-process utilization in its
+200 ms periods). The same command runs on a real GPU and on the simulator::
+
+    python benchmarks/bench_compute.py OUTDIR            # the GPU NVML finds
+    python benchmarks/bench_compute.py OUTDIR --sim      # the simulated GPU
+    python benchmarks/bench_compute.py OUTDIR --quick    # fewer cases, 5 s each
+
+Writes OUTDIR/compute.json (every figure), OUTDIR/compute.md (the report)
+and OUTDIR/*.png (timelines). What is measured, against the spec (issue 5):
+
+- accuracy: shares 10..90 x workloads, one hard vGPU alone: mean |util -
+  share| over the measured seconds (target <= 3) and the worst 1 s window
+  (target within +-7). util is NVML's per-process figure summed over the
+  vGPU's processes, cross-checked with the work done (kernels x kernel time).
+- retention: work done at share s against s x the work of an unlimited
+  vGPU (target >= 0.9).
+- co-location: 30/70 and 20/30/50 hard vGPUs at once: each within +-3, and
+  the total work >= 95 % of one unlimited vGPU.
+- soft: a soft vGPU alone (target >= 90 %), then a hard one starts: how long
+  the soft one takes to come back to its share (target <= 1 s).
+- settling: a live PATCH of the share (30 -> 70 -> 30): how long until the
+  utilization is within +-5 of the new share for good (target <= 1 s).
+
+`sample` is the sampler's entry point (run in a child with the environment
+that finds the NVML library): `bench_compute.py sample --device N`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import json
+import math
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.integration.daemon_harness import Daemon, base_env  # noqa: E402
+
+BURN = ROOT / "build" / "vgpu-burn"
+SIM_LIB_DIR = ROOT / "build" / "sim"
+SAMPLE_PERIOD_S = 0.1
+WARMUP_S = 1.5  # burn start-up and the controller's first ticks, not measured
+
+# name -> vgpu-burn arguments; every workload wants the whole GPU.
+WORKLOADS: dict[str, tuple[str, ...]] = {
+    "big": ("--kernel-us", "20000"),  # large GEMM-like kernels
+    "tiny": ("--kernel-us", "10", "--sync", "100"),  # ~10 us kernels
+    "bursts": ("--kernel-us", "100", "--sync", "10"),  # 1 ms bursts, sync after each
+    "graph": ("--kernel-us", "100", "--graph", "50"),  # 5 ms CUDA graphs
+    "multiproc": ("--kernel-us", "1000", "--procs", "3"),  # 3 processes, one vGPU
+}
+KERNEL_US = {name: int(args[1]) for name, args in WORKLOADS.items()}
+
+
+# --- the sampler (child process) ---------------------------------------------
+
+
+def sample_main(device: int) -> int:
+    """Print NVML figures as JSON lines until killed: {"t", "dev"} every
+    SAMPLE_PERIOD_S and {"t", "pid", "ts", "util"} per new process sample."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(device)
+    last_seen = 0
+    out = sys.stdout
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    while True:
+        now = time.time()
+        util = pynvml.nvmlDeviceGetUtilizationRates(handle).gpu
+        out.write(json.dumps({"t": now, "dev": util}) + "\n")
+        try:
+            samples = pynvml.nvmlDeviceGetProcessUtilization(handle, last_seen)
+        except pynvml.NVMLError:
+            samples = []  # no new sample since last_seen
+        for s in samples:
+            last_seen = max(last_seen, s.timeStamp)
+            line = {"t": now, "pid": s.pid, "ts": s.timeStamp / 1e6, "util": s.smUtil}
+            out.write(json.dumps(line) + "\n")
+        out.flush()
+        time.sleep(SAMPLE_PERIOD_S)
+
+
+@dataclass
+class Samples:
+    device: list[tuple[float, float]] = field(default_factory=list)  # (time, %)
+    procs: dict[int, list[tuple[float, float]]] = field(default_factory=dict)  # pid -> (end, %)
+
+
+class Sampler:
+    """The sampler child and what it has printed so far."""
+
+    def __init__(self, env: dict[str, str], device: int) -> None:
+        cmd = [sys.executable, __file__, "sample", "--device", str(device)]
+        self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
+        self.samples = Samples()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            rec = json.loads(line)
+            if "dev" in rec:
+                self.samples.device.append((rec["t"], float(rec["dev"])))
+            else:
+                self.samples.procs.setdefault(rec["pid"], []).append((rec["ts"], rec["util"]))
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not self.samples.device:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the NVML sampler did not start")
+            time.sleep(0.05)
+
+    def wait_past(self, t: float, timeout: float = 5.0) -> None:
+        """Until the sampler has read NVML after time t (the figures of a
+        period arrive up to one sampling period after it ends)."""
+        deadline = time.monotonic() + timeout
+        while not self.samples.device or self.samples.device[-1][0] < t + 2 * SAMPLE_PERIOD_S:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.02)
+
+    def stop(self) -> Samples:
+        self.proc.terminate()
+        self.proc.wait(10)
+        self._reader.join(10)
+        return self.samples
+
+
+# --- analysis ------------------------------------------------------------------
+
+
+def series(samples: Samples, pids: Sequence[int], start: float, end: float) -> list[float]:
+    """Utilization (%) of a set of processes per 200 ms step in [start, end):
+    each process's samples cover the 200 ms before their timestamp."""
+    steps = max(1, round((end - start) / 0.2))
+    total = [0.0] * steps
+    for pid in pids:
+        for ts, util in samples.procs.get(pid, []):
+            i = math.floor((ts - 0.1 - start) / 0.2)  # the middle of the period it covers
+            if 0 <= i < steps:
+                total[i] += util
+    return total
+
+
+def windows(values: list[float], per_window: int = 5) -> list[float]:
+    """Means of every run of `per_window` consecutive steps (1 s sliding)."""
+    return [
+        sum(values[i : i + per_window]) / per_window for i in range(0, len(values) - per_window + 1)
+    ]
+
+
+def device_mean(samples: Samples, start: float, end: float) -> float | None:
+    part = [u for t, u in samples.device if start <= t < end]
+    return sum(part) / len(part) if part else None
+
+
+@dataclass
+class Burn:
+    """A vgpu-burn run and its JSON answer."""
+
+    proc: subprocess.Popen[str]
+    kernel_us: int
+    records: list[dict[str, Any]] = field(default_factory=list)
+
+    def finish(self, timeout: float) -> None:
+        out, err = self.proc.communicate(timeout=timeout)
+        for line in out.splitlines():
+            with contextlib.suppress(json.JSONDecodeError):
+                self.records.append(json.loads(line))
+        if self.proc.returncode != 0:
+            raise RuntimeError(f"vgpu-burn failed ({self.proc.returncode}): {err.strip()}")
+
+    @property
+    def pids(self) -> list[int]:
+        return [r["pid"] for r in self.records if "pid" in r]
+
+    @property
+    def work(self) -> float:
+        """Fraction of the device the kernels it completed occupied."""
+        summary = next(r for r in self.records if r.get("summary"))
+        return summary["kernels"] * self.kernel_us / 1e6 / summary["wall_s"]
+
+
+# --- the campaign ---------------------------------------------------------------
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace, workdir: Path) -> None:
+        self.args = args
+        self.env = base_env()
+        if args.sim:
+            self.env["LD_LIBRARY_PATH"] = str(SIM_LIB_DIR)
+            self.env["VGPU_SIM_STATE"] = str(workdir / "sim-state")
+            for key in ("CUDA_VISIBLE_DEVICES", "LD_PRELOAD"):
+                self.env.pop(key, None)
+        self.daemon = Daemon(workdir, self.env, sim=args.sim)
+        self.sampler: Sampler | None = None
+        self.results: dict[str, Any] = {"cases": []}
+        self.timelines: dict[str, dict[str, Any]] = {}
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[Bench]:
+        self.daemon.start()
+        self.sampler = Sampler(self.env, self.args.device)
+        try:
+            self.sampler.wait_ready()
+            yield self
+        finally:
+            self.sampler.stop()
+            self.daemon.cleanup()
+
+    def vgpu(self, share: int, mode: str = "hard", weight: int = 100) -> dict[str, Any]:
+        body = {"gpus": [self.args.device], "memory": "1g", "share": share, "mode": mode}
+        body["weight"] = weight
+        answer: dict[str, Any] = self.daemon.client.request("POST", "/v1/vgpus", body)
+        return answer
+
+    def delete(self, vgpu: dict[str, Any]) -> None:
+        self.daemon.client.request("DELETE", f"/v1/vgpus/{vgpu['id']}?force=true")
+
+    def burn(self, vgpu: dict[str, Any], workload: str, seconds: float) -> Burn:
+        env = {**self.env, **vgpu["host_env"]}
+        # The vGPU's recipe names its GPU by UUID; burn then sees it as device 0.
+        cmd = [str(BURN), "--json", "--seconds", f"{seconds:.2f}", *WORKLOADS[workload]]
+        proc = subprocess.Popen(
+            cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        return Burn(proc, KERNEL_US[workload])
+
+    def run_together(
+        self, specs: Sequence[tuple[dict[str, Any], str]], seconds: float
+    ) -> tuple[list[Burn], float]:
+        start = time.time()
+        burns = [self.burn(v, w, seconds + WARMUP_S) for v, w in specs]
+        for b in burns:
+            b.finish(timeout=seconds + 120)
+        return burns, start
+
+    def measure(self, burn: Burn, share: float, start: float, seconds: float) -> dict[str, Any]:
+        assert self.sampler is not None
+        lo, hi = start + WARMUP_S, start + WARMUP_S + seconds
+        self.sampler.wait_past(hi)
+        steps = series(self.sampler.samples, burn.pids, lo, hi)
+        per_s = windows(steps)
+        mean = sum(steps) / len(steps)
+        return {
+            "util": round(mean, 2),
+            "error": round(abs(mean - share), 2),
+            "worst_window": round(max((abs(w - share) for w in per_s), default=0.0), 2),
+            "work": round(100 * burn.work, 2),
+            "steps": steps,
+        }
+
+    # -- cases --
+
+    def accuracy(self, shares: Sequence[int], workloads: Sequence[str]) -> None:
+        seconds = self.args.seconds
+        baseline: dict[str, float] = {}
+        for workload in workloads:
+            v = self.vgpu(100)
+            (b,), start = self.run_together([(v, workload)], seconds)
+            self.delete(v)
+            baseline[workload] = 100 * b.work
+            self.log(f"unlimited {workload}: work {baseline[workload]:.1f}%")
+            for share in shares:
+                v = self.vgpu(share)
+                (b,), start = self.run_together([(v, workload)], seconds)
+                self.delete(v)
+                m = self.measure(b, share, start, seconds)
+                m["retention"] = round(m["work"] / (share / 100 * baseline[workload]), 3)
+                case = {"kind": "accuracy", "workload": workload, "share": share, **m}
+                self.results["cases"].append(case)
+                self.timelines.setdefault(f"accuracy-{workload}", {})[str(share)] = m["steps"]
+                self.log(
+                    f"{workload:9} share {share:3}: util {m['util']:5.1f} err {m['error']:4.1f} "
+                    f"worst 1 s {m['worst_window']:4.1f} work {m['work']:5.1f} "
+                    f"retention {m['retention']:.2f}"
+                )
+        self.results["baseline_work"] = baseline
+
+    def colocation(self, splits: Sequence[Sequence[int]], workload: str) -> None:
+        seconds = self.args.seconds
+        base = self.results.get("baseline_work", {}).get(workload)
+        if base is None:
+            v = self.vgpu(100)
+            (b,), _ = self.run_together([(v, workload)], seconds)
+            self.delete(v)
+            base = 100 * b.work
+        for split in splits:
+            vgpus = [self.vgpu(s) for s in split]
+            burns, start = self.run_together([(v, workload) for v in vgpus], seconds)
+            for v in vgpus:
+                self.delete(v)
+            each = [self.measure(b, s, start, seconds) for b, s in zip(burns, split, strict=True)]
+            total = sum(m["work"] for m in each) / base
+            name = "-".join(map(str, split))
+            self.results["cases"].append(
+                {
+                    "kind": "colocation",
+                    "split": list(split),
+                    "workload": workload,
+                    "vgpus": [{k: v for k, v in m.items() if k != "steps"} for m in each],
+                    "total_throughput": round(total, 3),
+                }
+            )
+            self.timelines[f"colocation-{name}"] = {
+                str(s): m["steps"] for s, m in zip(split, each, strict=True)
+            }
+            errs = ", ".join(f"{m['util']:.1f} (err {m['error']:.1f})" for m in each)
+            self.log(f"co-location {name}: {errs}; total throughput {total:.3f}")
+
+    def soft_yield(self, workload: str) -> None:
+        """A soft 30 alone, then a hard 70 arrives; then the hard one leaves."""
+        assert self.sampler is not None
+        alone = self.args.seconds / 2
+        soft = self.vgpu(30, mode="soft")
+        hard = self.vgpu(70)
+        start = time.time()
+        sb = self.burn(soft, workload, WARMUP_S + 2 * alone + 3)
+        time.sleep(WARMUP_S + alone)  # the schedule itself, not a synchronisation
+        arrive = time.time()
+        hb = self.burn(hard, workload, alone)
+        hb.finish(timeout=alone + 120)
+        leave = time.time()
+        sb.finish(timeout=alone + 120)
+        for v in (soft, hard):
+            self.delete(v)
+        self.sampler.wait_past(leave + 2)
+        s = self.sampler.samples
+        alone_util = sum(series(s, sb.pids, start + WARMUP_S, arrive)) / max(
+            1, len(series(s, sb.pids, start + WARMUP_S, arrive))
+        )
+        after = series(s, sb.pids, arrive, leave)
+        yielded = settle_time(after, 30, 7)
+        back = series(s, sb.pids, leave, leave + 2)
+        regained = settle_time(back, 100, 10, above=True)
+        case = {
+            "kind": "soft",
+            "workload": workload,
+            "alone_util": round(alone_util, 2),
+            "yield_s": yielded,
+            "regain_s": regained,
+        }
+        self.results["cases"].append(case)
+        self.timelines["soft"] = {
+            "soft 30": series(s, sb.pids, start, leave + 2),
+            "hard 70": series(s, hb.pids, start, leave + 2),
+        }
+        self.log(
+            f"soft alone {alone_util:.1f}%, back to its share in {yielded} s, "
+            f"spare time again in {regained} s"
+        )
+
+    def settling(self, workload: str) -> None:
+        """PATCH 30 -> 70 -> 30 while burning: time to within +-5 for good."""
+        assert self.sampler is not None
+        phase = max(3.0, self.args.seconds / 3)
+        v = self.vgpu(30)
+        start = time.time()
+        b = self.burn(v, workload, WARMUP_S + 3 * phase + 1)
+        time.sleep(WARMUP_S + phase)
+        changes = []
+        for share in (70, 30):
+            at = time.time()
+            self.daemon.client.request("PATCH", f"/v1/vgpus/{v['id']}", {"share": share})
+            changes.append((share, at))
+            time.sleep(phase)
+        b.finish(timeout=phase + 120)
+        self.delete(v)
+        self.sampler.wait_past(changes[-1][1] + phase)
+        s = self.sampler.samples
+        result = []
+        for share, at in changes:
+            steps = series(s, b.pids, at, at + phase)
+            result.append({"share": share, "settle_s": settle_time(steps, share, 5)})
+        self.results["cases"].append(
+            {"kind": "settling", "workload": workload, "changes": result, "work": 100 * b.work}
+        )
+        self.timelines["settling"] = {
+            "util": series(s, b.pids, start, start + WARMUP_S + 3 * phase)
+        }
+        self.log("settling: " + ", ".join(f"to {r['share']}: {r['settle_s']} s" for r in result))
+
+    def log(self, text: str) -> None:
+        print(text, flush=True)
+
+
+def settle_time(steps: list[float], target: float, tol: float, above: bool = False) -> float | None:
+    """Seconds until the 200 ms steps stay within tol of target (or above
+    target - tol) to the end; None if they never do."""
+    ok = [(u >= target - tol) if above else abs(u - target) <= tol for u in steps]
+    for i in range(len(ok)):
+        if all(ok[i:]) and ok[i:]:
+            return round(0.2 * (i + 1), 1)  # the step ends 200 ms after it starts
+    return None
+
+
+# --- report --------------------------------------------------------------------
+
+
+def machine(args: argparse.Namespace, env: dict[str, str]) -> dict[str, str]:
+    code = (
+        f"import pynvml as n; n.nvmlInit(); h=n.nvmlDeviceGetHandleByIndex({args.device});"
+        "print(n.nvmlDeviceGetName(h)); print(n.nvmlSystemGetDriverVersion())"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    lines = [*out.stdout.splitlines(), "?", "?"]
+    return {
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "gpu": lines[0] if not args.sim else f"{lines[0]} (SIMULATED)",
+        "driver": lines[1],
+        "host": f"{platform.node()} {platform.machine()}, {os.cpu_count()} CPUs",
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "simulated": str(args.sim),
+    }
+
+
+def write_report(outdir: Path, results: dict[str, Any], timelines: dict[str, Any]) -> None:
+    (outdir / "compute.json").write_text(json.dumps({**results, "timelines": timelines}, indent=1))
+    m = results["machine"]
+    lines = [
+        "# Compute isolation benchmark" + (" — SIMULATED GPU" if m["simulated"] == "True" else ""),
+        "",
+        f"{m['date']}; GPU {m['gpu']}, driver {m['driver']}; {m['host']}; "
+        f"Linux {m['kernel']}; Python {m['python']}.",
+        f"Command: `{results['command']}`; {results['seconds']} s measured per case after "
+        f"{WARMUP_S} s of warm-up.",
+        "",
+    ]
+    if m["simulated"] == "True":
+        lines += [
+            "These are figures of the **simulated GPU** (libhook/sim): they show that the",
+            "pacer and the controller do what they are designed to do against an exact",
+            "engine, not what a real GPU gives. Real-GPU figures come from the same",
+            "command on a GPU node.",
+            "",
+        ]
+    acc = [c for c in results["cases"] if c["kind"] == "accuracy"]
+    if acc:
+        lines += [
+            "## Accuracy: one hard vGPU alone",
+            "",
+            "util: NVML per-process utilization summed over the vGPU's processes, mean over "
+            "the measured seconds; err: |util - share| (target <= 3); worst 1 s: the worst "
+            "sliding 1 s window (target <= 7); work: kernels completed x kernel time; "
+            "retention: work / (share x unlimited work) (target >= 0.9).",
+            "",
+            "| workload | share | util | err | worst 1 s | work | retention |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for c in acc:
+            lines.append(
+                f"| {c['workload']} | {c['share']} | {c['util']:.1f} | {mark(c['error'], 3)} | "
+                f"{mark(c['worst_window'], 7)} | {c['work']:.1f} | "
+                f"{mark(c['retention'], 0.9, higher=True)} |"
+            )
+        lines.append("")
+        base = results.get("baseline_work", {})
+        lines.append(
+            "Unlimited work per workload: "
+            + ", ".join(f"{k} {v:.1f} %" for k, v in base.items())
+            + "."
+        )
+        lines.append("")
+    for c in results["cases"]:
+        if c["kind"] == "colocation":
+            lines += [
+                f"## Co-location {'/'.join(map(str, c['split']))} ({c['workload']} kernels)",
+                "",
+                "| share | util | err | worst 1 s |",
+                "| ---: | ---: | ---: | ---: |",
+            ]
+            for s, v in zip(c["split"], c["vgpus"], strict=True):
+                lines.append(
+                    f"| {s} | {v['util']:.1f} | {mark(v['error'], 3)} | "
+                    f"{mark(v['worst_window'], 7)} |"
+                )
+            lines += [
+                "",
+                f"Total throughput: {mark(c['total_throughput'], 0.95, higher=True)} of one "
+                "unlimited vGPU (target >= 0.95).",
+                "",
+            ]
+        elif c["kind"] == "soft":
+            lines += [
+                f"## Soft share ({c['workload']} kernels)",
+                "",
+                f"A soft vGPU of share 30 alone: {mark(c['alone_util'], 90, higher=True)} % "
+                "(target >= 90). A hard vGPU of share 70 starts: the soft one is back within "
+                f"7 points of its share after {mark_s(c['yield_s'])} (target <= 1 s). "
+                f"The hard one leaves: the soft one has the device again after "
+                f"{mark_s(c['regain_s'])}.",
+                "",
+            ]
+        elif c["kind"] == "settling":
+            lines += [
+                f"## Live change of the share ({c['workload']} kernels)",
+                "",
+                "PATCH of the share while the vGPU runs; time until the utilization stays "
+                "within 5 points of the new share (target <= 1 s): "
+                + ", ".join(f"to {r['share']}: {mark_s(r['settle_s'])}" for r in c["changes"])
+                + ".",
+                "",
+            ]
+    lines += ["Plots: " + ", ".join(f"`{p.name}`" for p in sorted(outdir.glob("*.png"))), ""]
+    (outdir / "compute.md").write_text("\n".join(lines))
+
+
+def mark(value: float, target: float, higher: bool = False) -> str:
+    ok = value >= target if higher else value <= target
+    return f"{value:.2f}" if ok else f"**{value:.2f}** (miss)"
+
+
+def mark_s(value: float | None) -> str:
+    if value is None:
+        return "**never**"
+    return f"{value:.1f} s" if value <= 1.0 else f"**{value:.1f} s** (miss)"
+
+
+def plot(outdir: Path, timelines: dict[str, dict[str, list[float]]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    for name, lines in timelines.items():
+        fig, ax = plt.subplots(figsize=(8, 3))
+        for label, steps in lines.items():
+            ax.plot([0.2 * i for i in range(len(steps))], steps, label=label, linewidth=1)
+        ax.set_xlabel("seconds")
+        ax.set_ylabel("NVML utilization %")
+        ax.set_ylim(0, 105)
+        ax.set_title(name)
+        ax.legend(fontsize="small", ncol=5)
+        fig.tight_layout()
+        fig.savefig(outdir / f"{name}.png", dpi=90)
+        plt.close(fig)
+
+
+# --- entry -------------------------------------------------------------------------
+
+
+def parse(argv: Sequence[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("outdir", type=Path, help="where compute.json, compute.md and plots go")
+    p.add_argument("--sim", action="store_true", help="use the simulated GPU (build/sim)")
+    p.add_argument("--device", type=int, default=0, help="GPU index (default 0)")
+    p.add_argument("--seconds", type=float, default=10.0, help="measured seconds per case")
+    p.add_argument("--quick", action="store_true", help="shares 30/70, 3 workloads, 5 s")
+    p.add_argument(
+        "--cases",
+        default="accuracy,colocation,soft,settling",
+        help="comma list of accuracy, colocation, soft, settling",
+    )
+    args = p.parse_args(argv)
+    if args.seconds < 3:
+        p.error("--seconds must be at least 3 (1 s windows need room)")
+    if not BURN.is_file():
+        p.error(f"{BURN} is missing: run `make` first")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["sample"]:
+        sp = argparse.ArgumentParser(prog="bench_compute.py sample")
+        sp.add_argument("--device", type=int, default=0)
+        return sample_main(sp.parse_args(argv[1:]).device)
+    args = parse(argv)
+    if args.quick:
+        args.seconds = min(args.seconds, 5.0)
+    shares = [30, 70] if args.quick else [10, 30, 50, 70, 90]
+    workloads = ["big", "tiny", "graph"] if args.quick else list(WORKLOADS)
+    cases = set(args.cases.split(","))
+    args.outdir.mkdir(parents=True, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix="vgpu-bench-"))
+    bench = Bench(args, workdir)
+    bench.results["command"] = " ".join(["python benchmarks/bench_compute.py", *argv])
+    bench.results["seconds"] = args.seconds
+    bench.results["machine"] = machine(args, bench.env)
+    try:
+        with bench.running():
+            if "accuracy" in cases:
+                bench.accuracy(shares, workloads)
+            if "colocation" in cases:
+                bench.colocation([(30, 70), (20, 30, 50)], "big")
+            if "soft" in cases:
+                bench.soft_yield("big")
+            if "settling" in cases:
+                bench.settling("bursts")
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    plot(args.outdir, bench.timelines)
+    write_report(args.outdir, bench.results, bench.timelines)
+    print(f"report: {args.outdir / 'compute.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
