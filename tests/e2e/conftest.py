@@ -13,9 +13,7 @@ Everything skips, saying why, without root, podman, runc or the build.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +21,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import BUILD, SIM_LIB_DIR, sim_environment
-from tests.e2e.harness import Vgpud, start_vgpud
+from tests.e2e.harness import Vgpud
 from tests.e2e.podman import CDI_SYSTEM_DIR, Podman, missing_requirements, supports_cdi_spec_dir
 
 HERE = Path(__file__).resolve().parent
@@ -36,12 +34,8 @@ NEEDED = (
 GIB = 1 << 30
 # The simulated machine every test shares (fixed by the first process).
 SIM_MACHINE = {"VGPU_SIM_DEVICES": "2", "VGPU_SIM_MEMORY": "4g"}
-# Short periods so that "within one scan" stays short.
-DAEMON_CONFIG = {
-    "scan_interval": 0.5,
-    "socket_group": "",
-    "log_level": "debug",
-}
+# A short scan so that "within one scan" stays short.
+DAEMON_CONFIG = "scan_interval = 0.5\n"
 
 
 @pytest.fixture(scope="session")
@@ -101,16 +95,13 @@ def vgpud(
     sim_state: dict[str, str],
 ) -> Iterator[Vgpud]:
     workdir = tmp_path_factory.mktemp("vgpud")
-    socket_dir = Path(tempfile.mkdtemp(prefix="vgpud-e2e-", dir="/tmp"))
-    env = sim_environment(sim_dir / "state")
-    env.update(SIM_MACHINE)
     cdi_dir = session_podman.cdi_dir or CDI_SYSTEM_DIR
-    daemon = start_vgpud(workdir, socket_dir, env, {**DAEMON_CONFIG, "cdi_dir": str(cdi_dir)})
+    env = {**sim_environment(sim_dir / "state"), **SIM_MACHINE, "VGPUD_CDI_DIR": str(cdi_dir)}
+    daemon = Vgpud(workdir, env, DAEMON_CONFIG)
     yield daemon
     for vgpu in daemon.get("/v1/vgpus"):
         daemon.delete(vgpu["id"])
     daemon.stop()
-    shutil.rmtree(socket_dir, ignore_errors=True)
 
 
 @pytest.fixture

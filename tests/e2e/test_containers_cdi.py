@@ -14,8 +14,9 @@ from collections.abc import Callable
 from typing import Any
 
 from tests.e2e.conftest import GIB
-from tests.e2e.harness import Vgpud, wait_for
+from tests.e2e.harness import Vgpud
 from tests.e2e.podman import Podman
+from tests.integration.daemon_harness import wait_for
 
 MakeVgpu = Callable[..., dict[str, Any]]
 
@@ -147,7 +148,7 @@ def test_the_daemon_maps_the_container_and_reclaims_it_when_killed(
     host_pid = podman.host_pid("tracked")
     container_id = podman.container_id("tracked")
 
-    process = wait_for(lambda: _process_of(vgpud, vgpu["id"]), "the process in /v1/processes")
+    process = wait_for(lambda: _process_of(vgpud, vgpu["id"]), what="the process in /v1/processes")
     assert process["host_pid"] == host_pid
     assert process["container_pid"] == 1  # the burn is the container's init
     # ... and the container, from the cgroup podman put it in.
@@ -161,12 +162,12 @@ def test_the_daemon_maps_the_container_and_reclaims_it_when_killed(
     def used() -> int:
         return int(vgpud.get(f"/v1/vgpus/{vgpu['id']}")["gpus"][0]["memory_used"])
 
-    wait_for(lambda: used() >= 256 * 2**20, "the burn's allocation in the vGPU's usage")
+    wait_for(lambda: used() >= 256 * 2**20, what="the burn's allocation in the vGPU's usage")
     podman.kill("tracked")
     killed = time.monotonic()
     wait_for(
         lambda: used() == 0 and _process_of(vgpud, vgpu["id"]) is None,
-        "the killed container's memory to be reclaimed",
+        what="the killed container's memory to be reclaimed",
         timeout=15,
     )
     print(f"reclaimed {time.monotonic() - killed:.2f} s after podman kill (scan 0.5 s)")

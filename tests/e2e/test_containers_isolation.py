@@ -9,8 +9,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tests.e2e.harness import Vgpud, wait_for
+from tests.e2e.harness import Vgpud
 from tests.e2e.podman import Podman
+from tests.integration.daemon_harness import wait_for
 from vgpud.blocks import ControlBlock, ProcSlotC, UsageC, UsageDeviceC
 
 MakeVgpu = Callable[..., dict[str, Any]]
@@ -118,7 +119,7 @@ def test_scribbling_on_a_usage_block_harms_neither_the_daemon_nor_another_vgpu(
     def bystander_used() -> int:
         return int(vgpud.get(f"/v1/vgpus/{victim['id']}")["gpus"][0]["memory_used"])
 
-    wait_for(lambda: bystander_used() >= 256 * MIB, "the bystander's allocation")
+    wait_for(lambda: bystander_used() >= 256 * MIB, what="the bystander's allocation")
 
     slot0 = UsageC.slots.offset
     garbage = [
@@ -132,7 +133,7 @@ def test_scribbling_on_a_usage_block_harms_neither_the_daemon_nor_another_vgpu(
     # Clamped, not believed, and reported.
     wait_for(
         lambda: any(e["type"] == "counter.absurd" for e in vgpud.events(scribbler["id"])),
-        "the absurd counters to be reported",
+        what="the absurd counters to be reported",
     )
     assert vgpud.get("/v1/vgpus/scribbler")["gpus"][0]["memory_used"] <= 2**50
 
@@ -145,12 +146,12 @@ def test_scribbling_on_a_usage_block_harms_neither_the_daemon_nor_another_vgpu(
     # daemon answered all along and its figures are the bystander's own.
     assert podman.wait("bystander", timeout=60) == 0, podman.logs("bystander")
     assert vgpud.alive(), vgpud.log_text()
-    assert vgpud.request("GET", "/v1/health")[0] == 200
-    wait_for(lambda: bystander_used() == 0, "the bystander's memory to be reclaimed")
+    assert vgpud.healthy()
+    wait_for(lambda: bystander_used() == 0, what="the bystander's memory to be reclaimed")
     # The daemon noticed the cut-short block and made its vGPU a new one.
     wait_for(
         lambda: any(e["type"] == "block.repaired" for e in vgpud.events(scribbler["id"])),
-        "the scribbler's usage block to be recreated",
+        what="the scribbler's usage block to be recreated",
     )
     again = podman.run(
         ["vgpu-burn", "--alloc", "128m", "--seconds", "0"],

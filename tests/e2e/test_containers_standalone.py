@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import BUILD
-from tests.e2e.harness import Vgpud, wait_for
+from tests.e2e.harness import Vgpud
 from tests.e2e.podman import Podman
+from tests.integration.daemon_harness import wait_for
 from vgpud.blocks import SteerC, UsageBlock, UsageC
 
 MIB = 2**20
@@ -67,7 +68,7 @@ def test_env_only_limits_hold_across_the_container_and_vgpud_adopts_it(
     podman.start("seed", ["vgpu-burn", "--alloc", "300m", "--hold", "--seconds", "120"], **seed_run)
     host_pid = podman.host_pid("seed")
 
-    process = wait_for(lambda: adopted(vgpud, host_pid), "vgpud to adopt the container")
+    process = wait_for(lambda: adopted(vgpud, host_pid), what="vgpud to adopt the container")
     assert process["container_pid"] == 1
     assert process["container"]["id"] == podman.container_id("seed")
     vgpu_id = str(process["vgpu"])
@@ -89,13 +90,13 @@ def test_env_only_limits_hold_across_the_container_and_vgpud_adopts_it(
         return float(found.group(1)) if found else None
 
     assert series("vgpud_vgpu_memory_limit_bytes") == 512 * MIB
-    wait_for(lambda: series("vgpud_vgpu_processes") == 1, "one process in the metrics")
-    quota = wait_for(lambda: series("vgpud_vgpu_quota_ratio"), "a steer quota")
+    wait_for(lambda: series("vgpud_vgpu_processes") == 1, what="one process in the metrics")
+    quota = wait_for(lambda: series("vgpud_vgpu_quota_ratio"), what="a steer quota")
     assert 0 < quota <= 0.30
     fd = os.open(mapped_block(host_pid), os.O_RDWR)
     try:
         beat = steer_heartbeat(fd)
-        wait_for(lambda: steer_heartbeat(fd) > beat, "the steer heartbeat to advance")
+        wait_for(lambda: steer_heartbeat(fd) > beat, what="the steer heartbeat to advance")
         block = UsageBlock.open_fd(fd, "seed", device_count=None)
         try:
             assert block.read_steer(0).quota_ppm <= 300_000
@@ -151,7 +152,7 @@ def test_the_daemon_never_follows_a_symlink_the_container_plants(
     # One container swaps its block for a symlink after mapping it ...
     podman.start("swap", ["vgpu-burn", "--alloc", "64m", "--hold", "--seconds", "120"], **seed_run)
     host_pid = podman.host_pid("swap")
-    wait_for(lambda: adopted(vgpud, host_pid), "vgpud to adopt the container")
+    wait_for(lambda: adopted(vgpud, host_pid), what="vgpud to adopt the container")
     block = mapped_block(host_pid)
     swapped = podman.exec("swap", ["sh", "-c", f"mv {BLOCK} /tmp/moved && ln -s {path} {BLOCK}"])
     assert swapped.returncode == 0, swapped.stderr
@@ -167,7 +168,7 @@ def test_the_daemon_never_follows_a_symlink_the_container_plants(
     try:
         for _ in range(3):
             beat = steer_heartbeat(fd)
-            wait_for(lambda b=beat: steer_heartbeat(fd) > b, "the steer heartbeat to advance")
+            wait_for(lambda b=beat: steer_heartbeat(fd) > b, what="the steer heartbeat to advance")
     finally:
         os.close(fd)
     assert adopted(vgpud, host_pid) is not None

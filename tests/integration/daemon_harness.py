@@ -50,12 +50,12 @@ class Daemon:
         self.log_path = workdir / "vgpud.log"
         self.config_path = workdir / "vgpud.toml"
         self.config_path.write_text(config or "")
-        self.env = {
-            **env,
+        self.env = {  # the caller's env may override these (tests/e2e sets a CDI dir)
             "VGPUD_CDI_DIR": "",
             "VGPUD_SOCKET_GROUP": "",
             "VGPUD_LOG_FORMAT": "console",
             "PYTHONUNBUFFERED": "1",
+            **env,
         }
         self.args = [
             sys.executable,
