@@ -5,7 +5,7 @@ The simulated GPU is one state file; its directory is bind-mounted into
 every container at the same path, so the daemon's NVML and the containers'
 CUDA calls see one machine. Podman reads CDI specs from the daemon's
 ``cdi_dir``: a private directory when podman takes ``--cdi-spec-dir``
-(podman >= 4.5), else the system's /var/run/cdi (Debian 12's podman 4.3),
+(newer podman), else the system's /var/run/cdi (Debian 12's podman 4.3),
 where the test daemon touches only its own vgpud.io-vgpu-*.json files.
 
 Everything skips, saying why, without root, podman, runc or the build.

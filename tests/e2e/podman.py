@@ -40,8 +40,8 @@ def missing_requirements() -> str | None:
 
 
 def supports_cdi_spec_dir() -> bool:
-    """podman >= 4.5 takes --cdi-spec-dir; older ones read only /etc/cdi and
-    /var/run/cdi."""
+    """Newer podman takes --cdi-spec-dir; Debian 12's 4.3 reads only /etc/cdi
+    and /var/run/cdi."""
     out = subprocess.run(["podman", "--help"], capture_output=True, text=True, check=False)
     return "--cdi-spec-dir" in out.stdout
 
