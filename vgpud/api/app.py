@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from importlib import resources
 from typing import Any
 
@@ -18,7 +18,7 @@ from aiohttp import web
 
 from vgpud.api import schemas
 from vgpud.errors import ApiError, BadRequest, PayloadTooLarge, Unprocessable
-from vgpud.events import EventLog
+from vgpud.events import Event, EventLog
 from vgpud.metrics import CONTENT_TYPE, Metrics
 from vgpud.service import Service
 
@@ -202,7 +202,7 @@ async def events(request: web.Request) -> web.StreamResponse:
     return response
 
 
-async def _replay(log_: EventLog, since: int) -> Any:
+async def _replay(log_: EventLog, since: int) -> AsyncIterator[Event]:
     for event in log_.since(since):
         yield event
 
