@@ -25,8 +25,8 @@ and OUTDIR/*.png (timelines). What is measured, against the spec (issue 5):
 - settling: a live PATCH of the share (30 -> 70 -> 30): how long until the
   utilization is within +-5 of the new share for good (target <= 1 s).
 
-`sample` is the sampler's entry point (run in a child with the environment
-that finds the NVML library): `bench_compute.py sample --device N`.
+NVML is read by tests/integration/compute_harness.py's sampler, the same
+one the simulator integration tests use.
 """
 
 from __future__ import annotations
@@ -35,29 +35,31 @@ import argparse
 import contextlib
 import datetime as dt
 import json
-import math
 import os
 import platform
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from tests.integration.compute_harness import (  # noqa: E402
+    Burn,
+    Sampler,
+    series,
+    settle_time,
+    windows,
+)
 from tests.integration.daemon_harness import Daemon, base_env  # noqa: E402
 
 BURN = ROOT / "build" / "vgpu-burn"
 SIM_LIB_DIR = ROOT / "build" / "sim"
-SAMPLE_PERIOD_S = 0.1
 WARMUP_S = 1.5  # burn start-up and the controller's first ticks, not measured
 
 # name -> vgpu-burn arguments; every workload wants the whole GPU.
@@ -69,138 +71,6 @@ WORKLOADS: dict[str, tuple[str, ...]] = {
     "multiproc": ("--kernel-us", "1000", "--procs", "3"),  # 3 processes, one vGPU
 }
 KERNEL_US = {name: int(args[1]) for name, args in WORKLOADS.items()}
-
-
-# --- the sampler (child process) ---------------------------------------------
-
-
-def sample_main(device: int) -> int:
-    """Print NVML figures as JSON lines until killed: {"t", "dev"} every
-    SAMPLE_PERIOD_S and {"t", "pid", "ts", "util"} per new process sample."""
-    import pynvml
-
-    pynvml.nvmlInit()
-    handle = pynvml.nvmlDeviceGetHandleByIndex(device)
-    last_seen = 0
-    out = sys.stdout
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    while True:
-        now = time.time()
-        util = pynvml.nvmlDeviceGetUtilizationRates(handle).gpu
-        out.write(json.dumps({"t": now, "dev": util}) + "\n")
-        try:
-            samples = pynvml.nvmlDeviceGetProcessUtilization(handle, last_seen)
-        except pynvml.NVMLError:
-            samples = []  # no new sample since last_seen
-        for s in samples:
-            last_seen = max(last_seen, s.timeStamp)
-            line = {"t": now, "pid": s.pid, "ts": s.timeStamp / 1e6, "util": s.smUtil}
-            out.write(json.dumps(line) + "\n")
-        out.flush()
-        time.sleep(SAMPLE_PERIOD_S)
-
-
-@dataclass
-class Samples:
-    device: list[tuple[float, float]] = field(default_factory=list)  # (time, %)
-    procs: dict[int, list[tuple[float, float]]] = field(default_factory=dict)  # pid -> (end, %)
-
-
-class Sampler:
-    """The sampler child and what it has printed so far."""
-
-    def __init__(self, env: dict[str, str], device: int) -> None:
-        cmd = [sys.executable, __file__, "sample", "--device", str(device)]
-        self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
-        self.samples = Samples()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            rec = json.loads(line)
-            if "dev" in rec:
-                self.samples.device.append((rec["t"], float(rec["dev"])))
-            else:
-                self.samples.procs.setdefault(rec["pid"], []).append((rec["ts"], rec["util"]))
-
-    def wait_ready(self, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not self.samples.device:
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the NVML sampler did not start")
-            time.sleep(0.05)
-
-    def wait_past(self, t: float, timeout: float = 5.0) -> None:
-        """Until the sampler has read NVML after time t (the figures of a
-        period arrive up to one sampling period after it ends)."""
-        deadline = time.monotonic() + timeout
-        while not self.samples.device or self.samples.device[-1][0] < t + 2 * SAMPLE_PERIOD_S:
-            if time.monotonic() > deadline:
-                return
-            time.sleep(0.02)
-
-    def stop(self) -> Samples:
-        self.proc.terminate()
-        self.proc.wait(10)
-        self._reader.join(10)
-        return self.samples
-
-
-# --- analysis ------------------------------------------------------------------
-
-
-def series(samples: Samples, pids: Sequence[int], start: float, end: float) -> list[float]:
-    """Utilization (%) of a set of processes per 200 ms step in [start, end):
-    each process's samples cover the 200 ms before their timestamp."""
-    steps = max(1, round((end - start) / 0.2))
-    total = [0.0] * steps
-    for pid in pids:
-        for ts, util in samples.procs.get(pid, []):
-            i = math.floor((ts - 0.1 - start) / 0.2)  # the middle of the period it covers
-            if 0 <= i < steps:
-                total[i] += util
-    return total
-
-
-def windows(values: list[float], per_window: int = 5) -> list[float]:
-    """Means of every run of `per_window` consecutive steps (1 s sliding)."""
-    return [
-        sum(values[i : i + per_window]) / per_window for i in range(0, len(values) - per_window + 1)
-    ]
-
-
-def device_mean(samples: Samples, start: float, end: float) -> float | None:
-    part = [u for t, u in samples.device if start <= t < end]
-    return sum(part) / len(part) if part else None
-
-
-@dataclass
-class Burn:
-    """A vgpu-burn run and its JSON answer."""
-
-    proc: subprocess.Popen[str]
-    kernel_us: int
-    records: list[dict[str, Any]] = field(default_factory=list)
-
-    def finish(self, timeout: float) -> None:
-        out, err = self.proc.communicate(timeout=timeout)
-        for line in out.splitlines():
-            with contextlib.suppress(json.JSONDecodeError):
-                self.records.append(json.loads(line))
-        if self.proc.returncode != 0:
-            raise RuntimeError(f"vgpu-burn failed ({self.proc.returncode}): {err.strip()}")
-
-    @property
-    def pids(self) -> list[int]:
-        return [r["pid"] for r in self.records if "pid" in r]
-
-    @property
-    def work(self) -> float:
-        """Fraction of the device the kernels it completed occupied."""
-        summary = next(r for r in self.records if r.get("summary"))
-        return summary["kernels"] * self.kernel_us / 1e6 / summary["wall_s"]
 
 
 # --- the campaign ---------------------------------------------------------------
@@ -244,10 +114,7 @@ class Bench:
         env = {**self.env, **vgpu["host_env"]}
         # The vGPU's recipe names its GPU by UUID; burn then sees it as device 0.
         cmd = [str(BURN), "--json", "--seconds", f"{seconds:.2f}", *WORKLOADS[workload]]
-        proc = subprocess.Popen(
-            cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
-        return Burn(proc, KERNEL_US[workload])
+        return Burn.start(cmd, env, KERNEL_US[workload])
 
     def run_together(
         self, specs: Sequence[tuple[dict[str, Any], str]], seconds: float
@@ -405,16 +272,6 @@ class Bench:
 
     def log(self, text: str) -> None:
         print(text, flush=True)
-
-
-def settle_time(steps: list[float], target: float, tol: float, above: bool = False) -> float | None:
-    """Seconds until the 200 ms steps stay within tol of target (or above
-    target - tol) to the end; None if they never do."""
-    ok = [(u >= target - tol) if above else abs(u - target) <= tol for u in steps]
-    for i in range(len(ok)):
-        if all(ok[i:]) and ok[i:]:
-            return round(0.2 * (i + 1), 1)  # the step ends 200 ms after it starts
-    return None
 
 
 # --- report --------------------------------------------------------------------
@@ -587,10 +444,6 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["sample"]:
-        sp = argparse.ArgumentParser(prog="bench_compute.py sample")
-        sp.add_argument("--device", type=int, default=0)
-        return sample_main(sp.parse_args(argv[1:]).device)
     args = parse(argv)
     if args.quick:
         args.seconds = min(args.seconds, 5.0)

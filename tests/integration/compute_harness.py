@@ -1,0 +1,196 @@
+"""Measuring compute isolation on a GPU or the simulator: an NVML sampler in
+a child process, vgpu-burn runs, and the arithmetic on what NVML saw.
+
+Shared by the simulator integration tests (tests/integration/test_compute*.py)
+and the benchmark (benchmarks/bench_compute.py), so both measure alike:
+
+- ``Sampler(env, device)``: a child (``python -m tests.integration.compute_harness``)
+  that prints NVML's device utilization every 100 ms and every new
+  per-process sample (200 ms periods) as JSON lines; ``.samples`` fills as
+  they come; ``.wait_past(t)`` until it has read NVML after t; ``.stop()``.
+- ``Burn.start(cmd, env, kernel_us)``: a vgpu-burn run; ``.finish(timeout)``,
+  ``.pids``, ``.work`` (kernels completed x kernel time / wall time).
+- ``series(samples, pids, start, end)``: utilization of a set of processes per
+  200 ms step; ``device_util(samples, start, end)``; ``windows(steps)``: 1 s
+  sliding means; ``settle_time(steps, target, tol)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+SAMPLE_PERIOD_S = 0.1
+
+
+def sample_main(device: int) -> int:
+    """Print NVML figures as JSON lines until killed: {"t", "dev"} every
+    SAMPLE_PERIOD_S and {"t", "pid", "ts", "util"} per new process sample."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(device)
+    last_seen = 0
+    out = sys.stdout
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    while True:
+        now = time.time()
+        util = pynvml.nvmlDeviceGetUtilizationRates(handle).gpu
+        out.write(json.dumps({"t": now, "dev": util}) + "\n")
+        try:
+            samples = pynvml.nvmlDeviceGetProcessUtilization(handle, last_seen)
+        except pynvml.NVMLError:
+            samples = []  # no new sample since last_seen
+        for s in samples:
+            last_seen = max(last_seen, s.timeStamp)
+            line = {"t": now, "pid": s.pid, "ts": s.timeStamp / 1e6, "util": s.smUtil}
+            out.write(json.dumps(line) + "\n")
+        out.flush()
+        time.sleep(SAMPLE_PERIOD_S)
+
+
+@dataclass
+class Samples:
+    device: list[tuple[float, float]] = field(default_factory=list)  # (time, %)
+    procs: dict[int, list[tuple[float, float]]] = field(default_factory=dict)  # pid -> (end, %)
+
+
+class Sampler:
+    """The sampler child and what it has printed so far."""
+
+    def __init__(self, env: dict[str, str], device: int) -> None:
+        cmd = [sys.executable, "-m", "tests.integration.compute_harness", "--device", str(device)]
+        self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+        self.samples = Samples()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            rec = json.loads(line)
+            if "dev" in rec:
+                self.samples.device.append((rec["t"], float(rec["dev"])))
+            else:
+                self.samples.procs.setdefault(rec["pid"], []).append((rec["ts"], rec["util"]))
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not self.samples.device:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the NVML sampler did not start")
+            time.sleep(0.05)
+
+    def wait_past(self, t: float, timeout: float = 5.0) -> None:
+        """Until the sampler has read NVML after time t (the figures of a
+        period arrive up to one sampling period after it ends)."""
+        deadline = time.monotonic() + timeout
+        while not self.samples.device or self.samples.device[-1][0] < t + 2 * SAMPLE_PERIOD_S:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.02)
+
+    def stop(self) -> Samples:
+        self.proc.terminate()
+        self.proc.wait(10)
+        self._reader.join(10)
+        return self.samples
+
+
+# --- analysis: NVML per-process samples as 200 ms steps -------------------------
+
+
+def series(samples: Samples, pids: Sequence[int], start: float, end: float) -> list[float]:
+    """Utilization (%) of a set of processes per 200 ms step in [start, end):
+    each process's samples cover the 200 ms before their timestamp."""
+    steps = max(1, round((end - start) / 0.2))
+    total = [0.0] * steps
+    for pid in pids:
+        for ts, util in samples.procs.get(pid, []):
+            i = math.floor((ts - 0.1 - start) / 0.2)  # the middle of the period it covers
+            if 0 <= i < steps:
+                total[i] += util
+    return total
+
+
+def device_util(samples: Samples, start: float, end: float) -> float:
+    """Mean NVML device utilization (%) read in [start, end)."""
+    part = [u for t, u in samples.device if start <= t < end]
+    if not part:
+        raise AssertionError(f"no NVML device sample between {start} and {end}")
+    return sum(part) / len(part)
+
+
+def windows(values: list[float], per_window: int = 5) -> list[float]:
+    """Means of every run of `per_window` consecutive steps (1 s sliding)."""
+    return [
+        sum(values[i : i + per_window]) / per_window for i in range(0, len(values) - per_window + 1)
+    ]
+
+
+@dataclass
+class Burn:
+    """A vgpu-burn run and its JSON answer."""
+
+    proc: subprocess.Popen[str]
+    kernel_us: int
+    records: list[dict[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def start(cls, cmd: Sequence[str], env: dict[str, str], kernel_us: int) -> Burn:
+        proc = subprocess.Popen(
+            list(cmd), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        return cls(proc, kernel_us)
+
+    def finish(self, timeout: float) -> None:
+        out, err = self.proc.communicate(timeout=timeout)
+        for line in out.splitlines():
+            with contextlib.suppress(json.JSONDecodeError):
+                self.records.append(json.loads(line))
+        if self.proc.returncode != 0:
+            raise RuntimeError(f"vgpu-burn failed ({self.proc.returncode}): {err.strip()}")
+
+    @property
+    def pids(self) -> list[int]:
+        """The processes that ran kernels (known once it finished; until then
+        the one started, which is the one working unless --procs > 1)."""
+        return [r["pid"] for r in self.records if "pid" in r] or [self.proc.pid]
+
+    @property
+    def work(self) -> float:
+        """Fraction of the device the kernels it completed occupied."""
+        summary = next(r for r in self.records if r.get("summary"))
+        return summary["kernels"] * self.kernel_us / 1e6 / summary["wall_s"]
+
+
+def settle_time(steps: list[float], target: float, tol: float, above: bool = False) -> float | None:
+    """Seconds until the 200 ms steps stay within tol of target (or above
+    target - tol) to the end; None if they never do."""
+    ok = [(u >= target - tol) if above else abs(u - target) <= tol for u in steps]
+    for i in range(len(ok)):
+        if all(ok[i:]) and ok[i:]:
+            return round(0.2 * (i + 1), 1)  # the step ends 200 ms after it starts
+    return None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description="print NVML utilization as JSON lines")
+    parser.add_argument("--device", type=int, default=0)
+    return sample_main(parser.parse_args().device)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

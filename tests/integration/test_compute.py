@@ -1,0 +1,214 @@
+"""Compute isolation on the simulated GPU: build/vgpu-burn under the real
+hook, utilization read independently through NVML (the simulator's, which
+reports what its engine ran).
+
+Standalone limits (CUDA_CORE_LIMIT) for each kind of workload; the vGPU
+throttle table read from a control block written by the test (fail static,
+live change); soft and hard vGPUs steered by the real daemon. Launch paths
+one by one and captured launches are covered in C (test_pacer_launch).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import BUILD
+from tests.integration.compute_harness import (
+    Burn,
+    Sampler,
+    device_util,
+    series,
+    settle_time,
+    windows,
+)
+from tests.integration.daemon_harness import Daemon
+from vgpud.blocks import PPM_FULL, ControlBlock, DeviceSlice, UsageBlock
+
+SIM_GPU0 = "GPU-5117a000-0000-4000-8000-000000000000"  # the simulator's default UUID
+SECONDS = 4.5  # per run; the first second is start-up and not measured
+WARMUP = 1.0
+TOLERANCE = 5.0  # points; the simulator is exact, the box is loaded
+
+WORKLOADS = {
+    "big": ("--kernel-us", "20000"),
+    "tiny": ("--kernel-us", "10", "--sync", "100"),
+    "bursts": ("--kernel-us", "500", "--sync", "4", "--duty", "0.8"),
+    "graph": ("--kernel-us", "500", "--graph", "20"),
+    "multiproc": ("--kernel-us", "2000", "--procs", "3"),
+}
+
+pytestmark = pytest.mark.skipif(
+    not (BUILD / "vgpu-burn").is_file() or not (BUILD / "libvgpu.so").is_file(),
+    reason="run `make` first (build/vgpu-burn, build/libvgpu.so)",
+)
+
+
+@pytest.fixture
+def sampler(sim_env: dict[str, str]) -> Iterator[Sampler]:
+    s = Sampler(sim_env, device=0)
+    try:
+        s.wait_ready()
+        yield s
+    finally:
+        s.stop()
+
+
+def burn(env: dict[str, str], workload: str, seconds: float = SECONDS) -> Burn:
+    args = WORKLOADS[workload]
+    cmd = [str(BUILD / "vgpu-burn"), "--json", "--seconds", str(seconds), *args]
+    return Burn.start(cmd, env, kernel_us=int(args[1]))
+
+
+def hooked(sim_env: dict[str, str], tmp_path: Path, **extra: str) -> dict[str, str]:
+    return {
+        **sim_env,
+        "LD_PRELOAD": str(BUILD / "libvgpu.so"),
+        "VGPU_USAGE": str(tmp_path / "usage"),
+        **extra,
+    }
+
+
+def measured(sampler: Sampler, b: Burn, start: float, seconds: float = SECONDS) -> list[float]:
+    """The run's 200 ms steps of NVML per-process utilization, start-up cut."""
+    b.finish(timeout=seconds + 60)
+    end = start + seconds
+    sampler.wait_past(end)
+    return series(sampler.samples, b.pids, start + WARMUP, end)
+
+
+# --- standalone: CUDA_CORE_LIMIT ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("share", "workload"),
+    [
+        (10, "big"),
+        (50, "big"),
+        (90, "big"),
+        (30, "tiny"),
+        (30, "bursts"),
+        (30, "graph"),
+        (30, "multiproc"),
+    ],
+)
+def test_standalone_limit_holds(
+    sampler: Sampler, sim_env: dict[str, str], tmp_path: Path, share: int, workload: str
+) -> None:
+    env = hooked(sim_env, tmp_path, CUDA_CORE_LIMIT=str(share))
+    start = time.time()
+    b = burn(env, workload)
+    steps = measured(sampler, b, start)
+    device = device_util(sampler.samples, start + WARMUP, start + SECONDS)
+    assert device == pytest.approx(share, abs=TOLERANCE), f"NVML device utilization {device:.1f}"
+    assert sum(steps) / len(steps) == pytest.approx(share, abs=TOLERANCE)
+    # The work done agrees: the pacer held the kernels back, not the clock.
+    assert 100 * b.work == pytest.approx(share, abs=TOLERANCE)
+
+
+# --- vGPU mode: the throttle table -----------------------------------------------
+
+
+def vgpu_blocks(tmp_path: Path, quota_ppm: int) -> tuple[ControlBlock, dict[str, str]]:
+    """A control block as the daemon leaves it, with no daemon: the share
+    says 100 % (unlimited), the throttle table says quota_ppm."""
+    control_path, usage_path = tmp_path / "control", tmp_path / "usage"
+    control = ControlBlock.create(
+        control_path, "test-vgpu", [DeviceSlice(SIM_GPU0, 1 << 30, share_ppm=PPM_FULL)], 0
+    )
+    UsageBlock.create(usage_path, device_count=1).close()
+    control.write_throttle(0, quota_ppm)
+    control.heartbeat(time.monotonic_ns())
+    return control, {"VGPU_CONTROL": str(control_path), "VGPU_USAGE": str(usage_path)}
+
+
+def test_fail_static_keeps_the_last_quota(
+    sampler: Sampler, sim_env: dict[str, str], tmp_path: Path
+) -> None:
+    """The daemon wrote 30 % once and stopped: the hook keeps 30 %, never
+    falls back to unlimited (the share in the block says 100 %)."""
+    control, blocks = vgpu_blocks(tmp_path, 300_000)
+    control.close()
+    start = time.time()
+    b = burn({**hooked(sim_env, tmp_path), **blocks}, "big")
+    steps = measured(sampler, b, start)
+    assert sum(steps) / len(steps) == pytest.approx(30, abs=TOLERANCE)
+    assert all(w <= 30 + TOLERANCE for w in windows(steps))
+
+
+def test_live_change_takes_effect_within_a_second(
+    sampler: Sampler, sim_env: dict[str, str], tmp_path: Path
+) -> None:
+    control, blocks = vgpu_blocks(tmp_path, 300_000)
+    seconds = 5.0
+    start = time.time()
+    b = burn({**hooked(sim_env, tmp_path), **blocks}, "bursts", seconds)
+    sampler.wait_past(start + 2.0)  # running at 30 % for a while
+    changed = time.time()
+    control.write_throttle(0, 700_000)
+    control.close()
+    b.finish(timeout=seconds + 60)
+    sampler.wait_past(start + seconds)
+    before = series(sampler.samples, b.pids, start + WARMUP, changed)
+    after = series(sampler.samples, b.pids, changed, start + seconds - 0.2)
+    assert sum(before) / len(before) == pytest.approx(30, abs=TOLERANCE)
+    settle = settle_time(after, 70, TOLERANCE)
+    assert settle is not None, f"never settled at 70: {after}"
+    assert settle <= 1.0, f"took {settle} s: {after}"
+
+
+# --- soft and hard vGPUs, steered by the daemon ------------------------------------
+
+
+@pytest.fixture
+def daemon(sim_env: dict[str, str], tmp_path: Path) -> Iterator[Daemon]:
+    d = Daemon(tmp_path, sim_env).start()
+    try:
+        yield d
+    finally:
+        d.cleanup()
+
+
+def create(daemon: Daemon, share: int, mode: str, weight: int = 100) -> dict[str, str]:
+    body = {"gpus": [0], "memory": "1g", "share": share, "mode": mode, "weight": weight}
+    vgpu = daemon.client.request("POST", "/v1/vgpus", body)
+    env: dict[str, str] = vgpu["host_env"]
+    return env
+
+
+def test_soft_vgpus_divide_spare_time_by_weight(
+    daemon: Daemon, sampler: Sampler, sim_env: dict[str, str]
+) -> None:
+    light = create(daemon, 20, "soft", weight=100)
+    heavy = create(daemon, 20, "soft", weight=300)
+    start = time.time()
+    burns = [burn({**sim_env, **v}, "big") for v in (light, heavy)]
+    light_steps, heavy_steps = (measured(sampler, b, start) for b in burns)
+    # 60 % nobody claims: a quarter to one, three quarters to the other.
+    assert sum(light_steps) / len(light_steps) == pytest.approx(35, abs=TOLERANCE)
+    assert sum(heavy_steps) / len(heavy_steps) == pytest.approx(65, abs=TOLERANCE)
+
+
+def test_soft_yields_to_a_hard_vgpu_within_a_second(
+    daemon: Daemon, sampler: Sampler, sim_env: dict[str, str]
+) -> None:
+    soft = create(daemon, 30, "soft")
+    hard = create(daemon, 70, "hard")
+    start = time.time()
+    soft_burn = burn({**sim_env, **soft}, "big", seconds=6.0)
+    sampler.wait_past(start + 2.5)
+    alone = series(sampler.samples, soft_burn.pids, start + WARMUP, start + 2.5)
+    assert min(windows(alone, 3)) >= 90, f"soft vGPU alone: {alone}"
+    arrived = time.time()
+    hard_burn = burn({**sim_env, **hard}, "big", seconds=3.0)
+    hard_burn.finish(timeout=60)
+    soft_burn.finish(timeout=60)
+    sampler.wait_past(arrived + 3.0)
+    soft_after = series(sampler.samples, soft_burn.pids, arrived, arrived + 3.0)
+    hard_after = series(sampler.samples, hard_burn.pids, arrived + 1.0, arrived + 3.0)
+    settle = settle_time(soft_after[:13], 30, TOLERANCE)
+    assert settle is not None and settle <= 1.0, f"soft vGPU after the hard one came: {soft_after}"
+    assert sum(hard_after) / len(hard_after) == pytest.approx(70, abs=TOLERANCE)
