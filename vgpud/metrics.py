@@ -115,7 +115,11 @@ class _StateCollector(Collector):
         # are the environment's, their quota the steer area's.
         track = self.service.track
         index = {g.uuid: str(g.index) for g in self.service.devices()}
-        for vgpu_id, blocks in (track.standalone if track is not None else {}).items():
+        # The tracker may unmap an adopted block while its scan thread runs:
+        # those figures wait for the next scrape then.
+        busy = self.service.blocks_lock.locked()
+        standalone = track.standalone if track is not None and not busy else {}
+        for vgpu_id, blocks in standalone.items():
             own = blocks.usage.standalone_limits()
             use = track.vgpus.get(vgpu_id) if track is not None else None
             for i, (uuid, u) in enumerate(zip(own.uuids, blocks.usage.devices(), strict=False)):
