@@ -140,10 +140,41 @@ typedef struct {
     void **kernelParams;
 } CUDA_LAUNCH_PARAMS;
 
+/*
+ * Context creation parameters of cuCtxCreate_v3 (an array of execution
+ * affinities) and cuCtxCreate_v4 (CUctxCreateParams). The hook forwards the
+ * pointers unread; only the simulator looks inside.
+ */
+typedef int CUexecAffinityType; /* CU_EXEC_AFFINITY_TYPE_SM_COUNT = 0 */
+
+typedef struct {
+    CUexecAffinityType type;
+    union {
+        struct {
+            unsigned int val; /* the number of SMs the context may use */
+        } smCount;
+    } param;
+} CUexecAffinityParam;
+
+typedef struct {
+    int sharedDataType; /* CUcigDataType */
+    void *sharedData;
+} CUctxCigParam;
+
+/* Both NULL: a regular context; execAffinityParams and cigParams exclude
+ * each other; numExecAffinityParams is 0 when execAffinityParams is NULL. */
+typedef struct {
+    CUexecAffinityParam *execAffinityParams;
+    int numExecAffinityParams;
+    CUctxCigParam *cigParams;
+} CUctxCreateParams;
+
 _Static_assert(sizeof(CUlaunchAttribute) == 72, "CUlaunchAttribute ABI");
 _Static_assert(sizeof(CUmemAllocationProp) == 32, "CUmemAllocationProp ABI");
 _Static_assert(sizeof(CUmemPoolProps) == 88, "CUmemPoolProps ABI");
 _Static_assert(sizeof(CUDA_ARRAY3D_DESCRIPTOR) == 40, "CUDA_ARRAY3D_DESCRIPTOR ABI");
+_Static_assert(sizeof(CUexecAffinityParam) == 8, "CUexecAffinityParam ABI");
+_Static_assert(sizeof(CUctxCreateParams) == 24, "CUctxCreateParams ABI");
 
 /* CUresult values used by vgpud */
 #define CUDA_SUCCESS 0
@@ -156,6 +187,7 @@ _Static_assert(sizeof(CUDA_ARRAY3D_DESCRIPTOR) == 40, "CUDA_ARRAY3D_DESCRIPTOR A
 #define CUDA_ERROR_INVALID_IMAGE 200
 #define CUDA_ERROR_INVALID_CONTEXT 201
 #define CUDA_ERROR_INVALID_PTX 218
+#define CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY 224
 #define CUDA_ERROR_OPERATING_SYSTEM 304
 #define CUDA_ERROR_INVALID_HANDLE 400
 #define CUDA_ERROR_NOT_FOUND 500
@@ -269,6 +301,8 @@ _Static_assert(sizeof(CUDA_ARRAY3D_DESCRIPTOR) == 40, "CUDA_ARRAY3D_DESCRIPTOR A
     X(CUresult, cuDevicePrimaryCtxSetFlags_v2, (CUdevice dev, unsigned int flags), (dev, flags)) \
     X(CUresult, cuCtxCreate, (CUcontext *pctx, unsigned int flags, CUdevice dev), (pctx, flags, dev)) \
     X(CUresult, cuCtxCreate_v2, (CUcontext *pctx, unsigned int flags, CUdevice dev), (pctx, flags, dev)) \
+    X(CUresult, cuCtxCreate_v3, (CUcontext *pctx, CUexecAffinityParam *paramsArray, int numParams, unsigned int flags, CUdevice dev), (pctx, paramsArray, numParams, flags, dev)) \
+    X(CUresult, cuCtxCreate_v4, (CUcontext *pctx, CUctxCreateParams *ctxCreateParams, unsigned int flags, CUdevice dev), (pctx, ctxCreateParams, flags, dev)) \
     X(CUresult, cuCtxDestroy, (CUcontext ctx), (ctx)) \
     X(CUresult, cuCtxDestroy_v2, (CUcontext ctx), (ctx)) \
     X(CUresult, cuCtxGetCurrent, (CUcontext *pctx), (pctx)) \

@@ -66,6 +66,29 @@ VGPU_EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevic
     return created(&probe, rc, "context creation", pctx, vgpu_real_cuda.cuCtxDestroy_v2);
 }
 
+/* What a CUDA 11.4-12.x runtime creates contexts with (execution affinity);
+ * the parameters are the driver's to read. */
+VGPU_EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *paramsArray,
+                                    int numParams, unsigned int flags, CUdevice dev)
+{
+    VGPU_CUDA_ENTER(cuCtxCreate_v3);
+    struct overhead_probe probe;
+    probe_device(dev, &probe);
+    CUresult rc = vgpu_real_cuda.cuCtxCreate_v3(pctx, paramsArray, numParams, flags, dev);
+    return created(&probe, rc, "context creation", pctx, vgpu_real_cuda.cuCtxDestroy_v2);
+}
+
+/* What a CUDA 12.5+ runtime creates contexts with (affinity or CIG). */
+VGPU_EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *ctxCreateParams,
+                                    unsigned int flags, CUdevice dev)
+{
+    VGPU_CUDA_ENTER(cuCtxCreate_v4);
+    struct overhead_probe probe;
+    probe_device(dev, &probe);
+    CUresult rc = vgpu_real_cuda.cuCtxCreate_v4(pctx, ctxCreateParams, flags, dev);
+    return created(&probe, rc, "context creation", pctx, vgpu_real_cuda.cuCtxDestroy_v2);
+}
+
 static CUresult destroy_ctx(CUcontext ctx, CUresult (*destroy)(CUcontext))
 {
     struct overhead_probe probe = {.index = VGPU_DEV_UNTRACKED};

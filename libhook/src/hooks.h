@@ -40,6 +40,8 @@
 #define HOOK_CTX_LIST(X) \
     X(cuCtxCreate, cuCtxCreate, 2000, 0) \
     X(cuCtxCreate_v2, cuCtxCreate, 3020, 0) \
+    X(cuCtxCreate_v3, cuCtxCreate, 11040, 0) \
+    X(cuCtxCreate_v4, cuCtxCreate, 12050, 0) \
     X(cuCtxDestroy, cuCtxDestroy, 2000, 0) \
     X(cuCtxDestroy_v2, cuCtxDestroy, 4000, 0) \
     X(cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain, 7000, 0) \
@@ -97,8 +99,6 @@
 
 /* Variants of hooked bases that we forward untouched (see above). */
 #define HOOK_NEWER_LIST(X) \
-    X(cuCtxCreate_v3, cuCtxCreate, 11040, 0) \
-    X(cuCtxCreate_v4, cuCtxCreate, 12050, 0) \
     HOOK_LAUNCH_NEWER_LIST(X)
 
 /* nvml_hooks.c: what a process sees through NVML. NVML has no

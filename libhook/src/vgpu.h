@@ -271,8 +271,9 @@ void overhead_begin(struct overhead_probe *probe, CUdevice dev, int index);
 /* After the call succeeded: re-measure and charge the difference. -1 if the
  * charge would pass the limit (the caller undoes the call: OOM). */
 int overhead_end(struct overhead_probe *probe);
-/* Measure once per device if nothing did yet (contexts created through
- * entry points we do not wrap). -1: the overhead does not fit (refuse). */
+/* Measure once per device if nothing did yet (a context the hook did not
+ * see created, e.g. through the driver's private export tables). -1: the
+ * overhead does not fit (refuse). */
 int overhead_ensure(CUdevice dev, int index);
 void overhead_reset(void);
 

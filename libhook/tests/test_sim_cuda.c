@@ -173,6 +173,39 @@ static void test_capacity_is_enforced_and_accounted(void)
     CHECK(used_now() == before);
 }
 
+/* The affinity and CIG variants make regular contexts when asked for
+ * nothing special, and refuse what a GPU without MPS or a graphics client
+ * cannot give. */
+static void test_context_variants(void)
+{
+    CUcontext ctx = primary(0), extra;
+    size_t before = used_now();
+    CUexecAffinityParam sms = {0, {{2}}};
+    CUctxCigParam cig = {1, NULL};
+    CUctxCreateParams plain = {NULL, 0, NULL}, affinity = {&sms, 1, NULL};
+    CUctxCreateParams both = {&sms, 1, &cig}, shared = {NULL, 0, &cig}, dangling = {NULL, 1, NULL};
+
+    OK(cu.cuCtxCreate_v3(&extra, NULL, 0, 0, 0));
+    CHECK(used_now() == before + CTX_OVERHEAD);
+    OK(cu.cuCtxDestroy_v2(extra));
+    CHECK_CU(cu.cuCtxCreate_v3(&extra, &sms, 1, 0, 0), CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY);
+    CHECK_CU(cu.cuCtxCreate_v3(&extra, NULL, 1, 0, 0), CUDA_ERROR_INVALID_VALUE);
+    CHECK_CU(cu.cuCtxCreate_v3(&extra, NULL, -1, 0, 0), CUDA_ERROR_INVALID_VALUE);
+
+    OK(cu.cuCtxCreate_v4(&extra, NULL, 0, 0));
+    CHECK(used_now() == before + CTX_OVERHEAD);
+    OK(cu.cuCtxDestroy_v2(extra));
+    OK(cu.cuCtxCreate_v4(&extra, &plain, 0, 0));
+    OK(cu.cuCtxDestroy_v2(extra));
+    CHECK_CU(cu.cuCtxCreate_v4(&extra, &affinity, 0, 0), CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY);
+    CHECK_CU(cu.cuCtxCreate_v4(&extra, &both, 0, 0), CUDA_ERROR_INVALID_VALUE);
+    CHECK_CU(cu.cuCtxCreate_v4(&extra, &shared, 0, 0), CUDA_ERROR_NOT_SUPPORTED);
+    CHECK_CU(cu.cuCtxCreate_v4(&extra, &dangling, 0, 0), CUDA_ERROR_INVALID_VALUE);
+    CHECK_CU(cu.cuCtxCreate_v4(&extra, NULL, 0, 7), CUDA_ERROR_INVALID_DEVICE);
+    OK(cu.cuCtxSetCurrent(ctx));
+    CHECK(used_now() == before);
+}
+
 static void test_copies_preserve_content(void)
 {
     primary(0);
@@ -348,7 +381,10 @@ static void test_proc_address_picks_the_abi_of_the_version(void)
     const cuuint64_t PTSZ = CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
     check_resolves("cuMemAlloc", 3010, 0, "cuMemAlloc");
     check_resolves("cuMemAlloc", 12080, 0, "cuMemAlloc_v2");
-    check_resolves("cuCtxCreate", 13000, 0, "cuCtxCreate_v2");
+    check_resolves("cuCtxCreate", 11030, 0, "cuCtxCreate_v2");
+    check_resolves("cuCtxCreate", 11040, 0, "cuCtxCreate_v3");
+    check_resolves("cuCtxCreate", 12040, 0, "cuCtxCreate_v3");
+    check_resolves("cuCtxCreate", 12050, 0, "cuCtxCreate_v4");
     check_resolves("cuMemGetInfo", 3020, 0, "cuMemGetInfo_v2");
     check_resolves("cuDeviceTotalMem", 3000, 0, "cuDeviceTotalMem");
     check_resolves("cuStreamBeginCapture", 10000, 0, "cuStreamBeginCapture");
@@ -629,6 +665,7 @@ int main(void)
     if (g_failures == 0) {
         test_devices_follow_config();
         test_capacity_is_enforced_and_accounted();
+        test_context_variants();
         test_copies_preserve_content();
         test_pointer_queries();
         test_modules_resolve_ptx_entries();

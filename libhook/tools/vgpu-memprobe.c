@@ -14,6 +14,11 @@
  *   freeall           free every allocation, newest first
  *   fill:VALUE        write VALUE (u32) over every linear allocation, read
  *                     it back and report whether it matched
+ *   ctx:NAME          create a context (made current) through the exported
+ *                     variant NAME (cuCtxCreate, cuCtxCreate_v2, _v3, _v4); with
+ *                     --resolve procaddr the pointer comes from
+ *                     cuGetProcAddress_v2("cuCtxCreate", --cuda-version) and
+ *                     must be NAME's ("result":"wrong-variant" otherwise)
  *   meminfo           cuMemGetInfo_v2 and cuDeviceTotalMem_v2
  *   nvml              NVML memory info and compute process pids of the device
  *   trim              trim the pools (default pool, graph memory) after a sync
@@ -103,6 +108,14 @@ static struct {
 } cu;
 #undef FIELD
 
+/* How cuCtxCreate is resolved for ctx:NAME: the probe's own choice. */
+static struct {
+    void *lib;
+    const char *how;
+    int version;
+    cuuint64_t flags;
+} road;
+
 static struct {
     __typeof__(nvmlInit_v2) *init;
     __typeof__(nvmlDeviceGetHandleByUUID) *by_uuid;
@@ -175,6 +188,12 @@ static int resolve_cuda(const char *how, int version, int ptsz)
         fprintf(stderr, "vgpu-memprobe: %s\n", dlerror());
         return -1;
     }
+    cuuint64_t flags = ptsz ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
+                            : CU_GET_PROC_ADDRESS_DEFAULT;
+    road.lib = lib;
+    road.how = how;
+    road.version = version;
+    road.flags = flags;
     if (strcmp(how, "dlsym") == 0) {
 #define BY_NAME(field, name, base) cu.field = (__typeof__(name) *)dlsym(lib, #name);
         PROBE_CUDA(BY_NAME)
@@ -185,8 +204,6 @@ static int resolve_cuda(const char *how, int version, int ptsz)
         (__typeof__(cuGetProcAddress_v2) *)dlsym(lib, "cuGetProcAddress_v2");
     if (gpa == NULL)
         return -1;
-    cuuint64_t flags = ptsz ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
-                            : CU_GET_PROC_ADDRESS_DEFAULT;
     CUdriverProcAddressQueryResult status;
 #define BY_PROC(field, name, base) \
     if (gpa(#base, (void **)&cu.field, version, flags, &status) != CUDA_SUCCESS) \
@@ -402,6 +419,44 @@ static void cmd_fill(const char *arg)
     fflush(stdout);
 }
 
+/* The cuCtxCreate variant NAME, reached the probe's way; NULL if the road
+ * leads elsewhere (another variant, or nothing). */
+static void *ctx_create_fn(const char *name)
+{
+    void *named = dlsym(road.lib, name);
+    if (strcmp(road.how, "dlsym") == 0)
+        return named;
+    __typeof__(cuGetProcAddress_v2) *gpa =
+        (__typeof__(cuGetProcAddress_v2) *)dlsym(road.lib, "cuGetProcAddress_v2");
+    void *fn = NULL;
+    CUdriverProcAddressQueryResult status;
+    if (gpa == NULL || gpa("cuCtxCreate", &fn, road.version, road.flags, &status) != CUDA_SUCCESS)
+        return NULL;
+    return fn == named ? fn : NULL;
+}
+
+static void cmd_ctx(const char *name)
+{
+    void *fn = ctx_create_fn(name);
+    CUcontext ctx = NULL;
+    CUresult rc;
+    if (fn == NULL) {
+        printf("{\"op\":\"ctx\",\"path\":\"%s\",\"size\":0,\"result\":\"wrong-variant\","
+               "\"code\":-1}\n", name);
+        fflush(stdout);
+        return;
+    }
+    if (strcmp(name, "cuCtxCreate_v4") == 0)
+        rc = ((__typeof__(cuCtxCreate_v4) *)fn)(&ctx, NULL, 0, device);
+    else if (strcmp(name, "cuCtxCreate_v3") == 0)
+        rc = ((__typeof__(cuCtxCreate_v3) *)fn)(&ctx, NULL, 0, 0, device);
+    else if (strcmp(name, "cuCtxCreate_v2") == 0 || strcmp(name, "cuCtxCreate") == 0)
+        rc = ((__typeof__(cuCtxCreate_v2) *)fn)(&ctx, 0, device);
+    else
+        usage_exit("ctx: NAME is cuCtxCreate, cuCtxCreate_v2, _v3 or _v4");
+    report("ctx", name, 0, rc);
+}
+
 static void cmd_meminfo(void)
 {
     size_t free_b = 0, total = 0, total_mem = 0;
@@ -594,6 +649,8 @@ static void run(const char *cmd)
             cmd_free();
     else if (strncmp(cmd, "fill:", 5) == 0)
         cmd_fill(cmd + 5);
+    else if (strncmp(cmd, "ctx:", 4) == 0)
+        cmd_ctx(cmd + 4);
     else if (strcmp(cmd, "meminfo") == 0)
         cmd_meminfo();
     else if (strcmp(cmd, "nvml") == 0)

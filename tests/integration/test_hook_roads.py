@@ -84,6 +84,27 @@ def test_proc_address_and_dlsym_give_our_wrapper_of_the_same_variant(
     assert seen_ptsz and seen_self
 
 
+# What each requested version gets for cuCtxCreate (docs/gpu/driver-facts.md;
+# the simulator's thresholds are in docs/simulator.md).
+CTX_CREATE_BY_VERSION = {
+    3000: "cuCtxCreate",
+    11040: "cuCtxCreate_v3",
+    12000: "cuCtxCreate_v3",
+    12080: "cuCtxCreate_v4",
+    13000: "cuCtxCreate_v4",
+}
+
+
+def test_every_context_creation_variant_reaches_our_wrapper(sim_env: dict[str, str]) -> None:
+    """CUDA 11.4+ runtimes create contexts through cuCtxCreate_v3, 12.5+
+    through _v4: both roads lead to our wrapper of that variant."""
+    rows = [r for r in roads(hooked(sim_env)) if r["symbol"] == "cuCtxCreate"]
+    assert len(rows) == 2 * 2 * len(CTX_CREATE_BY_VERSION)  # v1/v2 x ptsz x versions
+    for row in rows:
+        expected = ("libvgpu.so", CTX_CREATE_BY_VERSION[row["version"]])
+        assert (row["lib"], row["name"]) == expected, row
+
+
 def test_unknown_and_unhooked_symbols_pass_through(sim_env: dict[str, str]) -> None:
     rows = roads(hooked(sim_env))
     unknown = [r for r in rows if r["symbol"] == "cuNoSuchFunction"]

@@ -214,6 +214,40 @@ CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
     return ctx_create(pctx, flags, dev);
 }
 
+/*
+ * Execution affinity (an SM count) limits a context's resources only under
+ * MPS, which the simulator does not model: like a GPU without MPS, any
+ * affinity is refused and none at all makes a regular context.
+ */
+static CUresult check_affinity(const CUexecAffinityParam *params, int count)
+{
+    if (count < 0 || (count > 0 && params == NULL))
+        return CUDA_ERROR_INVALID_VALUE;
+    return count == 0 ? CUDA_SUCCESS : CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY;
+}
+
+CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *paramsArray, int numParams,
+                        unsigned int flags, CUdevice dev)
+{
+    CUresult r = check_affinity(paramsArray, numParams);
+    return r != CUDA_SUCCESS ? r : ctx_create(pctx, flags, dev);
+}
+
+/* NULL parameters, or both pointers NULL: a regular context. CIG (sharing
+ * with a D3D12/Vulkan client) has no graphics client to share with here. */
+CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *ctxCreateParams, unsigned int flags,
+                        CUdevice dev)
+{
+    const CUctxCreateParams none = {NULL, 0, NULL};
+    const CUctxCreateParams *p = ctxCreateParams != NULL ? ctxCreateParams : &none;
+    if (p->execAffinityParams != NULL && p->cigParams != NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (p->cigParams != NULL)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    CUresult r = check_affinity(p->execAffinityParams, p->numExecAffinityParams);
+    return r != CUDA_SUCCESS ? r : ctx_create(pctx, flags, dev);
+}
+
 static CUresult ctx_destroy(CUcontext ctx)
 {
     CUresult r = cu_ready();

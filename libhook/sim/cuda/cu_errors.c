@@ -28,6 +28,7 @@ static const struct error_text ERRORS[] = {
     {216, "CUDA_ERROR_CONTEXT_ALREADY_IN_USE", "exclusive-thread device already in use by a different thread"},
     {217, "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED", "peer access is not supported between these two devices"},
     {218, "CUDA_ERROR_INVALID_PTX", "a PTX JIT compilation failed"},
+    {224, "CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY", "the execution affinity asked for is not supported by the device"},
     {300, "CUDA_ERROR_INVALID_SOURCE", "device kernel image is invalid"},
     {301, "CUDA_ERROR_FILE_NOT_FOUND", "file not found"},
     {304, "CUDA_ERROR_OPERATING_SYSTEM", "OS call failed or operation not supported on this OS"},

@@ -27,6 +27,8 @@ struct variant_version {
 
 static const struct variant_version VARIANT_VERSIONS[] = {
     {"cuCtxCreate_v2", 3020},
+    {"cuCtxCreate_v3", 11040},
+    {"cuCtxCreate_v4", 12050},
     {"cuCtxDestroy_v2", 4000},
     {"cuCtxPushCurrent_v2", 4000},
     {"cuCtxPopCurrent_v2", 4000},
