@@ -56,7 +56,7 @@ NS_PER_S = 1_000_000_000
 # docs/compute.md for why the window belongs to the pacer).
 WINDOW_NS = 0
 
-# The most a hard vGPU with a share below 100 % is given (see _hard).
+# The most a hard vGPU with a share below 100 % is given (see _corrected).
 HARD_MAX = 0.99
 
 
@@ -64,12 +64,14 @@ HARD_MAX = 0.99
 class Tuning:
     """The controller's constants; docs/compute.md explains each choice."""
 
-    # Integral gain of the hard correction, per second, on the relative error
-    # (share - util) / share.
-    ki: float = 3.0
-    # Bounds of the correction factor on the share.
+    # Gain of the correction, per second, in log space: each NVML figure
+    # multiplies the correction by (target / util) ** (ki x its period).
+    ki: float = 2.0
+    # Bounds of the correction (hook-measured time per NVML-measured time),
+    # and of what one figure may change it by.
     correction_min: float = 0.5
-    correction_max: float = 2.0
+    correction_max: float = 4.0
+    max_step_factor: float = 2.0
     # A vGPU whose launches waited this fraction of the tick is held back.
     throttled_min: float = 0.01
     # A vGPU using this fraction of its share or more may want all of it.
@@ -88,9 +90,13 @@ class Tuning:
     # Quotas are rounded to this many ppm so that noise does not rewrite
     # the control block every tick.
     quantum_ppm: int = 100
-    # After a share change or a start, NVML figures of this long describe
-    # the ramp from before (200 ms periods reported late), not a bias.
+    # After a change of target, NVML figures of this long describe the time
+    # before it (200 ms periods, reported late), not a bias; and a vGPU is
+    # held back this long before a shortfall counts (a start-up ramp is not
+    # a bias either).
     settle_s: float = 0.5
+    # A target that moves by more than this is a change (not noise).
+    target_change: float = 0.02
 
 
 DEFAULT_TUNING = Tuning()
@@ -136,13 +142,12 @@ class SliceState:
     gpu_time_ns: int = 0
     throttled_ns: int = 0
     counters_at_ns: int | None = None  # when the counters above were read
-    correction: float = 1.0
-    quota: float = 1.0  # the last quota given (fraction)
+    correction: float = 1.0  # hook-measured time per NVML-measured time
+    target: float = 1.0  # the last utilization aimed at (fraction, NVML's measure)
     nvml_util: float | None = None  # the last NVML figure (fraction)
     nvml_at_ns: int = 0
-    share_ppm: int = 0  # the share the correction was learnt at
     active: bool = False
-    learn_from_ns: int = 0  # NVML figures before this are a transition, not a bias
+    learn_from_ns: int = 0  # NVML figures before this describe a former target
     held_since_ns: int | None = None  # held back by the pacer without a break since
 
 
@@ -162,8 +167,9 @@ class _Reading:
     share: float
     active: bool
     use: float | None  # best figure of its utilization
-    fresh_nvml: float | None  # NVML figure that arrived this tick, to learn from
+    fresh_nvml: float | None  # NVML figure that arrived this tick
     nvml_dt_s: float  # time since the previous NVML figure
+    now_ns: int
     throttled: float  # fraction of the tick its launches waited
     held_back: bool  # the pacer has held it back long enough to learn from
     state: SliceState
@@ -216,7 +222,7 @@ def _read(
     alloc: Allocation, gpu: GpuSample, now_ns: int, state: ControllerState, tuning: Tuning
 ) -> _Reading:
     key = (alloc.vgpu_id, alloc.gpu)
-    prev = state.slices.get(key, SliceState(quota=alloc.share_ppm / PPM_FULL))
+    prev = state.slices.get(key, SliceState(target=alloc.share_ppm / PPM_FULL))
     sample = gpu.slices.get(alloc.vgpu_id, SliceSample(active=False))
 
     dt_s = None if prev.counters_at_ns is None else (now_ns - prev.counters_at_ns) / NS_PER_S
@@ -225,10 +231,7 @@ def _read(
     # Processes the last scan has not seen yet already show in the hook's
     # counters: they are active from their first paced launch.
     active = sample.active or bool(hook_use) or throttled > 0
-    learn_from = prev.learn_from_ns
     settle_ns = round(tuning.settle_s * NS_PER_S)
-    if alloc.share_ppm != prev.share_ppm or (active and not prev.active):
-        learn_from = now_ns + settle_ns
     held = throttled > tuning.throttled_min
     held_since = (
         (prev.held_since_ns if prev.held_since_ns is not None else now_ns) if held else None
@@ -253,9 +256,7 @@ def _read(
         counters_at_ns=now_ns,
         nvml_util=nvml,
         nvml_at_ns=nvml_at,
-        share_ppm=alloc.share_ppm,
         active=active,
-        learn_from_ns=learn_from,
         held_since_ns=held_since,
     )
     return _Reading(
@@ -263,8 +264,9 @@ def _read(
         share=alloc.share_ppm / PPM_FULL,
         active=active,
         use=use,
-        fresh_nvml=fresh if now_ns >= learn_from else None,
+        fresh_nvml=fresh,
         nvml_dt_s=nvml_dt_s,
+        now_ns=now_ns,
         throttled=throttled,
         # The NVML figure describes the last period or two: only when the
         # pacer held it back through them does a shortfall mean a bias.
@@ -293,23 +295,34 @@ def _claim(r: _Reading, device_util: float | None, tuning: Tuning) -> float:
     return min(r.share, 2.0 * r.use + tuning.ramp)
 
 
-def _hard(r: _Reading, tuning: Tuning) -> tuple[float, SliceState]:
-    """Share x correction, the correction integrating the NVML error."""
-    if r.share >= 1.0:
-        return 1.0, replace(r.state, quota=1.0)
+def _corrected(r: _Reading, target: float, tuning: Tuning) -> tuple[float, SliceState]:
+    """The quota (in the hook's measure) that gets `target` in NVML's.
+
+    The hook measures its GPU time with events; NVML measures what ran. They
+    differ (time slicing with other contexts makes a batch's events span
+    the others' slices), so the quota is target x correction, and the
+    correction is learnt from NVML: multiplied by (target / util) ** gain at
+    each figure, in log space so that a factor of 3 is learnt as fast as
+    one of 1.1. Anti-windup: learnt upward only while the pacer holds the
+    vGPU back (else a shortfall is its own choice), always downward.
+    """
+    if target >= 1.0:
+        return 1.0, replace(r.state, target=1.0)
+    settle_ns = round(tuning.settle_s * NS_PER_S)
+    learn_from = r.state.learn_from_ns
+    if abs(target - r.state.target) > tuning.target_change:
+        learn_from = max(learn_from, r.now_ns + settle_ns)
     correction = r.state.correction
-    if r.active and r.fresh_nvml is not None:
-        error = (r.share - r.fresh_nvml) / r.share
-        # Anti-windup: credit only while the pacer holds it back; always
-        # correct downward when it is above its share.
-        if error < 0 or r.held_back:
-            step_s = min(r.nvml_dt_s, tuning.max_step_s)
-            correction += tuning.ki * error * step_s
-            correction = min(max(correction, tuning.correction_min), tuning.correction_max)
-    # Below a share of 100 the pacer never turns off: a quota that rounds to
-    # the whole device would stop pacing, overshoot, and swing back.
-    quota = min(HARD_MAX, r.share * correction)
-    return quota, replace(r.state, correction=correction, quota=quota)
+    u = r.fresh_nvml
+    if r.active and u is not None and r.now_ns >= learn_from and (u > target or r.held_back):
+        exponent = tuning.ki * min(r.nvml_dt_s, tuning.max_step_s)
+        ratio = target / u if u > 0 else tuning.max_step_factor
+        factor = min(max(ratio**exponent, 1 / tuning.max_step_factor), tuning.max_step_factor)
+        correction = min(max(correction * factor, tuning.correction_min), tuning.correction_max)
+    # Below the whole device the pacer never turns off: a quota that rounds
+    # to 100 % would stop pacing, overshoot, and swing back.
+    quota = min(HARD_MAX, target * correction)
+    return quota, replace(r.state, correction=correction, target=target, learn_from_ns=learn_from)
 
 
 def _divide_gpu(
@@ -319,15 +332,14 @@ def _divide_gpu(
     out: dict[Key, tuple[float, SliceState]] = {}
     for r in readings:
         if not r.alloc.soft:
-            out[(r.alloc.vgpu_id, r.alloc.gpu)] = _hard(r, tuning)
+            out[(r.alloc.vgpu_id, r.alloc.gpu)] = _corrected(r, r.share, tuning)
 
     spare = max(0.0, 1.0 - sum(_claim(r, device_util, tuning) for r in readings))
     soft = [r for r in readings if r.alloc.soft]
     extras = _water_fill(spare, [r for r in soft if r.active], tuning)
     for r in soft:
         key = (r.alloc.vgpu_id, r.alloc.gpu)
-        quota = min(1.0, r.share + extras.get(key, 0.0))
-        out[key] = (quota, replace(r.state, quota=quota))
+        out[key] = _corrected(r, min(1.0, r.share + extras.get(key, 0.0)), tuning)
     return out
 
 
@@ -336,7 +348,7 @@ def _extra_cap(r: _Reading, tuning: Tuning) -> float:
     when it uses what it was given (or is held back), else room to grow."""
     if r.use is None or r.throttled > tuning.throttled_min:
         return 1.0
-    if r.use >= r.state.quota - tuning.ramp / 2:
+    if r.use >= r.state.target - tuning.ramp / 2:
         return 1.0
     return max(0.0, 2.0 * r.use + tuning.ramp - r.share)
 

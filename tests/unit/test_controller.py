@@ -231,8 +231,9 @@ def test_hard_converges_to_its_share_within_a_second(share: float, bias: float) 
     whole device can reach), NVML's figure lands on the share."""
     v = FakeVgpu("a", share, demand=1.0, bias=bias)
     run_plant([v], seconds=6)
-    # Settled one second after the start (the first second is the transient).
-    for start in (1.0, 2.0, 3.0, 4.0, 5.0):
+    # Settled 1.5 s after the start (NVML's first figures come at 0.3 s;
+    # the largest error here, 25 %, takes the longest).
+    for start in (1.5, 2.5, 3.5, 4.5):
         assert window_mean(v.history, start, start + 1.0) == pytest.approx(share, abs=0.02)
     # Steady state: every tick close, no oscillation.
     assert max(abs(u - share) for u in v.history[20:]) <= 0.02
@@ -314,3 +315,102 @@ def test_soft_with_modest_demand_is_not_held_back() -> None:
     v = FakeVgpu("s", 0.3, demand=0.5, soft=True)
     run_plant([v], seconds=4)
     assert min(v.history[10:]) == pytest.approx(0.5)
+
+
+# --- closed loop on a time-sliced GPU -------------------------------------------
+
+
+@dataclass
+class SlicedVgpu:
+    name: str
+    share: float
+    soft: bool = False
+    start_s: float = 0.0  # when its processes start (busy loops)
+    quota: float = 1.0
+    balance_ms: float = 0.0
+    hook_ms: int = 0
+    throttled_ms: int = 0
+    history: list[float] = field(default_factory=list)  # what ran, per tick
+
+
+def run_sliced(vgpus: list[SlicedVgpu], seconds: float, timeslice_ms: int = 2) -> None:
+    """A real GPU's way with contexts, in 1 ms slots: every vGPU whose pacer
+    lets it queue work has work queued; the GPU runs one context at a time,
+    round-robin by timeslice. The hook's event pairs span the slots in which
+    its work was queued, whether it ran or waited for another context's
+    slice: under contention the hook over-counts, NVML (what ran) does not."""
+    state = ControllerState()
+    running: SlicedVgpu | None = None
+    left = 0
+    for v in vgpus:
+        v.quota = v.share
+    for tick in range(round(seconds * 10)):
+        ran = dict.fromkeys((v.name for v in vgpus), 0)
+        active = [v for v in vgpus if v.start_s <= tick / 10]
+        for _ in range(100):
+            queued = []
+            for v in active:
+                if v.quota < 1.0:
+                    v.balance_ms = min(v.balance_ms + v.quota, 100 * v.quota)
+                    if v.balance_ms < 0:
+                        v.throttled_ms += 1
+                        continue
+                queued.append(v)
+            if running not in queued or left <= 0:
+                after = vgpus.index(running) + 1 if running is not None else 0
+                order = vgpus[after:] + vgpus[:after]
+                running = next((v for v in order if v in queued), None)
+                left = timeslice_ms
+            for v in queued:
+                v.hook_ms += 1
+                if v.quota < 1.0:
+                    v.balance_ms -= 1
+            if running is not None:
+                ran[running.name] += 1
+                left -= 1
+        for v in vgpus:
+            v.history.append(ran[v.name] / 100)
+        nvml_tick = tick % 2 == 1
+        slices = {
+            v.name: SliceSample(
+                active=v in active,
+                util=50 * sum(v.history[-2:]) if nvml_tick else None,
+                gpu_time_ns=v.hook_ms * 1_000_000,
+                throttled_ns=v.throttled_ms * 1_000_000,
+            )
+            for v in vgpus
+        }
+        device = 100 * sum(v.history[-1] for v in vgpus) if nvml_tick else None
+        allocs = [Allocation(v.name, GPU, ppm(v.share * 100), soft=v.soft) for v in vgpus]
+        snap = Snapshot(now_ns=(tick + 1) * TICK_NS, gpus={GPU: GpuSample(device, slices)})
+        out, state = compute_quotas(snap, allocs, state)
+        for v in vgpus:
+            v.quota = out[(v.name, GPU)] / PPM_FULL
+
+
+@pytest.mark.parametrize("shares", [(0.3, 0.7), (0.2, 0.3, 0.5)])
+def test_colocation_on_a_time_sliced_gpu(shares: tuple[float, ...]) -> None:
+    """Contexts that wait for each other's slices make every hook over-count
+    (by 2 to 3 here); the correction learnt from NVML puts each on its share."""
+    vgpus = [SlicedVgpu(f"v{i}", s) for i, s in enumerate(shares)]
+    run_sliced(vgpus, seconds=10)
+    for v in vgpus:
+        assert window_mean(v.history, 2.0, 10.0) == pytest.approx(v.share, abs=0.02)
+        worst = max(
+            abs(window_mean(v.history, t / 10, t / 10 + 1) - v.share) for t in range(20, 90)
+        )
+        assert worst <= 0.06, f"{v.name}: a 1 s window {worst:.3f} off its share"
+    # And nothing is wasted: the device stays busy.
+    assert sum(window_mean(v.history, 2.0, 10.0) for v in vgpus) >= 0.95
+
+
+def test_soft_yields_on_a_time_sliced_gpu() -> None:
+    soft = SlicedVgpu("s", 0.3, soft=True)
+    hard = SlicedVgpu("h", 0.7, start_s=3.0)
+    run_sliced([soft, hard], seconds=10)
+    assert window_mean(soft.history, 1.0, 3.0) >= 0.95
+    # Within a second of the hard vGPU's start the soft one is at most 7
+    # points above its share, and then stays on it.
+    assert max(soft.history[40:]) <= 0.3 + 0.07
+    assert window_mean(soft.history, 5.0, 10.0) == pytest.approx(0.3, abs=0.03)
+    assert window_mean(hard.history, 5.0, 10.0) == pytest.approx(0.7, abs=0.03)
