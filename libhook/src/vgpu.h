@@ -257,6 +257,14 @@ int pools_settle_all(void);
 uint64_t pools_held(int index);
 void pools_reset(void);
 
+/* ---- testpoint.c: the budget's windows, for tests ------------------------ */
+enum testpoint {
+    TESTPOINT_RESERVE = 1, /* the total is charged, the slot not yet */
+    TESTPOINT_RELEASE = 2, /* the slot is given back, the total not yet */
+};
+/* Stop the process here once if VGPU_TEST_STOP_IN names this window. */
+void testpoint(enum testpoint where);
+
 /* ---- overhead.c: context and module overhead ----------------------------- */
 /* Bracket a driver call that changes this process's untracked device memory
  * (context creation/destruction, module load/unload). */
