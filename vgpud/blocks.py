@@ -584,6 +584,11 @@ class ControlBlock(_Mapping):
     def uuids(self) -> list[str]:
         return [_text(self._c.devices[i].uuid) for i in range(self.device_count)]
 
+    def mem_limits(self) -> tuple[int, ...]:
+        """Each device's memory limit (what the tracker reads every scan,
+        without the throttle reads of ``devices()``)."""
+        return tuple(int(self._c.devices[i].mem_limit) for i in range(self.device_count))
+
     @property
     def flags(self) -> int:
         return int(self._atomics.load_u32(self._addr(self._c, "flags")))
@@ -703,6 +708,10 @@ class UsageBlock(_Mapping):
         self._w32 = memoryview(mm).cast("I")
         self._w64 = memoryview(mm).cast("Q")
         self.device_count = device_count
+        # The last view built of each slot, with the words it was built from:
+        # a slot whose words did not change since (most, most scans) is not
+        # parsed again. A SlotView is a pure function of those words.
+        self._views: dict[int, tuple[list[int], SlotView]] = {}
 
     @classmethod
     def create(
@@ -800,14 +809,26 @@ class UsageBlock(_Mapping):
         first = _SLOTS_OFF // 4
         stride = _SLOT_SIZE // 4
         states = self._w32[first : first + stride * MAX_PROCS : stride].tolist()
-        return [self._slot(i, st) for i, st in enumerate(states) if st != SLOT_FREE]
+        views = [self._slot(i, st) for i, st in enumerate(states) if st != SLOT_FREE]
+        if len(self._views) > len(views):  # forget the views of freed slots
+            self._views = {v.index: self._views[v.index] for v in views}
+        return views
 
     def _slot(self, index: int, state: int) -> SlotView:
         w = (_SLOTS_OFF + index * _SLOT_SIZE) // 8
-        pid = self._w32[2 * w + 1]
-        pidns, start_time, heartbeat = self._w64[w + 1 : w + 4].tolist()
-        first = w + _PDEV_OFF // 8
-        words = self._w64[first : first + _PDEV_WORDS * self.device_count].tolist()
+        # Header (state and pid, pidns, start time, heartbeat) and device words.
+        words = self._w64[w : w + _PDEV_OFF // 8 + _PDEV_WORDS * self.device_count].tolist()
+        cached = self._views.get(index)
+        if cached is not None and cached[0] == words and cached[1].state == state:
+            return cached[1]
+        view = self._parse_slot(index, state, words)
+        self._views[index] = (words, view)
+        return view
+
+    def _parse_slot(self, index: int, state: int, words: list[int]) -> SlotView:
+        pid = words[0] >> 32
+        pidns, start_time, heartbeat = words[1:4]
+        words = words[_PDEV_OFF // 8 :]
         devices = []
         clamped: list[str] = []
         for d in range(self.device_count):

@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import grp
 import os
+import resource
 import signal
 import socket
 import sys
@@ -159,6 +160,7 @@ class Daemon:
         )
         self.registry.adopt()
         service = Service(c, self.registry, self.gpus, self.events)
+        _raise_fd_limit()
         tracker = Tracker(c.proc_root)
         node = Node(service, Metrics(service), tracker, Watch(service, self.events, tracker))
         self.node = node
@@ -404,6 +406,15 @@ class Daemon:
                 and os.stat(self.config.socket).st_ino == self.socket_inode
             ):
                 os.unlink(self.config.socket)
+
+
+def _raise_fd_limit() -> None:
+    """The tracker holds a pidfd per tracked process (exitwatch.py): take the
+    whole hard limit of open files, not the usual soft 1024."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        log.info("open files limit raised", soft=soft, now=hard)
 
 
 def _claim_socket_path(path: str) -> None:

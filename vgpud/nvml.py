@@ -124,6 +124,10 @@ class NvmlSample:
     def pids(self) -> set[int]:
         return {pid for gpu in self.gpus.values() for pid in gpu.processes}
 
+    def figured_pids(self) -> set[int]:
+        """The pids this sample has any figure of (memory or utilization)."""
+        return self.pids() | {pid for gpu in self.gpus.values() for pid in gpu.process_util}
+
 
 @dataclass(frozen=True)
 class HealthEvent:

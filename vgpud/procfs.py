@@ -17,8 +17,9 @@ process is gone or unreadable:
                                             or with a prefix in ``ENV_PREFIXES``
     ``maps(pid) -> list[MappedFile] | None`` file-backed mappings
     ``open_mapped(pid, mapping, write) -> int`` an fd on the mapped object
-``ProcessTable(procfs)`` — the incremental scan the tracker uses every tick:
+``ProcessTable(procfs)`` — the incremental scan the tracker uses:
     ``refresh(watch=()) -> dict[int, Process]``  every live process by host pid
+    ``lookup(pid) -> Process | None``           one process, read now
 
 Cost (why ProcessTable is shaped like this): a Python read of one small
 /proc file costs ~6-15 us, a stat() ~2 us. Each refresh lists /proc and
@@ -54,6 +55,17 @@ _ENVIRON_MAX = 1 << 20  # the kernel caps argv+env far below this in practice
 _SMALL_FILE = 8192
 
 
+Identity = tuple[int, int]  # (host pid, start time): one process, never a reused pid
+
+
+def _ended(state: str, threads: int) -> bool:
+    """A zombie with no thread left: it holds no memory, only a pid.
+
+    A zombie thread-group leader whose other threads still run is alive.
+    """
+    return state in ("Z", "X") and threads <= 1
+
+
 @dataclass(frozen=True)
 class ProcStat:
     pid: int
@@ -62,6 +74,10 @@ class ProcStat:
     ppid: int
     threads: int
     start_time: int  # clock ticks since boot: field 22, same in every namespace
+
+    @property
+    def exited(self) -> bool:
+        return _ended(self.state, self.threads)
 
 
 @dataclass(frozen=True)
@@ -81,12 +97,12 @@ class Process:
         return self.nspid[-1]
 
     @property
-    def exited(self) -> bool:
-        """A zombie with no thread left: it holds no memory, only a pid.
+    def identity(self) -> Identity:
+        return (self.pid, self.start_time)
 
-        A zombie thread-group leader whose other threads still run is alive.
-        """
-        return self.state in ("Z", "X") and self.threads <= 1
+    @property
+    def exited(self) -> bool:
+        return _ended(self.state, self.threads)
 
 
 @dataclass(frozen=True)
@@ -235,6 +251,23 @@ class ProcessTable:
         # Zombies stay known (no second deep read) but are not live.
         self._known = seen
         return {pid: p for pid, (_, p) in seen.items() if not p.exited}
+
+    def lookup(self, pid: int) -> Process | None:
+        """One live process read now, without listing /proc (its ``stat``
+        always; its identity only when the pid is new or was reused)."""
+        inode = self.procfs.dir_inode(pid)
+        stat = None if inode is None else self.procfs.stat(pid)
+        if inode is None or stat is None:
+            return None
+        known = self._known.get(pid)
+        if known is not None and known[1].start_time == stat.start_time:
+            process: Process | None = _with_stat(known[1], stat)
+        else:
+            process = self.procfs.process(pid, stat)
+        if process is None:
+            return None
+        self._known[pid] = (inode, process)  # the next refresh need not read it again
+        return None if process.exited else process
 
 
 def _with_stat(known: Process, stat: ProcStat) -> Process:

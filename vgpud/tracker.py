@@ -27,6 +27,13 @@ How a process is mapped (docs/tracking.md has the long form)
    innermost NSpid and the same start time (PID reuse cannot alias it).
    The host pid is written to ``control.slot_host_pid[slot]`` (0 when gone)
    so hooks in PID namespaces can filter NVML's host-pid process lists.
+   An identity is looked for once, when a slot first shows it: directly
+   (a process of the /proc mount's own namespace: its pid is the host pid),
+   else in one listing of /proc for the scan. The process found is then
+   watched (exitwatch.py: a pidfd, or its stat file where pidfds cannot be
+   had) and no /proc file of it is read again until it ends: a scan of
+   unchanged slots reads the blocks and one epoll set, not /proc. What is
+   known of a process (comm, uid, container) is what /proc said then.
 3. Processes NVML lists but no slot holds: with libvgpu in LD_PRELOAD, seed
    limits in the env and no VGPU_CONTROL, the hook runs standalone; its
    usage block (a shared mapping of exactly the block's size) is opened
@@ -61,8 +68,9 @@ from vgpud.blocks import (
     UsageC,
 )
 from vgpud.cgroups import ContainerRef, Runtime, classify, parse_cgroup_file
+from vgpud.exitwatch import ExitWatch
 from vgpud.nvml import NvmlSample
-from vgpud.procfs import MappedFile, Process, ProcessTable, ProcFS
+from vgpud.procfs import Identity, MappedFile, Process, ProcessTable, ProcFS
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +80,7 @@ SEED_LIMIT_PREFIXES = ("CUDA_MEM_LIMIT", "CUDA_CORE_LIMIT", "CUDA_CORE_SOFT_LIMI
 USAGE_MAPPING_SIZE = -(-ctypes.sizeof(UsageC) // mmap.PAGESIZE) * mmap.PAGESIZE
 UNKNOWN_CONTAINER = ContainerRef(runtime=Runtime.HOST, cgroup_path="?")
 
-Identity = tuple[int, int]  # (host pid, start time)
+SlotIdentity = tuple[int, int, int]  # (PID namespace inode, pid inside it, start time)
 
 
 class VgpuView(Protocol):
@@ -205,9 +213,32 @@ class _Adopted:
     blocks: VgpuBlocks
 
 
+@dataclass
+class _SlotSearch:
+    """One scan's search for the processes slots name."""
+
+    ended: set[Identity]  # watched processes that ended (learnt after the slots were read)
+    seen: set[SlotIdentity] = field(default_factory=set)
+    by_ns: dict[tuple[int, int], Process] | None = None  # all of /proc, listed when needed
+
+
+@dataclass(frozen=True)
+class _Held:
+    """What a scan made of one slot holder, and from what."""
+
+    slot: SlotView
+    devices: _Devices
+    process: Process
+    tracked: TrackedProcess
+
+
 class Tracker:
     def __init__(
-        self, proc_root: str | os.PathLike[str] = "/proc", *, sees_all_pids: bool | None = None
+        self,
+        proc_root: str | os.PathLike[str] = "/proc",
+        *,
+        sees_all_pids: bool | None = None,
+        pidfds: bool | None = None,
     ) -> None:
         self.procfs = ProcFS(proc_root)
         self._table = ProcessTable(self.procfs)
@@ -217,17 +248,27 @@ class Tracker:
                 "vgpud is not in the host PID namespace: it cannot tell dead processes "
                 "from invisible ones, so no slot will be reported dead (run it with hostPID)"
             )
+        self._exits = ExitWatch(
+            self.procfs, pidfds=_is_own_proc(proc_root) if pidfds is None else pidfds
+        )
         self._containers: dict[Identity, ContainerRef] = {}
         self._envs: dict[Identity, dict[str, str] | None] = {}
         self._host_pids: dict[str, dict[int, int]] = {}  # vgpu -> slot -> host pid written
         self._adopted: dict[tuple[int, int], _Adopted] = {}
         self._previous: dict[Identity, TrackedProcess] = {}
-        self._holders: set[int] = set()  # host pids that held slots at the last scan
+        # Slot identities resolved to their (watched) process, and those that
+        # no live process had when looked for: a process that has ended never
+        # comes back, so neither is looked up in /proc again.
+        self._holders: dict[SlotIdentity, Process] = {}
+        self._absent: set[SlotIdentity] = set()
+        self._devices: dict[str, _Devices] = {}  # by vGPU, kept while unchanged
+        self._held: dict[Identity, _Held] = {}  # what the last scan made of each slot holder
 
     def close(self) -> None:
         for adopted in self._adopted.values():
             adopted.blocks.usage.close()
         self._adopted.clear()
+        self._exits.close()
 
     def scan(self, vgpus: Mapping[str, VgpuView], nvml: NvmlSample | None) -> TrackSnapshot:
         self._drop_idle_standalone()
@@ -236,42 +277,42 @@ class Tracker:
         # Slots first, /proc second: see the module docstring, point 1.
         slots = {vgpu_id: view.usage.slots() for vgpu_id, view in views.items()}
         gpu_pids = nvml.pids() if nvml is not None else set()
-        live = self._table.refresh(watch=self._holders | gpu_pids)
-        by_ns = {(p.pidns, p.ns_pid): p for p in live.values()}
+        search = _SlotSearch(ended=self._exits.ended())
 
-        devices = {vgpu_id: _Devices.of(view) for vgpu_id, view in views.items()}
+        devices = {vgpu_id: self._devices_of(vgpu_id, view) for vgpu_id, view in views.items()}
         slot_states: list[SlotState] = []
-        claimed: dict[int, tuple[str, SlotView]] = {}  # host pid -> its vGPU and slot
+        claimed: dict[int, tuple[str, SlotView, Process]] = {}  # host pid -> vGPU, slot, process
         for vgpu_id, vgpu_slots in slots.items():
             for slot in vgpu_slots:
-                holder = _holder(slot, by_ns)
+                holder = self._holder(slot, search)
                 if holder is not None:
-                    claimed[holder.pid] = (vgpu_id, slot)
+                    claimed[holder.pid] = (vgpu_id, slot, holder)
                 if holder is not None or self.sees_all_pids:
                     slot_states.append(
                         SlotState(vgpu_id, slot, None if holder is None else holder.pid)
                     )
-            control = views[vgpu_id].control
-            if control is not None:
-                self._publish_host_pids(vgpu_id, control, claimed)
-        for gone in set(self._host_pids) - set(views):
-            del self._host_pids[gone]
+        self._forget_slots(search.seen)
+        self._publish_host_pids(views, claimed)
+        for gone in set(self._devices) - set(views):
+            del self._devices[gone]
 
-        self._holders = set(claimed)
         tracked: dict[int, TrackedProcess] = {}
         standalone_ids = {a.vgpu_id for a in self._adopted.values()}
-        for pid, (vgpu_id, slot) in claimed.items():
+        on_gpu = nvml.figured_pids() if nvml is not None else set()
+        for pid, (vgpu_id, slot, process) in claimed.items():
             kind = ProcessKind.STANDALONE if vgpu_id in standalone_ids else ProcessKind.VGPU
-            hooked = devices[vgpu_id].per_uuid([d.used for d in slot.devices])
-            tracked[pid] = self._tracked(live[pid], kind, vgpu_id, slot.index, nvml, hooked)
+            tracked[pid] = self._holder_tracked(
+                process, kind, vgpu_id, slot, devices[vgpu_id], nvml, pid in on_gpu
+            )
+        self._held = {i: h for i, h in self._held.items() if h.process.pid in claimed}
         for pid in sorted(gpu_pids - set(claimed)):
-            process = live.get(pid)
-            if process is not None:
-                tracked[pid] = self._unslotted(process, nvml)
+            unslotted = self._table.lookup(pid)
+            if unslotted is not None:
+                tracked[pid] = self._unslotted(unslotted, nvml)
         tracked = _attribute_unmanaged(tracked)
-        self._forget_gone(live)
 
         current = {p.identity: p for p in tracked.values()}
+        self._forget_gone(current)
         arrivals = tuple(p for i, p in current.items() if i not in self._previous)
         exits = tuple(p for i, p in self._previous.items() if i not in current)
         self._previous = current
@@ -307,22 +348,114 @@ class Tracker:
 
     # slots and host pids
 
+    def _holder(self, slot: SlotView, search: _SlotSearch) -> Process | None:
+        """The live process a slot names (point 2 of the module docstring).
+
+        A process found once is watched (exitwatch.py) and answered from
+        memory until it ends; an identity is looked for in /proc only when
+        the slot shows it for the first time."""
+        if slot.state not in (SLOT_ACTIVE, SLOT_CLAIMING):
+            return None
+        key = (slot.pidns, slot.pid, slot.start_time)
+        search.seen.add(key)
+        process = self._holders.get(key)
+        if process is not None:
+            if process.identity not in search.ended:
+                return process
+            del self._holders[key]
+            self._absent.add(key)
+            return None
+        if key in self._absent:
+            return None
+        process = self._find(key, search)
+        if process is None or not self._exits.watch(process):
+            self._absent.add(key)
+            return None
+        self._holders[key] = process
+        return process
+
+    def _find(self, key: SlotIdentity, search: _SlotSearch) -> Process | None:
+        pidns, ns_pid, start_time = key
+        # A process of the /proc mount's own namespace: its pid there is its
+        # host pid, so one process is read rather than all of /proc.
+        process = self._table.lookup(ns_pid)
+        if process is not None and (process.pidns, process.ns_pid) == (pidns, ns_pid):
+            return process if process.start_time == start_time else None
+        if search.by_ns is None:  # one listing of /proc per scan, when needed
+            search.by_ns = {(p.pidns, p.ns_pid): p for p in self._table.refresh().values()}
+        process = search.by_ns.get((pidns, ns_pid))
+        return process if process is not None and process.start_time == start_time else None
+
+    def _forget_slots(self, seen: set[SlotIdentity]) -> None:
+        """Stop watching the processes no slot names any more."""
+        for key in [k for k in self._holders if k not in seen]:
+            self._exits.unwatch(self._holders.pop(key).identity)
+        self._absent &= seen
+
     def _publish_host_pids(
-        self,
-        vgpu_id: str,
-        control: ControlBlock,
-        claimed: Mapping[int, tuple[str, SlotView]],
+        self, views: Mapping[str, VgpuView], claimed: Mapping[int, tuple[str, SlotView, Process]]
     ) -> None:
-        wanted = {slot.index: pid for pid, (v, slot) in claimed.items() if v == vgpu_id}
-        written = self._host_pids.get(vgpu_id)
-        if written is None:  # first sight (or a restarted daemon): trust nothing stored
-            written = {i: control.slot_host_pid(i) for i in range(MAX_PROCS)}
-            written = {i: pid for i, pid in written.items() if pid}
-        for index in set(written) | set(wanted):
-            pid = wanted.get(index, 0)
-            if written.get(index, 0) != pid:
-                control.set_slot_host_pid(index, pid)
-        self._host_pids[vgpu_id] = wanted
+        wanted: dict[str, dict[int, int]] = {vgpu_id: {} for vgpu_id in views}
+        for pid, (vgpu_id, slot, _) in claimed.items():
+            wanted[vgpu_id][slot.index] = pid
+        for vgpu_id, view in views.items():
+            control = view.control
+            if control is None:
+                continue
+            mine = wanted[vgpu_id]
+            written = self._host_pids.get(vgpu_id)
+            if written is None:  # first sight (or a restarted daemon): trust nothing stored
+                written = {i: control.slot_host_pid(i) for i in range(MAX_PROCS)}
+                written = {i: pid for i, pid in written.items() if pid}
+            if written != mine:
+                for index in set(written) | set(mine):
+                    pid = mine.get(index, 0)
+                    if written.get(index, 0) != pid:
+                        control.set_slot_host_pid(index, pid)
+            self._host_pids[vgpu_id] = mine
+        for gone in set(self._host_pids) - set(views):
+            del self._host_pids[gone]
+
+    def _devices_of(self, vgpu_id: str, view: VgpuView) -> _Devices:
+        """The vGPU's devices; the same object while they do not change, so
+        that what was derived from them can be reused."""
+        devices = _Devices.of(view)
+        known = self._devices.get(vgpu_id)
+        if known == devices:
+            return known
+        self._devices[vgpu_id] = devices
+        return devices
+
+    def _holder_tracked(
+        self,
+        process: Process,
+        kind: ProcessKind,
+        vgpu_id: str,
+        slot: SlotView,
+        devices: _Devices,
+        nvml: NvmlSample | None,
+        on_gpu: bool,
+    ) -> TrackedProcess:
+        """A slot holder as tracked; the last scan's, when nothing it is made
+        of changed (blocks.py hands back the same SlotView for unchanged slot
+        words) and NVML has no figure of it (those change with every sample)."""
+        identity = process.identity
+        held = self._held.get(identity)
+        if (
+            held is not None
+            and not on_gpu
+            and held.slot is slot
+            and held.devices is devices
+            and held.process is process
+            and held.tracked.vgpu_id == vgpu_id
+            and not held.tracked.memory
+            and not held.tracked.sm_util
+        ):
+            return held.tracked
+        hooked = devices.per_uuid([d.used for d in slot.devices])
+        tracked = self._tracked(process, kind, vgpu_id, slot.index, nvml, hooked)
+        self._held[identity] = _Held(slot, devices, process, tracked)
+        return tracked
 
     # processes no slot holds
 
@@ -440,20 +573,19 @@ class Tracker:
             self._envs[identity] = self.procfs.environ(process.pid)
         return self._envs[identity]
 
-    def _forget_gone(self, live: Mapping[int, Process]) -> None:
-        alive = {(p.pid, p.start_time) for p in live.values()}
+    def _forget_gone(self, current: Mapping[Identity, TrackedProcess]) -> None:
         for cache in (self._containers, self._envs):
-            for identity in [i for i in cache if i not in alive]:
+            for identity in [i for i in cache if i not in current]:
                 del cache[identity]
 
 
-def _holder(slot: SlotView, by_ns: Mapping[tuple[int, int], Process]) -> Process | None:
-    if slot.state not in (SLOT_ACTIVE, SLOT_CLAIMING):
-        return None
-    process = by_ns.get((slot.pidns, slot.pid))
-    if process is None or process.start_time != slot.start_time:
-        return None
-    return process
+def _is_own_proc(proc_root: str | os.PathLike[str]) -> bool:
+    """Whether ``proc_root`` is a /proc of our own PID namespace (its pids are
+    the ones pidfd_open takes), not a copy or another namespace's mount."""
+    try:
+        return os.readlink(os.path.join(proc_root, "self")) == str(os.getpid())
+    except OSError:
+        return False
 
 
 def _may_be_usage_block(mapping: MappedFile) -> bool:

@@ -184,6 +184,23 @@ def test_slots_lists_only_live_slots_with_their_counters(usage: UsageBlock) -> N
     hook.close()
 
 
+def test_slot_views_follow_every_change_of_the_slot(usage: UsageBlock) -> None:
+    """Views of unchanged slots are reused; any word the hook changes shows."""
+    hook = HookSide(usage.path)
+    hook.take_slot(0, pid=42, pidns=7, start=1000, used=[GIB, 0])
+    first = usage.slots()[0]
+    assert usage.slots()[0] is first
+    hook.c.slots[0].dev[1].gpu_time_ns = 5
+    assert usage.slots()[0].devices[1].gpu_time_ns == 5
+    hook.c.slots[0].state = blocks.SLOT_CLAIMING
+    assert usage.slots()[0].state_name == "claiming"
+    hook.c.slots[0].state = blocks.SLOT_FREE
+    assert usage.slots() == []
+    hook.take_slot(0, pid=43, pidns=7, start=1001, used=[0, 0])
+    assert (usage.slots()[0].pid, usage.slots()[0].devices[0].used) == (43, 0)
+    hook.close()
+
+
 def test_reclaim_returns_a_dead_process_bytes_and_frees_the_slot(usage: UsageBlock) -> None:
     hook = HookSide(usage.path)
     hook.take_slot(0, pid=10, pidns=1, start=5, used=[100, 0])

@@ -249,3 +249,22 @@ def test_real_environ_keeps_only_the_hook_variables() -> None:
     finally:
         child.kill()
         child.wait()
+
+
+def test_lookup_reads_one_process_now(tree: Path) -> None:
+    table = ProcessTable(ProcFS(tree))
+    first = table.lookup(4100)
+    assert first is not None and (first.nspid, first.pidns) == ((4100, 1), 4026532201)
+    status = tree / "4100" / "status"
+    status.write_text(status.read_text().replace("NSpid:\t4100 1", "NSpid:\t4100 9"))
+    # Same start time: the same process (identity cached, its stat read again).
+    write_stat(tree, 4100, first.start_time, state="R")
+    again = table.lookup(4100)
+    assert again is not None and (again.state, again.nspid) == ("R", (4100, 1))
+    # A reused pid is another process: read whole.
+    write_stat(tree, 4100, first.start_time + 7)
+    reused = table.lookup(4100)
+    assert reused is not None and reused.nspid == (4100, 9)
+    write_stat(tree, 4100, first.start_time + 7, state="Z")
+    assert table.lookup(4100) is None  # ended
+    assert table.lookup(31337) is None  # no such process
