@@ -59,6 +59,7 @@ from tests.integration.compute_harness import (  # noqa: E402
 from tests.integration.daemon_harness import Daemon, base_env  # noqa: E402
 
 BURN = ROOT / "build" / "vgpu-burn"
+HOOK = ROOT / "build" / "libvgpu.so"
 SIM_LIB_DIR = ROOT / "build" / "sim"
 WARMUP_S = 1.5  # burn start-up and the controller's first ticks, not measured
 
@@ -85,8 +86,10 @@ class Bench:
             self.env["VGPU_SIM_STATE"] = str(workdir / "sim-state")
             for key in ("CUDA_VISIBLE_DEVICES", "LD_PRELOAD"):
                 self.env.pop(key, None)
+        self.workdir = workdir
         self.daemon = Daemon(workdir, self.env, sim=args.sim)
         self.sampler: Sampler | None = None
+        self.made = 0
         self.results: dict[str, Any] = {"cases": []}
         self.timelines: dict[str, dict[str, Any]] = {}
 
@@ -102,13 +105,20 @@ class Bench:
             self.daemon.cleanup()
 
     def vgpu(self, share: int, mode: str = "hard", weight: int = 100) -> dict[str, Any]:
+        if self.args.standalone:
+            # The pacer alone: the seed's environment, one usage block each.
+            self.made += 1
+            usage = self.workdir / f"standalone-{self.made}.usage"
+            limit = {"CUDA_CORE_LIMIT": str(share), "VGPU_USAGE": str(usage)}
+            return {"id": None, "host_env": {"LD_PRELOAD": str(HOOK), **limit}}
         body = {"gpus": [self.args.device], "memory": "1g", "share": share, "mode": mode}
         body["weight"] = weight
         answer: dict[str, Any] = self.daemon.client.request("POST", "/v1/vgpus", body)
         return answer
 
     def delete(self, vgpu: dict[str, Any]) -> None:
-        self.daemon.client.request("DELETE", f"/v1/vgpus/{vgpu['id']}?force=true")
+        if vgpu["id"] is not None:
+            self.daemon.client.request("DELETE", f"/v1/vgpus/{vgpu['id']}?force=true")
 
     def burn(self, vgpu: dict[str, Any], workload: str, seconds: float) -> Burn:
         env = {**self.env, **vgpu["host_env"]}
@@ -304,7 +314,7 @@ def write_report(outdir: Path, results: dict[str, Any], timelines: dict[str, Any
         f"{m['date']}; GPU {m['gpu']}, driver {m['driver']}; {m['host']}; "
         f"Linux {m['kernel']}; Python {m['python']}.",
         f"Command: `{results['command']}`; {results['seconds']} s measured per case after "
-        f"{WARMUP_S} s of warm-up.",
+        f"{WARMUP_S} s of warm-up. Limits set as: {results['mode']}.",
         "",
     ]
     if m["simulated"] == "True":
@@ -430,11 +440,19 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--seconds", type=float, default=10.0, help="measured seconds per case")
     p.add_argument("--quick", action="store_true", help="shares 30/70, 3 workloads, 5 s")
     p.add_argument(
+        "--standalone",
+        action="store_true",
+        help="limit with CUDA_CORE_LIMIT (the pacer alone, no controller); "
+        "accuracy and co-location only",
+    )
+    p.add_argument(
         "--cases",
         default="accuracy,colocation,soft,settling",
         help="comma list of accuracy, colocation, soft, settling",
     )
     args = p.parse_args(argv)
+    if args.standalone and {"soft", "settling"} & set(args.cases.split(",")):
+        args.cases = ",".join(c for c in args.cases.split(",") if c not in ("soft", "settling"))
     if args.seconds < 3:
         p.error("--seconds must be at least 3 (1 s windows need room)")
     if not BURN.is_file():
@@ -455,6 +473,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     bench = Bench(args, workdir)
     bench.results["command"] = " ".join(["python benchmarks/bench_compute.py", *argv])
     bench.results["seconds"] = args.seconds
+    bench.results["mode"] = (
+        "standalone (CUDA_CORE_LIMIT: the pacer alone)"
+        if args.standalone
+        else "vGPU (vgpud's controller steering the pacer)"
+    )
     bench.results["machine"] = machine(args, bench.env)
     try:
         with bench.running():

@@ -97,6 +97,9 @@ class Tuning:
     settle_s: float = 0.5
     # A target that moves by more than this is a change (not noise).
     target_change: float = 0.02
+    # Per-process figures are learnt from only when their sum is within this
+    # (absolute, and relative to the device's figure) of the device's.
+    consistency: float = 0.1
 
 
 DEFAULT_TUNING = Tuning()
@@ -151,12 +154,27 @@ class SliceState:
     held_since_ns: int | None = None  # held back by the pacer without a break since
 
 
+Key = tuple[str, str]  # (vgpu_id, gpu uuid)
+# What a GPU's quotas are computed from: its device utilization and each
+# allocation with its sample (None: none given).
+GpuInputs = tuple[float | None, tuple[tuple["Allocation", SliceSample | None], ...]]
+
+
+@dataclass(frozen=True)
+class SettledGpu:
+    """A GPU whose last computation is a fixed point (see ``_settled``): the
+    same inputs give the same quotas and states at any later time, so they
+    are reused rather than computed again (most ticks, on an idle GPU)."""
+
+    inputs: GpuInputs
+    quotas: Mapping[Key, int]
+    read_at_ns: int  # the last tick that read its counters, reused or not
+
+
 @dataclass(frozen=True)
 class ControllerState:
     slices: Mapping[tuple[str, str], SliceState] = field(default_factory=dict)
-
-
-Key = tuple[str, str]  # (vgpu_id, gpu uuid)
+    settled: Mapping[str, SettledGpu] = field(default_factory=dict)  # by GPU uuid
 
 
 @dataclass(frozen=True)
@@ -187,18 +205,75 @@ def compute_quotas(
         _check(alloc)
         by_gpu.setdefault(alloc.gpu, []).append(alloc)
 
+    now = snapshot.now_ns
     quotas: dict[Key, int] = {}
     new_states: dict[Key, SliceState] = {}
+    settled: dict[str, SettledGpu] = {}
     for gpu, allocs in by_gpu.items():
         sample = snapshot.gpus.get(gpu, GpuSample())
-        readings = [_read(a, sample, snapshot.now_ns, state, tuning) for a in allocs]
+        inputs: GpuInputs = (sample.util, tuple((a, sample.slices.get(a.vgpu_id)) for a in allocs))
+        memo = state.settled.get(gpu)
+        if memo is not None and memo.inputs == inputs:
+            quotas.update(memo.quotas)
+            new_states.update((key, state.slices[key]) for key in memo.quotas)
+            settled[gpu] = replace(memo, read_at_ns=now)
+            continue
+        before = state
+        readings = [_read(a, sample, now, before, tuning) for a in allocs]
         fractions = _divide_gpu(readings, sample.util, tuning)
+        gpu_quotas: dict[Key, int] = {}
         for reading in readings:
             key = (reading.alloc.vgpu_id, gpu)
             quota, new_state = fractions[key]
-            quotas[key] = _to_ppm(quota, tuning)
+            gpu_quotas[key] = _to_ppm(quota, tuning)
             new_states[key] = new_state
-    return quotas, ControllerState(slices=new_states)
+        quotas.update(gpu_quotas)
+        if _settled(readings, before, new_states, tuning):
+            settled[gpu] = SettledGpu(inputs, gpu_quotas, now)
+    return quotas, ControllerState(slices=new_states, settled=settled)
+
+
+def _read_at(state: ControllerState, memo: SettledGpu) -> ControllerState:
+    """The state as if the ticks that reused ``memo`` had been computed: they
+    changed nothing but when the GPU's counters were last read."""
+    slices = dict(state.slices)
+    for key in memo.quotas:
+        slices[key] = replace(slices[key], counters_at_ns=memo.read_at_ns)
+    return ControllerState(slices=slices)
+
+
+def _settled(
+    readings: Sequence[_Reading],
+    before: ControllerState,
+    after: Mapping[Key, SliceState],
+    tuning: Tuning,
+) -> bool:
+    """Whether computing this GPU again with the same inputs, at any later
+    time, gives the same quotas and states (tests/unit/test_controller_memo.py
+    checks this against computing every tick).
+
+    Time enters a reading through the counter rates (unchanged counters:
+    zero, whatever the interval) and the age of the last NVML figure (which
+    stands in for ``nvml_max_age_s``, then no more): a reading is
+    time-independent when its rates are known and zero and its NVML figure,
+    if any, is already too old. The rest is state: when each slice's state
+    comes out as it went in, the next tick starts where this one did."""
+    for r in readings:
+        key = (r.alloc.vgpu_id, r.alloc.gpu)
+        prev = before.slices.get(key)
+        old_nvml = r.state.nvml_util is None or (
+            r.now_ns - r.state.nvml_at_ns > tuning.nvml_max_age_s * NS_PER_S
+        )
+        if (
+            prev is None
+            or r.fresh_nvml is not None
+            or r.use != 0.0
+            or r.throttled != 0.0
+            or not old_nvml
+            or after[key] != replace(prev, counters_at_ns=after[key].counters_at_ns)
+        ):
+            return False
+    return True
 
 
 def _check(alloc: Allocation) -> None:
@@ -325,10 +400,28 @@ def _corrected(r: _Reading, target: float, tuning: Tuning) -> tuple[float, Slice
     return quota, replace(r.state, correction=correction, target=target, learn_from_ns=learn_from)
 
 
+def _consistent(readings: list[_Reading], device_util: float | None, tuning: Tuning) -> bool:
+    """Whether this tick's per-process figures add up to the device's.
+
+    Only then are they learnt from. They do on the simulator; a real driver
+    under time slicing was seen to leave out most processes' samples (an
+    H200: one process per period), and an unmanaged process on the GPU
+    makes the vGPUs' sum fall short; in both cases a correction learnt from
+    them would be wrong, and the correction holds instead."""
+    fresh = [r.fresh_nvml for r in readings if r.fresh_nvml is not None]
+    if not fresh or device_util is None:
+        return False
+    return abs(sum(fresh) - device_util) <= max(
+        tuning.consistency, tuning.consistency * device_util
+    )
+
+
 def _divide_gpu(
     readings: list[_Reading], device_util_pct: float | None, tuning: Tuning
 ) -> dict[Key, tuple[float, SliceState]]:
     device_util = None if device_util_pct is None else device_util_pct / 100.0
+    if not _consistent(readings, device_util, tuning):
+        readings = [replace(r, fresh_nvml=None) for r in readings]
     out: dict[Key, tuple[float, SliceState]] = {}
     for r in readings:
         if not r.alloc.soft:

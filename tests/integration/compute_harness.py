@@ -33,28 +33,38 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE_PERIOD_S = 0.1
+LOOKBACK_S = 1.0  # how far back process samples are asked for (see sample_main)
 
 
 def sample_main(device: int) -> int:
     """Print NVML figures as JSON lines until killed: {"t", "dev"} every
-    SAMPLE_PERIOD_S and {"t", "pid", "ts", "util"} per new process sample."""
+    SAMPLE_PERIOD_S and {"t", "pid", "ts", "util"} per new process sample.
+
+    Process samples are asked for from a second back and deduplicated per
+    process: a driver keeps about one sample per process, stamped when that
+    process's period ended, so asking only for samples newer than the newest
+    one seen would drop other processes' samples stamped a little earlier.
+    """
     import pynvml
 
     pynvml.nvmlInit()
     handle = pynvml.nvmlDeviceGetHandleByIndex(device)
-    last_seen = 0
+    seen: dict[int, int] = {}  # pid -> timestamp of its newest sample printed
     out = sys.stdout
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     while True:
         now = time.time()
         util = pynvml.nvmlDeviceGetUtilizationRates(handle).gpu
         out.write(json.dumps({"t": now, "dev": util}) + "\n")
+        since = max(0, int((now - LOOKBACK_S) * 1e6))
         try:
-            samples = pynvml.nvmlDeviceGetProcessUtilization(handle, last_seen)
+            samples = pynvml.nvmlDeviceGetProcessUtilization(handle, since)
         except pynvml.NVMLError:
-            samples = []  # no new sample since last_seen
-        for s in samples:
-            last_seen = max(last_seen, s.timeStamp)
+            samples = []  # none in the last LOOKBACK_S
+        for s in sorted(samples, key=lambda s: s.timeStamp):
+            if s.timeStamp <= seen.get(s.pid, 0):
+                continue
+            seen[s.pid] = s.timeStamp
             line = {"t": now, "pid": s.pid, "ts": s.timeStamp / 1e6, "util": s.smUtil}
             out.write(json.dumps(line) + "\n")
         out.flush()

@@ -122,6 +122,21 @@ def test_soft_yields_at_once_when_a_hard_vgpu_is_held_back() -> None:
     assert quotas[("s", GPU)] == ppm(30)
 
 
+def test_no_learning_from_figures_that_do_not_add_up() -> None:
+    """Per-process figures far from the device's (a driver that drops
+    samples, an unmanaged process) teach nothing: the quota stays the share."""
+    allocs = [Allocation("a", GPU, ppm(30)), Allocation("b", GPU, ppm(70))]
+    state = ControllerState()
+    quotas: dict[tuple[str, str], int] = {}
+    for i in range(20):
+        slices = {
+            "a": SliceSample(active=True, util=2.0, throttled_ns=i * 50_000_000),
+            "b": SliceSample(active=True, util=40.0, throttled_ns=i * 50_000_000),
+        }
+        quotas, state = tick(allocs, slices, device_util=85.0, state=state, now_ns=i * TICK_NS)
+    assert quotas == {("a", GPU): ppm(30), ("b", GPU): ppm(70)}
+
+
 def test_counters_that_go_backwards_are_not_a_rate() -> None:
     """A usage block recreated under a running daemon restarts its counters."""
     allocs = [Allocation("a", GPU, ppm(30), soft=True)]
