@@ -218,7 +218,7 @@ def compute_quotas(
             new_states.update((key, state.slices[key]) for key in memo.quotas)
             settled[gpu] = replace(memo, read_at_ns=now)
             continue
-        before = state
+        before = state if memo is None else _read_at(state, memo)
         readings = [_read(a, sample, now, before, tuning) for a in allocs]
         fractions = _divide_gpu(readings, sample.util, tuning)
         gpu_quotas: dict[Key, int] = {}
