@@ -71,6 +71,11 @@ class Reclaim:
 @dataclass(frozen=True)
 class Reset:
     vgpu_id: str
+    # RECLAIMING slots seen stuck for stuck_scans scans: their reclaimer died,
+    # so they no longer stand in the way of a reset. Any other RECLAIMING
+    # slot is a hook returning a dead slot's bytes right now; resetting under
+    # it would let its late subtraction erase a newcomer's reservation.
+    stuck_reclaiming: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -89,22 +94,30 @@ def plan(
     actions: list[Action] = []
     events: list[ReaperEvent] = []
     stuck: dict[tuple[str, int, int, int, int, int], int] = {}
+    reclaiming: dict[str, set[int]] = {}  # per vGPU: RECLAIMING slots seen
+    settled: dict[str, set[int]] = {}  # of those, the ones stuck long enough
     if snapshot.sees_all_pids:
         for s in snapshot.slots:
+            if s.slot.state == SLOT_RECLAIMING:
+                reclaiming.setdefault(s.vgpu_id, set()).add(s.slot.index)
             if s.slot.state == SLOT_ACTIVE and s.host_pid is None:
                 actions.append(Reclaim(s.vgpu_id, s.slot))
             elif s.slot.state in (SLOT_CLAIMING, SLOT_RECLAIMING):
                 key = _stuck_key(s)
                 stuck[key] = state.stuck.get(key, 0) + 1
                 if stuck[key] >= policy.stuck_scans:
+                    if s.slot.state == SLOT_RECLAIMING:
+                        settled.setdefault(s.vgpu_id, set()).add(s.slot.index)
                     action, event = _unstick(s, stuck[key], policy)
                     actions += [action] if action is not None else []
                     if event is not None and stuck[key] == policy.stuck_scans:
                         events.append(event)
         actions += [
-            Reset(vgpu_id)
+            Reset(vgpu_id, frozenset(settled.get(vgpu_id, ())))
             for vgpu_id, use in snapshot.vgpus.items()
-            if use.live_slots == 0 and any(gpu.hooked_used for gpu in use.gpus.values())
+            if use.live_slots == 0
+            and any(gpu.hooked_used for gpu in use.gpus.values())
+            and reclaiming.get(vgpu_id, set()) <= settled.get(vgpu_id, set())
         ]
     absurd = _absurd(snapshot, policy)
     events += [
@@ -193,9 +206,13 @@ def _reclaim(action: Reclaim, usage: UsageBlock) -> ReaperEvent | None:
 
 def _reset(action: Reset, usage: UsageBlock) -> ReaperEvent | None:
     # Looked at again just before: a process that claimed a slot since the
-    # scan is alive (it cannot be in the scan's dead list), so leave it be.
-    if any(s.state in (SLOT_ACTIVE, SLOT_CLAIMING) for s in usage.slots()):
-        return None
+    # scan is alive (it cannot be in the scan's dead list), and a hook that
+    # began reclaiming a slot since is about to subtract: leave both be.
+    for s in usage.slots():
+        if s.state in (SLOT_ACTIVE, SLOT_CLAIMING):
+            return None
+        if s.state == SLOT_RECLAIMING and s.index not in action.stuck_reclaiming:
+            return None
     held = [usage.reset_used(d) for d in range(usage.device_count)]
     if not any(held):
         return None

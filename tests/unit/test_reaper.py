@@ -118,6 +118,26 @@ def test_reclaiming_slot_left_by_a_dead_hook_is_reported_and_budget_reset(
     assert used(vgpu)[0] == 0 and vgpu.usage.slots()[0].state == SLOT_RECLAIMING
 
 
+def test_no_reset_while_a_hook_is_returning_a_dead_slot(proc: Path, vgpu: FakeVgpu) -> None:
+    # A hook reclaiming a dead slot subtracts its bytes after the state
+    # change; a reset in between would let that subtraction erase bytes a
+    # newcomer reserves meanwhile, and the vGPU could pass its limit.
+    vgpu.hook.block.devices[0].used = 5  # leaked
+    vgpu.hook.claim(0, pid=42, pidns=DOCKER_NS, start_time=1, used={0: GIB}, state=SLOT_RECLAIMING)
+    tracker, state = Tracker(proc, sees_all_pids=True), ReaperState()
+    kinds, state = tick(tracker, vgpu, state, ReaperPolicy(stuck_scans=3))
+    assert kinds == [] and used(vgpu)[0] == GIB + 5
+    # Idle and nothing reclaiming at scan time, but a hook starts reclaiming
+    # before the reset is applied: the reset stands back.
+    vgpu.hook.free(0)
+    snapshot = tracker.scan({"v1": vgpu.blocks}, None)
+    actions, _, _ = plan(snapshot, ReaperState())
+    assert actions == [Reset("v1")]
+    vgpu.hook.claim(1, pid=43, pidns=DOCKER_NS, start_time=2, used={0: 1}, state=SLOT_RECLAIMING)
+    assert apply(actions, {"v1": vgpu.blocks}) == []
+    assert used(vgpu)[0] == GIB + 5 + 1
+
+
 def test_slot_that_changed_hands_after_the_scan_is_not_touched(proc: Path, vgpu: FakeVgpu) -> None:
     vgpu.hook.claim(0, pid=42, pidns=DOCKER_NS, start_time=1, used={0: GIB})
     snapshot = Tracker(proc, sees_all_pids=True).scan({"v1": vgpu.blocks}, None)
