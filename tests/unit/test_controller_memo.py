@@ -26,6 +26,7 @@ ALLOCATIONS = [
     Allocation("s2", "GPU-0", 100_000, soft=True, weight=3),
     Allocation("x", "GPU-1", 500_000, soft=True),
 ]
+CHANGES = ["same", "same", "launch", "held", "nvml", "idle"]
 
 
 @st.composite
@@ -36,11 +37,12 @@ def runs(draw: st.DrawFn) -> list[tuple[int, Snapshot]]:
     samples = {a.vgpu_id: SliceSample(active=True) for a in ALLOCATIONS}
     device = {"GPU-0": None, "GPU-1": None}
     ticks = []
-    for _ in range(draw(st.integers(10, 60))):
+    for _ in range(draw(st.integers(10, 80))):
         # A stalled loop or a sample period now and then: time matters too.
         now += draw(st.sampled_from([TICK_NS] * 6 + [2 * TICK_NS, 7 * TICK_NS]))
+        quiet = draw(st.sampled_from([True, True, False]))  # long runs of nothing new
         for a in ALLOCATIONS:
-            change = draw(st.sampled_from(["same"] * 5 + ["launch", "held", "nvml", "idle"]))
+            change = "same" if quiet else draw(st.sampled_from(CHANGES))
             c = counters[a.vgpu_id]
             if change == "launch":
                 c[0] += draw(st.integers(1, TICK_NS))
