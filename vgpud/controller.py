@@ -228,7 +228,7 @@ def compute_quotas(
             gpu_quotas[key] = _to_ppm(quota, tuning)
             new_states[key] = new_state
         quotas.update(gpu_quotas)
-        if _settled(readings, before, new_states, tuning):
+        if _settled(readings, before, new_states):
             settled[gpu] = SettledGpu(inputs, gpu_quotas, now)
     return quotas, ControllerState(slices=new_states, settled=settled)
 
@@ -246,30 +246,23 @@ def _settled(
     readings: Sequence[_Reading],
     before: ControllerState,
     after: Mapping[Key, SliceState],
-    tuning: Tuning,
 ) -> bool:
     """Whether computing this GPU again with the same inputs, at any later
     time, gives the same quotas and states (tests/unit/test_controller_memo.py
     checks this against computing every tick).
 
-    Time enters a reading through the counter rates (unchanged counters:
-    zero, whatever the interval) and the age of the last NVML figure (which
-    stands in for ``nvml_max_age_s``, then no more): a reading is
-    time-independent when its rates are known and zero and its NVML figure,
-    if any, is already too old. The rest is state: when each slice's state
-    comes out as it went in, the next tick starts where this one did."""
+    Time enters a reading through its use: a counter rate (unchanged
+    counters: zero whatever the interval) or an NVML figure that stands in
+    until it is too old (then the rate does). A use of zero stays zero. The
+    rest is state: when each slice's state comes out as it went in (but for
+    when its counters were read; a fresh NVML figure always changes it), the
+    next tick starts where this one did."""
     for r in readings:
         key = (r.alloc.vgpu_id, r.alloc.gpu)
         prev = before.slices.get(key)
-        old_nvml = r.state.nvml_util is None or (
-            r.now_ns - r.state.nvml_at_ns > tuning.nvml_max_age_s * NS_PER_S
-        )
         if (
             prev is None
-            or r.fresh_nvml is not None
             or r.use != 0.0
-            or r.throttled != 0.0
-            or not old_nvml
             or after[key] != replace(prev, counters_at_ns=after[key].counters_at_ns)
         ):
             return False

@@ -63,17 +63,38 @@ def runs(draw: st.DrawFn) -> list[tuple[int, Snapshot]]:
     return ticks
 
 
+def same_as_computing_every_tick(
+    ticks: list[tuple[int, Snapshot]], allocations: list[Allocation] = ALLOCATIONS
+) -> ControllerState:
+    reusing, full = ControllerState(), ControllerState()
+    for now, snapshot in ticks:
+        got, reusing = compute_quotas(snapshot, allocations, reusing)
+        want, full = compute_quotas(snapshot, allocations, full)
+        assert got == want, f"at {now / 1e9:.1f} s"
+        full = ControllerState(slices=full.slices)  # never settled: always computed
+    return reusing
+
+
 @settings(max_examples=150, deadline=None)
 @given(runs())
 def test_reused_quotas_are_the_ones_a_full_computation_gives(
     ticks: list[tuple[int, Snapshot]],
 ) -> None:
-    reusing, full = ControllerState(), ControllerState()
-    for now, snapshot in ticks:
-        got, reusing = compute_quotas(snapshot, ALLOCATIONS, reusing)
-        want, full = compute_quotas(snapshot, ALLOCATIONS, full)
-        assert got == want, f"at {now / 1e9:.1f} s"
-        full = ControllerState(slices=full.slices)  # never settled: always computed
+    same_as_computing_every_tick(ticks)
+
+
+def test_a_recent_nvml_figure_is_not_settled_until_it_is_too_old() -> None:
+    """A soft vGPU seen busy by NVML keeps the spare time while the figure
+    stands in (0.5 s), then gives it back: quiet ticks are not all alike."""
+    allocations = [Allocation("h", "G", 300_000), Allocation("s", "G", 200_000, soft=True)]
+
+    def tick(n: int, util: float | None) -> tuple[int, Snapshot]:
+        slices = {"h": SliceSample(True), "s": SliceSample(True, util)}
+        return n * TICK_NS, Snapshot(n * TICK_NS, {"G": GpuSample(40.0, slices)})
+
+    ticks = [tick(1, None), tick(2, None), tick(3, 40.0)] + [tick(n, None) for n in range(4, 15)]
+    state = same_as_computing_every_tick(ticks, allocations)
+    assert "G" in state.settled  # quiet long enough after the figure aged
 
 
 def test_a_steady_gpu_is_reused_and_a_change_is_computed() -> None:
