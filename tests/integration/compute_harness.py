@@ -11,7 +11,8 @@ and the benchmark (benchmarks/bench_compute.py), so both measure alike:
 - ``Burn.start(cmd, env, kernel_us)``: a vgpu-burn run; ``.finish(timeout)``,
   ``.pids``, ``.work`` (kernels completed x kernel time / wall time).
 - ``series(samples, pids, start, end)``: utilization of a set of processes per
-  200 ms step; ``device_util(samples, start, end)``; ``windows(steps)``: 1 s
+  200 ms step; ``device_series`` the same of the device's utilization;
+  ``device_util(samples, start, end)``; ``windows(steps)``: 1 s
   sliding means; ``settle_time(steps, target, tol)``.
 """
 
@@ -133,6 +134,19 @@ def series(samples: Samples, pids: Sequence[int], start: float, end: float) -> l
             if 0 <= i < steps:
                 total[i] += util
     return total
+
+
+def device_series(samples: Samples, start: float, end: float) -> list[float]:
+    """NVML device utilization (%) per 200 ms step in [start, end): the mean
+    of the readings taken in each step (0 for a step with none)."""
+    steps = max(1, round((end - start) / 0.2))
+    sums, counts = [0.0] * steps, [0] * steps
+    for t, util in samples.device:
+        i = math.floor((t - start) / 0.2)
+        if 0 <= i < steps:
+            sums[i] += util
+            counts[i] += 1
+    return [s / c if c else 0.0 for s, c in zip(sums, counts, strict=True)]
 
 
 def device_util(samples: Samples, start: float, end: float) -> float:
