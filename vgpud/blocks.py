@@ -712,6 +712,8 @@ class UsageBlock(_Mapping):
         # a slot whose words did not change since (most, most scans) is not
         # parsed again. A SlotView is a pure function of those words.
         self._views: dict[int, tuple[list[int], SlotView]] = {}
+        self._states: list[int] = []  # every slot's state at the last read
+        self._in_use: list[int] = []  # the indices of the non-free ones
 
     @classmethod
     def create(
@@ -809,10 +811,11 @@ class UsageBlock(_Mapping):
         first = _SLOTS_OFF // 4
         stride = _SLOT_SIZE // 4
         states = self._w32[first : first + stride * MAX_PROCS : stride].tolist()
-        views = [self._slot(i, st) for i, st in enumerate(states) if st != SLOT_FREE]
-        if len(self._views) > len(views):  # forget the views of freed slots
-            self._views = {v.index: self._views[v.index] for v in views}
-        return views
+        if states != self._states:  # which slots are in use changes rarely
+            self._states = states
+            self._in_use = [i for i, st in enumerate(states) if st != SLOT_FREE]
+            self._views = {i: v for i, v in self._views.items() if i in self._in_use}
+        return [self._slot(i, states[i]) for i in self._in_use]
 
     def _slot(self, index: int, state: int) -> SlotView:
         w = (_SLOTS_OFF + index * _SLOT_SIZE) // 8

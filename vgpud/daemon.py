@@ -279,8 +279,14 @@ class Daemon:
         return asyncio.get_running_loop().create_task(run(), name=f"vgpud-{name}")
 
     def _interval(self, name: str, default: float) -> float:
-        """The current period (a reload may have changed it)."""
-        return float(getattr(self.config, f"{name}_interval", default))
+        """The current period (a reload may have changed it). NVML is sampled
+        at the scan's pace while nothing needs its figures sooner: no vGPU
+        to steer, no process on a GPU (one that appears is in the next
+        sample, as it would be in the next scan)."""
+        period = float(getattr(self.config, f"{name}_interval", default))
+        if name == "sample" and self.node is not None and _idle(self.node.service):
+            return max(period, self.config.scan_interval)
+        return period
 
     async def _control(self, node: Node) -> None:
         service = node.service
@@ -406,6 +412,15 @@ class Daemon:
                 and os.stat(self.config.socket).st_ino == self.socket_inode
             ):
                 os.unlink(self.config.socket)
+
+
+def _idle(service: Service) -> bool:
+    track, sample = service.track, service.sample
+    return (
+        not service.registry.entries
+        and (track is None or not track.processes)
+        and (sample is None or not sample.pids())
+    )
 
 
 def _raise_fd_limit() -> None:

@@ -15,13 +15,48 @@ and pacer waits (the usage block).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from functools import partial
 
 from vgpud import controller as ctl
-from vgpud.blocks import PPM_FULL
+from vgpud.blocks import PPM_FULL, ControlBlock, UsageBlock
+from vgpud.model import Vgpu
 from vgpud.nvml import NvmlSample
 from vgpud.registry import Entry
 from vgpud.tracker import TrackSnapshot, VgpuBlocks
+
+
+@dataclass(frozen=True)
+class _Owned:
+    """A daemon-owned vGPU's part of the tick, built once per definition
+    (the registry replaces ``vgpu`` on an update, ``usage`` on a repair)."""
+
+    vgpu: Vgpu
+    usage: UsageBlock
+    control: ControlBlock
+    allocations: tuple[ctl.Allocation, ...]  # by usage-block device index
+    writers: tuple[Callable[[int], object], ...]
+
+    @staticmethod
+    def of(e: Entry) -> _Owned:
+        v = e.vgpu
+        share_ppm = v.limits.share * (PPM_FULL // 100)
+        soft = v.limits.mode == "soft"
+        return _Owned(
+            v,
+            e.usage,
+            e.control,
+            tuple(
+                ctl.Allocation(v.id, s.gpu_uuid, share_ppm, soft, v.limits.weight) for s in v.slices
+            ),
+            tuple(
+                partial(e.control.write_throttle, i, window_ns=ctl.WINDOW_NS)
+                for i in range(len(v.slices))
+            ),
+        )
+
+    def current(self, e: Entry) -> bool:
+        return self.vgpu is e.vgpu and self.usage is e.usage and self.control is e.control
 
 
 class Steering:
@@ -29,6 +64,12 @@ class Steering:
         self.tuning = tuning
         self.state = ctl.ControllerState()
         self.last_sample: NvmlSample | None = None
+        self._owned: dict[str, _Owned] = {}
+        # Last tick's samples: an unchanged one is passed again as the same
+        # object, which the controller's comparison of inputs passes at once.
+        self._samples: dict[ctl.Key, ctl.SliceSample] = {}
+        self._given: dict[ctl.Key, int] = {}
+        self._writers: dict[ctl.Key, Callable[[int], object]] = {}
 
     def tick(
         self,
@@ -45,17 +86,19 @@ class Steering:
         allocations: list[ctl.Allocation] = []
         counters: dict[ctl.Key, tuple[int, int]] = {}
         writers: dict[ctl.Key, Callable[[int], object]] = {}
+        owned = {}
         for e in entries:
-            soft = e.vgpu.limits.mode == "soft"
-            share_ppm = e.vgpu.limits.share * (PPM_FULL // 100)
+            plan = self._owned.get(e.vgpu.id)
+            if plan is None or not plan.current(e):
+                plan = _Owned.of(e)
+            owned[e.vgpu.id] = plan
             pacing = e.usage.pacing_counters()
-            for i, (s, pace) in enumerate(zip(e.vgpu.slices, pacing, strict=True)):
-                key = (e.vgpu.id, s.gpu_uuid)
-                allocations.append(
-                    ctl.Allocation(e.vgpu.id, s.gpu_uuid, share_ppm, soft, e.vgpu.limits.weight)
-                )
+            for a, write, pace in zip(plan.allocations, plan.writers, pacing, strict=True):
+                key = (a.vgpu_id, a.gpu)
+                allocations.append(a)
                 counters[key] = pace
-                writers[key] = partial(e.control.write_throttle, i, window_ns=ctl.WINDOW_NS)
+                writers[key] = write
+        self._owned = owned
         for vgpu_id, blocks in standalone.items():
             limits = blocks.usage.standalone_limits()
             devices = blocks.usage.devices()
@@ -69,7 +112,11 @@ class Steering:
         snapshot = self._snapshot(allocations, counters, track, sample, fresh, now_ns)
         quotas, self.state = ctl.compute_quotas(snapshot, allocations, self.state, self.tuning)
         for key, quota in quotas.items():
-            writers[key](quota)
+            if self._given.get(key) != quota or writers[key] is not self._writers.get(key):
+                writers[key](quota)
+        # What was written where: a quota given again to the same block is
+        # not written again (most ticks, most vGPUs).
+        self._given, self._writers = quotas, writers
         for e in entries:
             e.control.heartbeat(now_ns)
         for blocks in standalone.values():
@@ -86,20 +133,28 @@ class Steering:
         now_ns: int,
     ) -> ctl.Snapshot:
         gpus: dict[str, dict[str, ctl.SliceSample]] = {}
+        samples: dict[ctl.Key, ctl.SliceSample] = {}
         for a in allocations:
+            key = (a.vgpu_id, a.gpu)
             use = track.vgpus.get(a.vgpu_id) if track is not None else None
             util = None
             if fresh is not None and use is not None and a.gpu in fresh.gpus:
                 per_pid = fresh.gpus[a.gpu].process_util
                 seen = [per_pid[pid] for pid in use.pids if pid in per_pid]
                 util = sum(seen) if seen else None
-            gpu_time, throttled = counters[(a.vgpu_id, a.gpu)]
-            gpus.setdefault(a.gpu, {})[a.vgpu_id] = ctl.SliceSample(
-                active=use is not None and use.live_slots > 0,
-                util=util,
-                gpu_time_ns=gpu_time,
-                throttled_ns=throttled,
-            )
+            gpu_time, throttled = counters[key]
+            active = use is not None and use.live_slots > 0
+            s = self._samples.get(key)
+            if s is None or (s.active, s.util, s.gpu_time_ns, s.throttled_ns) != (
+                active,
+                util,
+                gpu_time,
+                throttled,
+            ):
+                s = ctl.SliceSample(active, util, gpu_time, throttled)
+            samples[key] = s
+            gpus.setdefault(a.gpu, {})[a.vgpu_id] = s
+        self._samples = samples
         device_util: dict[str, float | None] = {}
         if latest is not None:
             device_util = {

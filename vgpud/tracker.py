@@ -198,8 +198,7 @@ class _Devices:
     @staticmethod
     def of(view: VgpuView) -> _Devices:
         if view.control is not None:
-            devices = view.control.devices()
-            return _Devices(tuple(d.uuid for d in devices), tuple(d.mem_limit for d in devices))
+            return _Devices(tuple(view.control.uuids), view.control.mem_limits())
         own = view.usage.standalone_limits()
         return _Devices(own.uuids, tuple(limit or None for limit in own.mem_limit))
 
@@ -594,6 +593,8 @@ def _may_be_usage_block(mapping: MappedFile) -> bool:
 
 def _attribute_unmanaged(tracked: dict[int, TrackedProcess]) -> dict[int, TrackedProcess]:
     """Charge unmanaged processes to the one vGPU whose container they share."""
+    if not any(p.kind is ProcessKind.UNMANAGED for p in tracked.values()):
+        return tracked
     owners: dict[str, set[str]] = {}
     for p in tracked.values():
         if p.vgpu_id is not None and p.kind is not ProcessKind.UNMANAGED:
