@@ -14,7 +14,10 @@ them every scan. They make no CUDA calls, so NVML lists none of them and the
 per-process utilization path is idle. The API load is GETs of a vGPU (by id),
 /v1/health and /v1/devices, a new unix-socket connection per request (what
 vgpuctl does), paced open-loop at the given rate from another process; the
-latency is measured by that client.
+latency is measured by that client. The client shares the machine's cores
+with the daemon: its own CPU and the daemon's request histogram (how many
+answers took at most 1 ms / 5 ms inside the daemon) are reported too, so
+that the client's part of the figure can be told apart.
 """
 
 from __future__ import annotations
@@ -116,6 +119,7 @@ def load(sock: str, paths: list[str], rate: float, seconds: float, out: Queue) -
     latencies = []
     errors = 0
     start = time.perf_counter()
+    cpu_start = time.process_time()
     n = int(rate * seconds)
     for i in range(n):
         due = start + i / rate
@@ -129,7 +133,8 @@ def load(sock: str, paths: list[str], rate: float, seconds: float, out: Queue) -
         except OSError:
             errors += 1
         latencies.append(time.perf_counter() - t0)
-    out.put((latencies, errors, time.perf_counter() - start))
+    elapsed = time.perf_counter() - start
+    out.put((latencies, errors, elapsed, (time.process_time() - cpu_start) / elapsed * 100))
 
 
 def loop_costs(client: Client) -> dict[str, tuple[float, float]]:
@@ -144,6 +149,27 @@ def loop_costs(client: Client) -> dict[str, tuple[float, float]]:
                 name = line[len(prefix) :].split('"')[0]
                 into[name] = float(line.rsplit(" ", 1)[1])
     return {k: (sums[k] / counts[k] * 1000, counts[k]) for k in sums if counts.get(k)}
+
+
+def served_within(client: Client, routes: list[str], bounds: tuple[float, ...]) -> list[float]:
+    """Share (%) of the GETs on ``routes`` the daemon answered within each
+    bound (s), from its own request histogram: the server's side of the
+    latency, without the client's."""
+    text = client.raw("GET", "/metrics")[1].decode()
+    counts = dict.fromkeys(bounds, 0.0)
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith("vgpud_api_request_duration_seconds_bucket{"):
+            continue
+        labels, value = line.rsplit(" ", 1)
+        if 'method="GET"' not in labels or not any(f'route="{r}"' in labels for r in routes):
+            continue
+        le = labels.split('le="')[1].split('"')[0]
+        if le == "+Inf":
+            total += float(value)
+        elif float(le) in counts:
+            counts[float(le)] += float(value)
+    return [counts[b] / total * 100 if total else 0.0 for b in bounds]
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -194,9 +220,12 @@ def main() -> int:
         )
         before, t0 = cpu_seconds(daemon.pid), time.monotonic()
         loader.start()
-        latencies, errors, elapsed = results.get(timeout=a.api_seconds * 4 + 60)
+        latencies, errors, elapsed, client_cpu = results.get(timeout=a.api_seconds * 4 + 60)
         loader.join()
         busy_api = (cpu_seconds(daemon.pid) - before) / (time.monotonic() - t0) * 100
+        served = served_within(
+            client, ["/v1/vgpus/{id}", "/v1/health", "/v1/devices"], (0.001, 0.005)
+        )
     finally:
         for s in sleepers:
             s.kill()
@@ -230,6 +259,9 @@ def main() -> int:
         f"p50 {statistics.median(ms):.2f} ms, p99 {percentile(ms, 99):.2f} ms, "
         f"max {max(ms):.2f} ms | p99 < 5 ms |",
         f"| daemon CPU during the API load | {busy_api:.1f} % of a core | |",
+        f"| load client's own CPU (same machine) | {client_cpu:.1f} % of a core | |",
+        f"| answered by the daemon within 1 ms / 5 ms (its own histogram, whole run) | "
+        f"{served[0]:.2f} % / {served[1]:.2f} % | |",
         *(
             f"| mean time of one `{name}` loop iteration (whole run) | {mean:.2f} ms | |"
             for name, (mean, _) in sorted(loops.items())
