@@ -522,22 +522,38 @@ static void settle(struct gt_batch *b)
     release_batch(b);
 }
 
-/* Close batches whose stream went quiet (the application stopped launching
- * without a sync point we see). Per-thread default streams are their
- * thread's alone: the monitor cannot record on them. */
-static void close_quiet(uint64_t now)
+/*
+ * Close the open batch of every stream `pick` chooses that the calling
+ * thread may record on (a per-thread default stream is its own thread's
+ * alone; the monitor launches nothing, so it owns none). `enter` makes the
+ * stream's context current first (NULL: it already is). `wait`: take each
+ * stream's lock even if a launcher holds it; else skip busy streams.
+ */
+static void close_picked(bool (*pick)(const struct gt_stream *s, const void *arg),
+                         const void *arg, bool (*enter)(CUcontext ctx), bool wait)
 {
     unsigned high = atomic_load_explicit(&gt.table_high, memory_order_acquire);
+    pid_t me = current_tid();
     for (unsigned i = 0; i < high; i++) {
         struct gt_stream *s = &gt.streams[i];
-        if (s->open == NULL || s->record_on == CU_STREAM_PER_THREAD)
+        if (s->open == NULL || (s->record_on == CU_STREAM_PER_THREAD && s->key.tid != me) ||
+            !pick(s, arg))
             continue;
-        if (pthread_mutex_trylock(&s->lock) != 0)
+        if (!wait && pthread_mutex_trylock(&s->lock) != 0)
             continue;
-        if (s->open != NULL && now - s->last_launch_ns >= GT_QUIET_NS && monitor_use_ctx(s->ctx))
+        if (wait)
+            pthread_mutex_lock(&s->lock);
+        if (s->open != NULL && pick(s, arg) && (enter == NULL || enter(s->ctx)))
             close_open(s);
         pthread_mutex_unlock(&s->lock);
     }
+}
+
+/* The application stopped launching on the stream without a sync point we
+ * see. */
+static bool quiet(const struct gt_stream *s, const void *now)
+{
+    return *(const uint64_t *)now - s->last_launch_ns >= GT_QUIET_NS;
 }
 
 static void *monitor_main(void *arg)
@@ -558,7 +574,8 @@ static void *monitor_main(void *arg)
         }
         if (!capturing && atomic_load_explicit(&gt.open_batches, memory_order_relaxed) > 0) {
             pthread_mutex_unlock(&gt.queue_lock);
-            close_quiet(now_ns());
+            uint64_t now = now_ns();
+            close_picked(quiet, &now, monitor_use_ctx, false);
             pthread_mutex_lock(&gt.queue_lock);
             if (gt.head != NULL)
                 continue;
@@ -596,24 +613,25 @@ static void monitor_start(void)
     pthread_mutex_unlock(&gt.queue_lock);
 }
 
+static bool any_stream(const struct gt_stream *s, const void *arg)
+{
+    (void)s;
+    (void)arg;
+    return true;
+}
+
+static bool set_current(CUcontext ctx)
+{
+    return vgpu_real_cuda.cuCtxSetCurrent(ctx) == CUDA_SUCCESS;
+}
+
 /* GPU time of the last batches of a process that exits would be lost with
  * its monitor: close what is open and let the monitor count it (bounded). */
 static void flush_at_exit(void)
 {
     if (!atomic_load(&gt.ready) || atomic_load(&gt.captures) > 0 || !gt.monitor_running)
         return;
-    unsigned high = atomic_load_explicit(&gt.table_high, memory_order_acquire);
-    pid_t me = current_tid();
-    for (unsigned i = 0; i < high; i++) {
-        struct gt_stream *s = &gt.streams[i];
-        if (s->open == NULL || (s->record_on == CU_STREAM_PER_THREAD && s->key.tid != me))
-            continue;
-        if (pthread_mutex_trylock(&s->lock) != 0)
-            continue;
-        if (vgpu_real_cuda.cuCtxSetCurrent(s->ctx) == CUDA_SUCCESS)
-            close_open(s);
-        pthread_mutex_unlock(&s->lock);
-    }
+    close_picked(any_stream, NULL, set_current, false);
     uint64_t deadline = now_ns() + GT_EXIT_FLUSH_NS;
     struct timespec until = {.tv_sec = (time_t)(deadline / 1000000000ull),
                              .tv_nsec = (long)(deadline % 1000000000ull)};
@@ -726,6 +744,11 @@ void gt_sync_point(CUstream h, bool ptsz)
     close_stream(h, ptsz, false);
 }
 
+static bool in_context(const struct gt_stream *s, const void *ctx)
+{
+    return s->ctx == (CUcontext)ctx;
+}
+
 void gt_ctx_sync_point(void)
 {
     CUcontext ctx = NULL;
@@ -733,18 +756,7 @@ void gt_ctx_sync_point(void)
         atomic_load_explicit(&gt.open_batches, memory_order_relaxed) == 0 ||
         vgpu_real_cuda.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || ctx == NULL)
         return;
-    unsigned high = atomic_load_explicit(&gt.table_high, memory_order_acquire);
-    pid_t me = current_tid();
-    for (unsigned i = 0; i < high; i++) {
-        struct gt_stream *s = &gt.streams[i];
-        if (s->open == NULL || s->ctx != ctx ||
-            (s->record_on == CU_STREAM_PER_THREAD && s->key.tid != me))
-            continue;
-        pthread_mutex_lock(&s->lock);
-        if (s->ctx == ctx)
-            close_open(s);
-        pthread_mutex_unlock(&s->lock);
-    }
+    close_picked(in_context, ctx, NULL, true);
 }
 
 void gt_stream_destroy(CUstream h)
