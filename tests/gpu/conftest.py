@@ -107,14 +107,14 @@ class NvmlPeak(threading.Thread):
         super().__init__(daemon=True)
         self.pid = pid
         self.peak = 0
-        self._stop = threading.Event()
+        self._done = threading.Event()
 
     def run(self) -> None:
         import pynvml
 
         pynvml.nvmlInit()
         handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-        while not self._stop.is_set():
+        while not self._done.is_set():
             pids = _family(self.pid)
             used = sum(
                 p.usedGpuMemory or 0
@@ -125,7 +125,7 @@ class NvmlPeak(threading.Thread):
             time.sleep(0.02)
 
     def stop(self) -> None:
-        self._stop.set()
+        self._done.set()
         self.join(timeout=5)
 
 
