@@ -110,6 +110,13 @@ static uint64_t now_ns(void)
     return pacer_monotonic.now(NULL);
 }
 
+/* A CLOCK_MONOTONIC deadline for pthread_cond_clockwait. */
+static struct timespec deadline_at(uint64_t ns)
+{
+    return (struct timespec){.tv_sec = (time_t)(ns / 1000000000ull),
+                             .tv_nsec = (long)(ns % 1000000000ull)};
+}
+
 static pid_t current_tid(void)
 {
     if (thread_id == 0)
@@ -354,6 +361,13 @@ static int batch_events(struct gt_batch *b, CUcontext ctx)
     return 0;
 }
 
+/* A batch that cannot be measured counts its estimate (already debited). */
+static void settle_at_estimate(struct gt_batch *b)
+{
+    pacer_account(&gt.devs[b->dev].pacer, (uint64_t)b->precharge, b->launches);
+    release_batch(b);
+}
+
 /* Close the stream's open batch: its end event goes right after its last
  * launch, and the monitor takes it from there. Stream lock held. */
 static void close_open(struct gt_stream *s)
@@ -370,9 +384,7 @@ static void close_open(struct gt_stream *s)
         return;
     }
     if (vgpu_real_cuda.cuEventRecord(b->end, s->record_on) != CUDA_SUCCESS) {
-        /* Cannot be measured: the estimate stands as the charge. */
-        pacer_account(&d->pacer, (uint64_t)b->precharge, b->launches);
-        release_batch(b);
+        settle_at_estimate(b);
         return;
     }
     s->last_size = b->launches;
@@ -389,8 +401,7 @@ static void abandon_open(struct gt_stream *s)
     struct gt_batch *b = s->open;
     s->open = NULL;
     atomic_fetch_sub_explicit(&gt.open_batches, 1, memory_order_relaxed);
-    pacer_account(&gt.devs[b->dev].pacer, (uint64_t)b->precharge, b->launches);
-    release_batch(b);
+    settle_at_estimate(b);
 }
 
 /* The oldest batch of the stream still running on the device, if the
@@ -402,7 +413,7 @@ static struct gt_batch *inflight_limit(struct gt_stream *s)
     for (unsigned i = 0; i < GT_RING; i++) {
         struct gt_batch *b = &s->ring[i];
         if (atomic_load_explicit(&b->state, memory_order_acquire) != BATCH_QUEUED ||
-            atomic_load_explicit(&b->done, memory_order_relaxed) || b->stream != s)
+            atomic_load_explicit(&b->done, memory_order_relaxed))
             continue;
         running++;
         if (oldest == NULL || b->seq < oldest->seq)
@@ -452,8 +463,7 @@ static struct gt_batch *open_batch(struct gt_stream *s, struct gt_dev *d, bool g
                 return NULL;
             pthread_mutex_unlock(&s->lock);
             pthread_mutex_lock(&gt.queue_lock);
-            struct timespec until = {.tv_sec = (time_t)(deadline / 1000000000ull),
-                                     .tv_nsec = (long)(deadline % 1000000000ull)};
+            struct timespec until = deadline_at(deadline);
             pthread_cond_clockwait(&gt.queue_cond, &gt.queue_lock, CLOCK_MONOTONIC, &until);
             pthread_mutex_unlock(&gt.queue_lock);
             pthread_mutex_lock(&s->lock);
@@ -579,9 +589,7 @@ static void *monitor_main(void *arg)
             pthread_mutex_lock(&gt.queue_lock);
             if (gt.head != NULL)
                 continue;
-            uint64_t wake = now_ns() + GT_QUIET_NS / 2;
-            struct timespec until = {.tv_sec = (time_t)(wake / 1000000000ull),
-                                     .tv_nsec = (long)(wake % 1000000000ull)};
+            struct timespec until = deadline_at(now_ns() + GT_QUIET_NS / 2);
             pthread_cond_clockwait(&gt.queue_cond, &gt.queue_lock, CLOCK_MONOTONIC, &until);
             continue;
         }
@@ -632,9 +640,7 @@ static void flush_at_exit(void)
     if (!atomic_load(&gt.ready) || atomic_load(&gt.captures) > 0 || !gt.monitor_running)
         return;
     close_picked(any_stream, NULL, set_current, false);
-    uint64_t deadline = now_ns() + GT_EXIT_FLUSH_NS;
-    struct timespec until = {.tv_sec = (time_t)(deadline / 1000000000ull),
-                             .tv_nsec = (long)(deadline % 1000000000ull)};
+    struct timespec until = deadline_at(now_ns() + GT_EXIT_FLUSH_NS);
     pthread_mutex_lock(&gt.queue_lock);
     while (gt.head != NULL &&
            pthread_cond_clockwait(&gt.queue_cond, &gt.queue_lock, CLOCK_MONOTONIC, &until) == 0)
