@@ -29,10 +29,10 @@ Degrading, never failing: a function the driver lacks or does not support
 is logged once and its figure is ``None``; running-process queries are
 probed once (v3, then v2) and the answer kept; a device that reports "GPU is
 lost" is marked unhealthy and emits a HealthEvent, the other devices go on.
-Per-process utilization follows NVML's protocol: samples newer than the
-last timestamp seen on that GPU, buffer sized by the driver's
-INSUFFICIENT_SIZE answer (pynvml does the two calls), NOT_FOUND = no new
-sample.
+Per-process utilization follows NVML's protocol (buffer sized by the
+driver's INSUFFICIENT_SIZE answer, pynvml does the two calls; NOT_FOUND = no
+new sample), asked from a little before the newest sample seen and
+deduplicated per process (see ``_UtilCursor``).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ import ctypes
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from enum import IntEnum
@@ -58,6 +58,8 @@ T = TypeVar("T")
 # NVIDIA device plugin ignores): a user's bad kernel must not retire a GPU.
 APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 HEALTH_WAIT_MS = 1000
+# How far apart the newest samples of different processes may be stamped.
+UTIL_LOOKBACK_US = 1_000_000
 _SAMPLE_RETRIES = 3  # a process may appear between NVML's size and data calls
 
 
@@ -154,6 +156,42 @@ _TRY_OLDER_CODES = frozenset(
 )
 
 
+@dataclass
+class _UtilCursor:
+    """How far per-process utilization has been read on one GPU.
+
+    A driver keeps about one sample per process, stamped when that process's
+    period ended, so the newest samples of different processes carry
+    different timestamps: asking only for samples newer than the newest one
+    seen would drop other processes' slightly older ones (vGPUs then read ~0
+    while busy). So ask from UTIL_LOOKBACK_US before the newest seen, and take
+    a process's sample only when it is newer than that process's own newest.
+    """
+
+    floor_us: int  # nothing stamped at or before this is new (the daemon's start)
+    newest_us: dict[int, int] = field(default_factory=dict)  # pid -> its newest sample taken
+
+    def since(self) -> int:
+        newest = max(self.newest_us.values(), default=0)
+        return max(self.floor_us, newest - UTIL_LOOKBACK_US)
+
+    def take(self, answer: Iterable[UtilSample]) -> tuple[UtilSample, ...]:
+        since = self.since()
+        fresh = tuple(
+            sorted(
+                (s for s in answer if s.timestamp_us > self.newest_us.get(s.pid, since)),
+                key=lambda s: s.timestamp_us,
+            )
+        )
+        for s in fresh:
+            self.newest_us[s.pid] = max(s.timestamp_us, self.newest_us.get(s.pid, 0))
+        # A pid last seen at or before the next ``since`` needs no entry: the
+        # driver gives nothing that old again, and anything newer is new.
+        since = self.since()
+        self.newest_us = {pid: t for pid, t in self.newest_us.items() if t > since}
+        return fresh
+
+
 class NvmlGateway:
     available = True
 
@@ -172,7 +210,7 @@ class NvmlGateway:
         self._devices: list[GpuInfo] = []
         self._handles: dict[str, Any] = {}
         self._topology: dict[frozenset[str], TopologyLevel] = {}
-        self._last_seen_us: dict[str, int] = {}
+        self._util_cursors: dict[str, _UtilCursor] = {}
         self._logged_missing: set[str] = set()
         self._logged_failures: set[tuple[str, int | None]] = set()
         self._choices: dict[str, str | None] = {}  # probed variant per query, None: none
@@ -247,7 +285,7 @@ class NvmlGateway:
         self._topology = self._read_topology()
         # Utilization history before the daemon started is not ours to act on.
         now_us = int(time.time() * 1_000_000)
-        self._last_seen_us = {uuid: now_us for uuid in self._handles}
+        self._util_cursors = {uuid: _UtilCursor(now_us) for uuid in self._handles}
         log.info("NVML started: driver %s, %d GPU(s)", self.driver_version, len(devices))
 
     def _inventory(self, index: int, handle: Any) -> GpuInfo:
@@ -350,26 +388,20 @@ class NvmlGateway:
         }
 
     def _util(self, uuid: str, handle: Any) -> tuple[UtilSample, ...]:
-        last_seen = self._last_seen_us.get(uuid, 0)
+        cursor = self._util_cursors.setdefault(uuid, _UtilCursor(0))
+        since = cursor.since()
         for _ in range(_SAMPLE_RETRIES):
             try:
-                raw = self._nvml.nvmlDeviceGetProcessUtilization(handle, last_seen)
+                raw = self._nvml.nvmlDeviceGetProcessUtilization(handle, since)
                 break
             except pynvml.NVMLError as err:
                 if _code(err) == pynvml.NVML_ERROR_NOT_FOUND:
-                    return ()  # no sample newer than last_seen
+                    return ()  # no sample newer than since
                 if _code(err) != pynvml.NVML_ERROR_INSUFFICIENT_SIZE:
                     raise
         else:
             return ()
-        samples = tuple(
-            UtilSample(int(s.pid), int(s.timeStamp), int(s.smUtil))
-            for s in raw
-            if int(s.timeStamp) > last_seen
-        )
-        if samples:
-            self._last_seen_us[uuid] = max(s.timestamp_us for s in samples)
-        return samples
+        return cursor.take(UtilSample(int(s.pid), int(s.timeStamp), int(s.smUtil)) for s in raw)
 
     # error mapping: the one place NVML errors become values
 

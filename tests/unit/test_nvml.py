@@ -14,6 +14,7 @@ import pytest
 
 from vgpud.nvml import (
     APPLICATION_XIDS,
+    UTIL_LOOKBACK_US,
     HealthEvent,
     NullNvml,
     NvmlGateway,
@@ -256,10 +257,34 @@ async def test_process_utilization_follows_last_seen(gateway: NvmlGateway, fake:
     ]
     # Nothing newer: NOT_FOUND is "no new sample", not an error.
     assert (await gateway.sample()).gpus["GPU-aaaa"].process_util == {}
-    assert f"nvmlDeviceGetProcessUtilization({base + 400_000})" in fake.calls
+    assert f"nvmlDeviceGetProcessUtilization({base + 400_000 - UTIL_LOOKBACK_US})" in fake.calls
     fake.util_samples[1].append((100, base + 600_000, 90))
     fake.insufficient_once = True  # a process appeared between size and data calls
     assert (await gateway.sample()).gpus["GPU-aaaa"].process_util == {100: 90.0}
+
+
+async def test_processes_with_interleaved_stamps_are_each_reported_once(
+    gateway: NvmlGateway, fake: FakeNvml
+) -> None:
+    # A driver stamps each process's sample when that process's period
+    # ended: 101's sample, stamped before 100's newest, shows up later.
+    base = 1 << 60
+    fake.util_samples[1] = [(100, base + 500_000, 60)]
+    first = (await gateway.sample()).gpus["GPU-aaaa"]
+    assert first.process_util == {100: 60.0}
+    fake.util_samples[1] += [(101, base + 400_000, 30), (100, base + 700_000, 70)]
+    second = (await gateway.sample()).gpus["GPU-aaaa"]
+    assert second.process_util == {101: 30.0, 100: 70.0}
+    assert [(s.pid, s.timestamp_us) for s in second.util_samples] == [
+        (101, base + 400_000),
+        (100, base + 700_000),
+    ]
+    # The same answer again (the lookback re-asks for it): nothing is new.
+    third = (await gateway.sample()).gpus["GPU-aaaa"]
+    assert third.process_util == {}
+    # A sample older than the lookback behind the newest is past: not asked for.
+    fake.util_samples[1].append((102, base + 700_000 - UTIL_LOOKBACK_US, 10))
+    assert (await gateway.sample()).gpus["GPU-aaaa"].process_util == {}
 
 
 async def test_history_before_start_is_ignored(gateway: NvmlGateway, fake: FakeNvml) -> None:
