@@ -185,10 +185,11 @@ class Daemon:
             return await nvml.open_nvml(on_health=self._on_health)
         try:
             path = find_library("sim/libnvidia-ml.so.1", Path(self.config.lib_dir))
+            cuda = find_library("sim/libcuda.so.1", Path(self.config.lib_dir))
         except BlockError as exc:
             raise StartError(f"--sim: {exc}") from exc
         log.info("GPU: SIMULATED (build/sim), not a real driver", library=str(path))
-        gateway = nvml.NvmlGateway(str(path), on_health=self._on_health)
+        gateway = nvml.NvmlGateway(str(path), on_health=self._on_health, cuda_library=str(cuda))
         try:
             await gateway.start()
         except nvml.NvmlUnavailable as exc:

@@ -10,11 +10,13 @@ Public interface
 ``open_nvml(library_path=None, on_health=None) -> NvmlGateway | NullNvml``
     (async) a started gateway, or the null one when no driver loads (the
     reason is logged once).
-``NvmlGateway(library_path=None, on_health=None)``
+``NvmlGateway(library_path=None, on_health=None, *, cuda_library="libcuda.so.1")``
     ``library_path``: an explicit ``libnvidia-ml.so.1`` (e.g.
     ``build/sim/libnvidia-ml.so.1`` for ``--sim``). It is loaded with
     RTLD_GLOBAL before ``nvmlInit``; pynvml's own ``dlopen`` by soname then
     finds that copy, so no LD_LIBRARY_PATH is needed.
+    ``cuda_library``: the CUDA driver asked for the SM counts NVML does not
+    give (cudainfo.py), once at start, on the worker thread.
     ``on_health(HealthEvent)`` runs on the event loop that called ``start``.
     ``async start()``     nvmlInit, device inventory, topology, health thread;
                           raises ``NvmlUnavailable`` when NVML cannot start.
@@ -50,6 +52,8 @@ from typing import Any, TypeVar
 
 import pynvml
 
+from vgpud import cudainfo
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -84,7 +88,7 @@ class GpuInfo:
     uuid: str
     name: str
     memory_total: int
-    sms: int | None  # None: the driver does not say (e.g. H200 outside MIG)
+    sms: int | None  # NVML's, else the CUDA driver's; None: neither says
     mig_mode: bool  # False also when the driver cannot say (no MIG support)
     pci_bus_id: str | None
     healthy: bool = True
@@ -200,9 +204,13 @@ class NvmlGateway:
         library_path: str | None = None,
         on_health: HealthCallback | None = None,
         *,
+        cuda_library: str = cudainfo.DEFAULT_LIBRARY,
         binding: Any = pynvml,
+        read_sms: Callable[[str], Mapping[str, int]] = cudainfo.sm_counts,
     ) -> None:
         self._library_path = library_path
+        self._cuda_library = cuda_library
+        self._read_sms = read_sms  # cudainfo.sm_counts, or a fake in tests
         self._on_health = on_health
         self._nvml = binding  # pynvml, or a fake with the same functions in tests
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nvml")
@@ -280,6 +288,8 @@ class NvmlGateway:
                 continue
             self._handles[info.uuid] = handle
             devices.append(info)
+        if any(d.sms is None for d in devices):
+            devices = self._sms_from_cuda(devices)
         with self._lock:
             self._devices = devices
         self._topology = self._read_topology()
@@ -306,6 +316,11 @@ class NvmlGateway:
             mig_mode=mig is not None and bool(mig[0]),
             pci_bus_id=None if pci is None else _text(pci.busId),
         )
+
+    def _sms_from_cuda(self, devices: list[GpuInfo]) -> list[GpuInfo]:
+        """SM counts NVML did not give, from the CUDA driver (matched by UUID)."""
+        counts = self._read_sms(self._cuda_library)
+        return [replace(d, sms=counts.get(d.uuid)) if d.sms is None else d for d in devices]
 
     def _read_topology(self) -> dict[frozenset[str], TopologyLevel]:
         levels: dict[frozenset[str], TopologyLevel] = {}

@@ -185,7 +185,7 @@ async def test_missing_function_degrades_one_figure_and_is_logged_once(
 ) -> None:
     fake.failing["nvmlDeviceGetAttributes"] = pynvml.NVML_ERROR_NOT_SUPPORTED
     fake.missing.add("nvmlDeviceGetUtilizationRates")
-    gw = NvmlGateway(binding=fake)
+    gw = NvmlGateway(binding=fake, read_sms=lambda library: {})  # nor does CUDA say
     with caplog.at_level(logging.INFO, logger="vgpud.nvml"):
         await gw.start()
         first = await gw.sample()
@@ -196,6 +196,33 @@ async def test_missing_function_degrades_one_figure_and_is_logged_once(
     assert second.gpus["GPU-aaaa"].memory_total == 80 * GIB  # the rest still comes
     missing = [r for r in caplog.records if "nvmlDeviceGetUtilizationRates" in r.getMessage()]
     assert len(missing) == 1
+
+
+async def test_sm_counts_nvml_lacks_come_from_the_cuda_driver_by_uuid(fake: FakeNvml) -> None:
+    fake.failing["nvmlDeviceGetAttributes"] = pynvml.NVML_ERROR_NOT_SUPPORTED
+    asked: list[str] = []
+
+    def read_sms(library: str) -> dict[str, int]:
+        asked.append(library)
+        # CUDA's order differs from NVML's and it may show a GPU NVML does not.
+        return {"GPU-other": 16, "GPU-bbbb": 132}
+
+    gw = NvmlGateway(binding=fake, cuda_library="/lib/x/libcuda.so.1", read_sms=read_sms)
+    await gw.start()
+    await gw.sample()
+    await gw.close()
+    assert [d.sms for d in gw.devices()] == [None, 132]
+    assert asked == ["/lib/x/libcuda.so.1"]  # once, at start
+
+
+async def test_the_cuda_driver_is_not_asked_when_nvml_gives_sm_counts(fake: FakeNvml) -> None:
+    def read_sms(library: str) -> dict[str, int]:
+        raise AssertionError("the CUDA driver was asked")
+
+    gw = NvmlGateway(binding=fake, read_sms=read_sms)
+    await gw.start()
+    await gw.close()
+    assert [d.sms for d in gw.devices()] == [132, 132]
 
 
 async def test_other_errors_give_none_and_one_warning(
