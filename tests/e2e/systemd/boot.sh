@@ -2,7 +2,7 @@
 # Boots systemd as PID 1 of its own PID, mount, UTS, IPC, network and cgroup
 # namespaces, with vgpud installed in it, for tests/e2e/test_systemd.py.
 #
-#   boot.sh CGROUP MARKER STAGE UNITS SIM
+#   boot.sh CGROUP MARKER STAGE UNITS SIM CHECKOUT
 #
 # CGROUP  an empty cgroup v2 directory made for this boot: it becomes the
 #         namespace's cgroup root (systemd needs a writable hierarchy)
@@ -11,6 +11,9 @@
 # STAGE   a `make install DESTDIR=` tree, copied into the namespace's /
 # UNITS   the test's unit directory: the ONLY place units are loaded from
 # SIM     build/sim (the simulated driver), put where `--sim` looks for it
+# CHECKOUT the repository the tests run from (its build/ and Makefile are
+#         used inside); if it lies under /tmp or /var/tmp, which are fresh
+#         here, it is bind-mounted back at the same path, read-only
 #
 # Standard output must be a terminal: it becomes the namespace's
 # /dev/console, where systemd writes its status and early log.
@@ -29,7 +32,7 @@ die() {
 }
 
 if [ "${1:-}" != --inside ]; then
-    [ $# -eq 5 ] || die "usage: boot.sh CGROUP MARKER STAGE UNITS SIM"
+    [ $# -eq 6 ] || die "usage: boot.sh CGROUP MARKER STAGE UNITS SIM CHECKOUT"
     # Join the test's cgroup first: the new cgroup namespace is rooted there.
     echo $$ >"$1/cgroup.procs"
     # --kill-child: if this process dies, the namespace's PID 1 dies with it.
@@ -37,7 +40,7 @@ if [ "${1:-}" != --inside ]; then
         --uts --ipc --net --cgroup -- "$0" --inside "${@:2}"
 fi
 shift
-marker=$1 stage=$2 units=$3 sim=$4
+marker=$1 stage=$2 units=$3 sim=$4 checkout=$5
 
 # --- a root file system that writes to memory only ---------------------------
 # The host's /run is not needed in here: its mount point holds the scratch.
@@ -89,6 +92,17 @@ for dir in tmp var/tmp; do
     [ "$(stat -f -c %T "$root/$dir")" = tmpfs ] || die "/$dir in the namespace is not a tmpfs"
     [ ! -e "$root/$dir/$marker" ] || die "the namespace's /$dir shows the host's: not booting"
 done
+
+# A checkout under the host's /tmp or /var/tmp (CI clones land anywhere) is
+# hidden by the fresh tmpfs: bring back that one directory, read-only, so
+# nothing in here can write to it and systemd sees nothing else of /tmp.
+case "$checkout" in
+/tmp/* | /var/tmp/*)
+    mkdir -p "$root$checkout"
+    mount --bind "$checkout" "$root$checkout"
+    mount -o remount,bind,ro "$root$checkout"
+    ;;
+esac
 
 # --- vgpud, installed as `make install` does it on a node ------------------------
 # tar, not cp: /lib and friends may be symlinks into /usr (merged /usr), and

@@ -30,6 +30,7 @@ from typing import TypeVar
 
 HERE = Path(__file__).resolve().parent
 BOOT = HERE / "boot.sh"
+CHECKOUT = HERE.parents[2]  # the repository the tests run from
 UNITS = HERE / "units"
 SYSTEMD = Path("/lib/systemd/systemd")
 TOOLS = ("unshare", "nsenter", "setpriv", "pivot_root", "chroot", "groupadd", "systemctl")
@@ -221,7 +222,7 @@ def boot_systemd(workdir: Path, stage: Path, sim: Path) -> Iterator[SystemdNames
     namespace: SystemdNamespace | None = None
     console = _Console(workdir / "console.log")
     try:
-        args = [str(cgroup), marker, str(stage), str(UNITS), str(sim)]
+        args = [str(cgroup), marker, str(stage), str(UNITS), str(sim), str(CHECKOUT)]
         launcher = subprocess.Popen(
             # --pdeathsig: if the test runner dies, so does the namespace.
             ["setpriv", "--pdeathsig", "KILL", "--", str(BOOT), *args],
