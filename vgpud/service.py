@@ -16,14 +16,17 @@ from typing import Any, Protocol
 from vgpud import recipe
 from vgpud.blocks import SLOT_ACTIVE
 from vgpud.config import Config
-from vgpud.errors import Unprocessable
+from vgpud.errors import Conflict, Unprocessable
 from vgpud.events import EventLog
 from vgpud.model import CreateRequest, GpuLike, Limits, UpdateRequest, Vgpu
 from vgpud.nvml import NvmlSample
 from vgpud.placement import Rules
 from vgpud.registry import Entry, Registry
-from vgpud.tracker import TrackedProcess, TrackSnapshot
+from vgpud.tracker import TrackedProcess, TrackSnapshot, VgpuUse
 from vgpud.units import parse_memory
+
+PPM_PER_PERCENT = 10_000
+STANDALONE_READ_ONLY = "standalone vGPU: its limits come from the container's environment"
 
 
 class GpuInventory(Protocol):
@@ -118,9 +121,11 @@ class Service:
         )
 
     def update(self, key: str, req: UpdateRequest) -> tuple[Entry, list[str]]:
+        self.refuse_standalone(key)
         return self.registry.update(key, req, self.devices(), self.rules())
 
     async def delete(self, key: str, force: bool) -> Vgpu:
+        self.refuse_standalone(key)
         async with self.blocks_lock:
             entry = self.registry.get(key)
             return self.registry.delete(key, force=force, processes=self.process_count(entry))
@@ -141,6 +146,80 @@ class Service:
         """Processes holding a slot now (a dead one's slot is reclaimed
         within one scan, so it does not block a delete for long)."""
         return sum(1 for s in entry.usage.slots() if s.state == SLOT_ACTIVE)
+
+    def standalone_vgpus(self) -> list[VgpuUse]:
+        """The standalone vGPUs the last scan adopted (env-limited containers)."""
+        track = self.track
+        return [] if track is None else [u for u in track.vgpus.values() if u.standalone]
+
+    def standalone(self, key: str) -> VgpuUse | None:
+        use = self.track.vgpus.get(key) if self.track is not None else None
+        return use if use is not None and use.standalone else None
+
+    def refuse_standalone(self, key: str) -> None:
+        """A standalone vGPU is read-only: nothing of it is the daemon's to change."""
+        if self.registry.entries.get(key) is None and self.standalone(key) is not None:
+            raise Conflict(STANDALONE_READ_ONLY)
+
+    def find_json(self, key: str) -> dict[str, Any]:
+        """One vGPU's answer by id or name, daemon-owned or standalone."""
+        use = self.standalone(key) if key not in self.registry.entries else None
+        return (
+            self.standalone_json(use) if use is not None else self.vgpu_json(self.registry.get(key))
+        )
+
+    def list_json(
+        self, gpu: str | None, label: str | None, owner_pod: str | None
+    ) -> list[dict[str, Any]]:
+        managed = [
+            self.vgpu_json(e) for e in self.registry.all() if self.matches(e, gpu, label, owner_pod)
+        ]
+        if label is not None or owner_pod is not None:
+            return managed  # a standalone vGPU has neither labels nor an owner
+        index = {g.uuid: str(g.index) for g in self.gpus.devices()}
+        standalone = [
+            self.standalone_json(u)
+            for u in self.standalone_vgpus()
+            if gpu is None or any(gpu in (uuid, index.get(uuid)) for uuid in u.gpus)
+        ]
+        return managed + standalone
+
+    def standalone_json(self, use: VgpuUse) -> dict[str, Any]:
+        """What the last scan read of an adopted standalone vGPU's usage block:
+        the environment's limits (memory per GPU, share), counters, processes."""
+        index = {g.uuid: g.index for g in self.gpus.devices()}
+        gpus = []
+        shares = []
+        for uuid, g in use.gpus.items():
+            c = g.counters
+            # share_ppm 0: the environment set no compute limit (the whole GPU).
+            share = c.share_ppm / PPM_PER_PERCENT if c is not None and c.share_ppm else 100
+            shares.append(share)
+            gpus.append(
+                {
+                    "uuid": uuid,
+                    "index": index.get(uuid),
+                    "memory_limit": g.limit,
+                    "memory_used": g.hooked_used,
+                    "memory_peak": c.peak if c is not None else 0,
+                    "oom_count": c.oom_count if c is not None else 0,
+                    "gpu_time_ns": c.gpu_time_ns if c is not None else 0,
+                    "throttled_ns": c.throttled_ns if c is not None else 0,
+                    "quota_ppm": g.steered_ppm or 0,
+                    "share": share,
+                    "utilization": self.vgpu_utilization(use.vgpu_id, uuid),
+                }
+            )
+        return {
+            "id": use.vgpu_id,
+            "kind": "standalone",
+            "name": None,
+            "share": max(shares, default=100),
+            "mode": "hard",  # a standalone hook enforces even a soft limit as hard
+            "gpus": gpus,
+            "processes": use.live_slots,
+            "pids": list(use.pids),
+        }
 
     def vgpu_json(self, entry: Entry) -> dict[str, Any]:
         v = entry.vgpu
@@ -164,6 +243,7 @@ class Service:
             )
         return {
             "id": v.id,
+            "kind": "managed",
             "name": v.name,
             "created_at": v.created_at,
             "memory": v.limits.memory.to_json(),

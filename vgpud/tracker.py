@@ -66,6 +66,7 @@ from vgpud.blocks import (
     SlotView,
     UsageBlock,
     UsageC,
+    UsageDevice,
 )
 from vgpud.cgroups import ContainerRef, Runtime, classify, parse_cgroup_file
 from vgpud.exitwatch import ExitWatch
@@ -139,6 +140,13 @@ class GpuUse:
     nvml_used: int  # NVML's per-process figures summed over the vGPU's processes
     sm_util: float | None  # NVML per-process utilization summed; None: no new sample
     processes: int
+    # The usage block's counters of this GPU as this scan read them (None:
+    # the block has no entry for it), and for an adopted standalone vGPU the
+    # quota the daemon last steered (0: never; None for daemon-owned ones,
+    # whose control block has theirs). Read here, by the scan that owns the
+    # adopted blocks, so the API never reads a block the scan may unmap.
+    counters: UsageDevice | None = None
+    steered_ppm: int | None = None
 
 
 @dataclass(frozen=True)
@@ -641,13 +649,16 @@ def _usage(
         if not uuid:
             continue  # a standalone hook without GPU_DEVICES_UUID: no NVML to match
         utils = [p.sm_util[uuid] for p in mine if uuid in p.sm_util]
+        counters = budgets[index] if index < len(budgets) else None
         gpus[uuid] = GpuUse(
             uuid=uuid,
             limit=devices.limits[index],
-            hooked_used=budgets[index].used if index < len(budgets) else 0,
+            hooked_used=counters.used if counters is not None else 0,
             nvml_used=sum(p.memory.get(uuid, 0) for p in mine),
             sm_util=sum(utils) if utils else None,
             processes=sum(1 for p in mine if uuid in p.memory or uuid in p.sm_util),
+            counters=counters,
+            steered_ppm=view.usage.read_steer(index).quota_ppm if standalone else None,
         )
     return VgpuUse(
         vgpu_id=vgpu_id,

@@ -100,7 +100,8 @@ def vgpud(
     daemon = Vgpud(workdir, env, DAEMON_CONFIG)
     yield daemon
     for vgpu in daemon.get("/v1/vgpus"):
-        daemon.delete(vgpu["id"])
+        if vgpu["kind"] == "managed":  # standalone ones end with their processes
+            daemon.delete(vgpu["id"])
     daemon.stop()
 
 

@@ -90,6 +90,14 @@ def test_env_only_limits_hold_across_the_container_and_vgpud_adopts_it(
         return float(found.group(1)) if found else None
 
     assert series("vgpud_vgpu_memory_limit_bytes") == 512 * MIB
+    # In the API too, read-only, with the environment's limits.
+    listed = {v["id"]: v for v in vgpud.get("/v1/vgpus")}
+    gpu = listed[vgpu_id]["gpus"][0]
+    assert (listed[vgpu_id]["kind"], gpu["memory_limit"], gpu["share"]) == (
+        "standalone",
+        512 * MIB,
+        30,
+    )
     wait_for(lambda: series("vgpud_vgpu_processes") == 1, what="one process in the metrics")
     quota = wait_for(lambda: series("vgpud_vgpu_quota_ratio"), what="a steer quota")
     assert 0 < quota <= 0.30

@@ -274,6 +274,10 @@ def test_standalone_process_is_adopted_through_map_files(tmp_path: Path) -> None
         use = first.vgpus[p.vgpu_id]
         assert use.standalone and use.gpus[GPU0].limit == GIB
         assert use.gpus[GPU0].hooked_used == GIB // 4
+        # What the API shows of it (read by the scan, which owns the block).
+        counters = use.gpus[GPU0].counters
+        assert counters is not None and counters.used == GIB // 4
+        assert use.gpus[GPU0].steered_ppm == 0  # never steered yet
         second = tracker.scan({}, nvml({child.pid: GIB // 4}))
         assert second.processes[child.pid].kind is ProcessKind.STANDALONE
         assert [s.host_pid for s in second.slots] == [child.pid]

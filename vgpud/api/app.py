@@ -135,12 +135,7 @@ async def list_vgpus(request: web.Request) -> web.Response:
     label = q.get("label")
     if label is not None:
         schemas.parse_label_query(label)
-    chosen = [
-        e
-        for e in service.registry.all()
-        if service.matches(e, q.get("gpu"), label, q.get("owner_pod"))
-    ]
-    return web.json_response([service.vgpu_json(e) for e in chosen])
+    return web.json_response(service.list_json(q.get("gpu"), label, q.get("owner_pod")))
 
 
 async def create_vgpu(request: web.Request) -> web.Response:
@@ -151,14 +146,15 @@ async def create_vgpu(request: web.Request) -> web.Response:
 
 
 async def get_vgpu(request: web.Request) -> web.Response:
-    service = request.app[SERVICE]
-    return web.json_response(service.vgpu_json(service.registry.get(request.match_info["id"])))
+    return web.json_response(request.app[SERVICE].find_json(request.match_info["id"]))
 
 
 async def update_vgpu(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
     key = request.match_info["id"]
-    service.registry.get(key)  # 404 before a body error: the id is the first thing wrong
+    # 404 (or 409 for a standalone vGPU) before a body error: the id is the first thing wrong.
+    service.refuse_standalone(key)
+    service.registry.get(key)
     req = schemas.parse_update(await _json_body(request))
     entry, warnings = service.update(key, req)
     return web.json_response({**service.vgpu_json(entry), "warnings": warnings})

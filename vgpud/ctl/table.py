@@ -34,9 +34,9 @@ def vgpu_rows(vgpus: Sequence[dict[str, Any]]) -> list[list[object]]:
                     v["id"],
                     v["name"],
                     g["index"],
-                    format_bytes(g["memory_limit"]),
+                    _bytes(g["memory_limit"]),  # None: a standalone vGPU without a limit
                     format_bytes(g["memory_used"]),
-                    f"{v['share']}%",
+                    f"{v['share']:g}%",
                     v["mode"],
                     None if util is None else f"{util:.0f}",
                     f"{g['quota_ppm'] / 10_000:.0f}",
@@ -50,7 +50,13 @@ def _memory(value: int | str) -> str:
     return format_bytes(value) if isinstance(value, int) else value
 
 
+def _bytes(value: int | None) -> str | None:
+    return None if value is None else format_bytes(value)
+
+
 def show(v: dict[str, Any]) -> str:
+    if v.get("kind") == "standalone":
+        return _show_standalone(v)
     lines = [
         f"vGPU {v['id']}" + (f" ({v['name']})" if v["name"] else ""),
         f"  memory {_memory(v['memory'])}  share {v['share']}% {v['mode']}  weight {v['weight']}"
@@ -69,3 +75,15 @@ def show(v: dict[str, Any]) -> str:
     lines += [f"  {k}={val}" for k, val in v["host_env"].items()]
     lines.append(f"CDI device: {v['recipe']['cdi_device']}")
     return "\n".join(lines)
+
+
+def _show_standalone(v: dict[str, Any]) -> str:
+    return "\n".join(
+        [
+            f"vGPU {v['id']} (standalone: limits from the container's environment, read-only)",
+            f"  share {v['share']:g}%  processes {v['processes']}  pids "
+            + " ".join(str(p) for p in v["pids"]),
+            "",
+            render(VGPU_HEADERS, vgpu_rows([v])),
+        ]
+    )
