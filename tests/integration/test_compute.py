@@ -143,16 +143,18 @@ def test_live_change_takes_effect_within_a_second(
     sampler: Sampler, sim_env: dict[str, str], tmp_path: Path
 ) -> None:
     control, blocks = vgpu_blocks(tmp_path, 300_000)
-    seconds = 5.0
+    seconds = 6.0
     start = time.time()
     b = burn({**hooked(sim_env, tmp_path), **blocks}, "bursts", seconds)
-    sampler.wait_past(start + 2.0)  # running at 30 % for a while
+    sampler.wait_past(start + 3.0)  # running at 30 % for a while
     changed = time.time()
     control.write_throttle(0, 700_000)
     control.close()
     b.finish(timeout=seconds + 60)
     sampler.wait_past(start + seconds)
-    before = series(sampler.samples, b.pids, start + WARMUP, changed)
+    # The steady state before the change: the last 1.5 s, well after a slow
+    # start-up on a loaded box and the pacer's initial full bucket.
+    before = series(sampler.samples, b.pids, changed - 1.5, changed)
     after = series(sampler.samples, b.pids, changed, start + seconds - 0.2)
     assert sum(before) / len(before) == pytest.approx(30, abs=TOLERANCE)
     settle = settle_time(after, 70, TOLERANCE)
