@@ -48,9 +48,11 @@ class Slice:
     over_result: str = ""
 
 
+# Sized for a real GPU too: a CUDA context alone costs about 0.5 GiB there
+# (docs/gpu/driver-facts.md), and it counts inside the slice.
 SLICES = [
-    Slice("demo-small", memory=256 * MIB, share=30, hold=128 * MIB, over=384 * MIB),
-    Slice("demo-large", memory=1024 * MIB, share=60, hold=512 * MIB),
+    Slice("demo-small", memory=1024 * MIB, share=30, hold=256 * MIB, over=1536 * MIB),
+    Slice("demo-large", memory=2048 * MIB, share=60, hold=1024 * MIB),
 ]
 
 
