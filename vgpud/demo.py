@@ -11,6 +11,7 @@ and the first line says so.
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import os
 import shutil
@@ -24,7 +25,6 @@ from typing import Any
 
 from vgpud.blocks import checkout_build_dir
 from vgpud.ctl.client import Client, DaemonUnreachable
-from vgpud.ctl.elf import exported_functions
 from vgpud.ctl.table import render
 from vgpud.units import format_bytes
 
@@ -64,15 +64,16 @@ def real_driver() -> bool:
     return True
 
 
-def pacer_landed(hook: Path) -> bool:
-    """Does the hook intercept kernel launches (the compute pacer)?"""
-    try:
-        return "cuLaunchKernel" in exported_functions(hook)
-    except OSError:
-        return False
-
-
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m vgpud.demo", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument(
+        "--seconds", type=int, default=VIEW_SECONDS, help="length of the live view (default 20)"
+    )
+    seconds = parser.parse_args(argv).seconds
+    if not SETTLE_SECONDS + 2 <= seconds <= 600:
+        parser.error(f"--seconds: {SETTLE_SECONDS + 2} to 600")
     build = checkout_build_dir()
     if build is None or not (build / "vgpu-burn").exists():
         print("vgpud demo: run it from the source checkout after `make`", file=sys.stderr)
@@ -107,10 +108,10 @@ def main() -> int:
             if s.over is not None:
                 s.over_result = _try_over(build, env, s)
                 print(f"{s.name}: a burn asking for {format_bytes(s.over)} got: {s.over_result}")
-            burns.append(_burn(build, env, s))
+            burns.append(_burn(build, env, s, seconds))
         print()
-        _live_view(client, burns)
-        _verdict(build)
+        _live_view(client, burns, seconds)
+        held = _verdict()
     finally:
         for b in burns:
             b.kill()
@@ -119,7 +120,7 @@ def main() -> int:
         daemon.wait(30)
         log.close()
     shutil.rmtree(work, ignore_errors=True)  # kept (with the log) only when something failed
-    return 0
+    return 0 if held else 1
 
 
 def _wait_ready(client: Client, daemon: subprocess.Popen[bytes]) -> None:
@@ -153,8 +154,8 @@ def _try_over(build: Path, env: dict[str, str], s: Slice) -> str:
     return f"exit {done.returncode} (no out-of-memory error!)"
 
 
-def _burn(build: Path, env: dict[str, str], s: Slice) -> subprocess.Popen[str]:
-    args = ["--alloc", str(s.hold), "--hold", "--seconds", str(VIEW_SECONDS + 10)]
+def _burn(build: Path, env: dict[str, str], s: Slice, seconds: int) -> subprocess.Popen[str]:
+    args = ["--alloc", str(s.hold), "--hold", "--seconds", str(seconds + 10)]
     return subprocess.Popen(
         [str(build / "vgpu-burn"), *args],
         env=_env_for(env, s),
@@ -164,10 +165,10 @@ def _burn(build: Path, env: dict[str, str], s: Slice) -> subprocess.Popen[str]:
     )
 
 
-def _live_view(client: Client, burns: list[subprocess.Popen[str]]) -> None:
+def _live_view(client: Client, burns: list[subprocess.Popen[str]], seconds: int) -> None:
     clear = "\x1b[H\x1b[2J" if sys.stdout.isatty() else ""
     start = time.monotonic()
-    for second in range(1, VIEW_SECONDS + 1):
+    for second in range(1, seconds + 1):
         time.sleep(max(0.0, start + second - time.monotonic()))
         rows = []
         for s in SLICES:
@@ -187,14 +188,14 @@ def _live_view(client: Client, burns: list[subprocess.Popen[str]]) -> None:
                 ]
             )
         table = render(("vGPU", "MEMORY used/limit", "GPU UTIL", "SHARE", "PROCS"), rows)
-        print(f"{clear}live view, {second}/{VIEW_SECONDS} s\n{table}\n", flush=True)
+        print(f"{clear}live view, {second}/{seconds} s\n{table}\n", flush=True)
         if all(b.poll() is not None for b in burns):
             print("the burns have ended early; see the daemon's log")
             break
 
 
-def _verdict(build: Path) -> None:
-    pacing = pacer_landed(build / "libvgpu.so")
+def _verdict() -> bool:
+    """Print, for each limit, whether it held; True if they all did."""
     rows = []
     for s in SLICES:
         memory_held = s.peak_used <= s.memory
@@ -209,13 +210,11 @@ def _verdict(build: Path) -> None:
             continue
         mean = sum(s.utils) / len(s.utils)
         measured = f"measured {mean:.1f}% vs share {s.share}% (NVML, mean of {len(s.utils)} s)"
-        if not pacing:
-            verdict = "not enforced yet"
-        else:
-            verdict = "held" if abs(mean - s.share) <= SHARE_TOLERANCE else "NOT HELD"
+        verdict = "held" if abs(mean - s.share) <= SHARE_TOLERANCE else "NOT HELD"
         rows.append([s.name, "compute", verdict, measured])
     print("did the limits hold?\n")
     print(render(("vGPU", "LIMIT", "RESULT", "DETAIL"), rows))
+    return all(row[2] == "held" for row in rows)
 
 
 if __name__ == "__main__":
