@@ -222,3 +222,75 @@ print(json.dumps({"sums": sums}))
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_sigkill_returns_the_budget(hooked: Hooked) -> None:
+    """A process killed -9 while holding most of the vGPU leaves nothing behind."""
+    import subprocess
+    import sys
+
+    hold = r"""
+import torch, sys
+x = torch.empty(3 << 30, dtype=torch.uint8, device="cuda")
+torch.cuda.synchronize()
+print("held", flush=True)
+sys.stdin.read()
+"""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", hold],
+        env=hooked.environ(LIMIT),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    holder.kill()
+    holder.wait()
+    res = hooked.run(TORCH_FILL, LIMIT)
+    assert res.rc == 0, res.err
+    # The killed process's 3 GiB are back: the newcomer fills the slice
+    # (less its own context) again.
+    assert int(res.json()["allocated"]) >= 3 * GiB  # type: ignore[call-overload]
+
+
+def test_many_processes_allocating_at_once_never_exceed(hooked: Hooked) -> None:
+    """16 processes of one vGPU allocate and free at random for a few seconds;
+    NVML, read from outside every 20 ms, never sees them above the limit."""
+    code = r"""
+import json, subprocess, sys
+child = r'''
+import random, sys, time, torch
+random.seed()
+held, refused = [], 0
+torch.empty(1, device="cuda")  # the context first (its ~0.5 GiB count too)
+print("ready", flush=True)
+sys.stdin.readline()  # then all start together
+end = time.time() + 6
+while time.time() < end:
+    if held and random.random() < 0.4:
+        held.pop(random.randrange(len(held)))
+        torch.cuda.empty_cache()
+    else:
+        try:
+            held.append(torch.empty(random.choice([64, 128, 256, 512]) << 20,
+                                    dtype=torch.uint8, device="cuda"))
+        except torch.OutOfMemoryError:
+            refused += 1
+print(refused, flush=True)
+'''
+ps = [subprocess.Popen([sys.executable, "-c", child], stdin=subprocess.PIPE,
+                       stdout=subprocess.PIPE, text=True) for _ in range(16)]
+for p in ps:
+    assert p.stdout.readline().strip() == "ready"
+for p in ps:
+    p.stdin.write("go\n"); p.stdin.flush()
+refused = [int(p.communicate()[0].split()[0]) for p in ps]
+print(json.dumps({"refused": refused, "rcs": [p.returncode for p in ps]}))
+"""
+    limit = 12 * GiB
+    res = hooked.run(code, limit, timeout=300)
+    assert res.rc == 0, res.err
+    out = res.json()
+    assert out["rcs"] == [0] * 16
+    assert sum(out["refused"]) > 0  # type: ignore[arg-type]  # the limit was reached
+    assert res.nvml_peak <= limit, f"NVML saw {res.nvml_peak / GiB:.2f} GiB"
