@@ -192,7 +192,6 @@ def test_soft_vgpus_divide_spare_time_by_weight(
     assert sum(heavy_steps) / len(heavy_steps) == pytest.approx(65, abs=TOLERANCE)
 
 
-@pytest.mark.xfail(reason="co-located vGPUs charge each other's time slices (test_compute_coloc)")
 def test_soft_yields_to_a_hard_vgpu_within_a_second(
     daemon: Daemon, sampler: Sampler, sim_env: dict[str, str]
 ) -> None:
