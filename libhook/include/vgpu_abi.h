@@ -7,6 +7,10 @@
  *   usage    written by the hook (atomics only), read and repaired by the
  *            daemon. Per-device budget counters and per-process slots.
  *
+ * One more file per physical GPU, shared by every vGPU on it:
+ *   arbiter  <run_dir>/gpus/<uuid>, read-write for every hook: the GPU turn
+ *            that paced processes take (struct vgpu_arbiter below).
+ *
  * Standalone mode (no control block mounted) uses only a usage block; its
  * limits come from the environment and its steering area is written by the
  * daemon when it adopts the process.
