@@ -656,7 +656,8 @@ static bool set_current(CUcontext ctx)
 }
 
 /* GPU time of the last batches of a process that exits would be lost with
- * its monitor: close what is open and let the monitor count it (bounded). */
+ * its monitor: close what is open and let the monitor count it (bounded),
+ * then pass on its GPU turns. */
 static void flush_at_exit(void)
 {
     if (!atomic_load(&gt.ready) || atomic_load(&gt.captures) > 0 || !gt.monitor_running)
@@ -668,6 +669,7 @@ static void flush_at_exit(void)
            pthread_cond_clockwait(&gt.queue_cond, &gt.queue_lock, CLOCK_MONOTONIC, &until) == 0)
         ;
     pthread_mutex_unlock(&gt.queue_lock);
+    turn_exit();
 }
 
 /* ---- the launch path ---------------------------------------------------------- */

@@ -183,6 +183,19 @@ uint64_t turn_expire(uint64_t now)
     return earliest;
 }
 
+void turn_exit(void)
+{
+    for (int i = 0; i < VGPU_MAX_DEVICES; i++) {
+        struct turn_dev *t = &turns[i];
+        if (!t->looked)
+            continue;
+        pthread_mutex_lock(&t->lock);
+        if (t->holding)
+            pass_on(t, now_ns());
+        pthread_mutex_unlock(&t->lock);
+    }
+}
+
 void turn_reset(void)
 {
     /* Only the forking thread survives: locks are made anew, and what the
