@@ -29,7 +29,7 @@ BUILD = ROOT / "build"
 SIM_LIB_DIR = BUILD / "sim"
 
 # Inherited settings that would make a test depend on the caller's shell.
-_SCRUBBED_PREFIXES = ("VGPU_SIM_",)
+_SCRUBBED_PREFIXES = ("VGPU_SIM_", "VGPU_ARBITER_")
 _SCRUBBED_KEYS = ("CUDA_VISIBLE_DEVICES", "LD_PRELOAD")
 
 
@@ -44,6 +44,12 @@ def sim_environment(state: Path) -> dict[str, str]:
     inherited = env.get("LD_LIBRARY_PATH")
     env["LD_LIBRARY_PATH"] = f"{SIM_LIB_DIR}:{inherited}" if inherited else str(SIM_LIB_DIR)
     env["VGPU_SIM_STATE"] = str(state)
+    # The simulated GPUs' turns (arbiter blocks) are the machine's too: the
+    # default, /tmp, would make unrelated tests with the same simulated UUID
+    # take turns with each other.
+    arbiters = state.parent / f"{state.name}.arbiters"
+    arbiters.mkdir(exist_ok=True)
+    env["VGPU_ARBITER_DIR"] = str(arbiters)
     return env
 
 

@@ -49,6 +49,7 @@ from typing import Any, ClassVar
 
 CONTROL_MAGIC = 0x544E4F4355504756  # "VGPUCONT" little-endian
 USAGE_MAGIC = 0x4741535555504756  # "VGPUUSAG" little-endian
+ARBITER_MAGIC = 0x4942524155504756  # "VGPUARBI" little-endian
 ABI_VERSION = 1
 MAX_DEVICES = 16
 MAX_PROCS = 256
@@ -185,6 +186,19 @@ class UsageC(_AbiStruct):
     )
 
 
+class ArbiterC(_AbiStruct):
+    c_name = "vgpu_arbiter"
+    _fields_ = (
+        ("hdr", BlockHeader),
+        ("next", u32),
+        ("serving", u32),
+        ("lease_ns", u64),
+        ("turns", u64),
+        ("skips", u64),
+        ("reserved", u64 * 2),
+    )
+
+
 ABI_STRUCTS: tuple[type[_AbiStruct], ...] = (
     BlockHeader,
     ThrottleC,
@@ -195,6 +209,7 @@ ABI_STRUCTS: tuple[type[_AbiStruct], ...] = (
     SteerC,
     UsageDeviceC,
     UsageC,
+    ArbiterC,
 )
 
 
@@ -944,3 +959,34 @@ def _check_count(count: int) -> int:
     if not 0 <= count <= MAX_DEVICES:
         raise BlockError(f"device count {count} outside 0..{MAX_DEVICES}")
     return count
+
+
+# --- the arbiter block -------------------------------------------------------
+
+
+class ArbiterBlock(_Mapping):
+    """The turn that paced processes of every vGPU on one GPU take (a ticket
+    lock the hooks run among themselves; the daemon only makes the file)."""
+
+    struct = ArbiterC
+    magic = ARBITER_MAGIC
+    kind = "arbiter"
+
+    @classmethod
+    def open_checked(cls, path: Path) -> None:
+        """Raise BlockError unless ``path`` holds a valid arbiter block."""
+        cls._map(path, writable=True).close()
+
+    @classmethod
+    def ensure(cls, path: Path) -> bool:
+        """Make the GPU's arbiter at ``path`` unless a valid one is there
+        (processes may hold it mapped: never replace a good one). Returns
+        whether a new one was written. 0666 like the usage block: hooks in
+        containers of any user write it."""
+        try:
+            cls.open_checked(path)
+            return False
+        except BlockError:
+            pass
+        cls._create_file(path, 0o666, lambda c: None).close()
+        return True

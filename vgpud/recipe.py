@@ -14,6 +14,7 @@ from typing import Any
 from vgpud.model import Vgpu
 
 CONTAINER_BLOCK_DIR = Path("/run/vgpud/vgpu")
+CONTAINER_ARBITER_DIR = Path("/run/vgpud/gpus")
 CONTAINER_LIBRARY = Path("/usr/lib/vgpud/libvgpu.so")
 CDI_KIND = "vgpud.io/vgpu"
 
@@ -25,36 +26,50 @@ class Paths:
     control: Path
     usage: Path
     library: Path
+    arbiters: Path  # the GPUs' arbiter blocks, one per UUID, shared by all vGPUs
 
 
 def container_recipe(vgpu: Vgpu, host: Paths) -> dict[str, Any]:
     env = _env(
-        vgpu, CONTAINER_BLOCK_DIR / "control", CONTAINER_BLOCK_DIR / "usage", CONTAINER_LIBRARY
+        vgpu,
+        Paths(
+            control=CONTAINER_BLOCK_DIR / "control",
+            usage=CONTAINER_BLOCK_DIR / "usage",
+            library=CONTAINER_LIBRARY,
+            arbiters=CONTAINER_ARBITER_DIR,
+        ),
     )
     mounts = [
         _mount(host.control, CONTAINER_BLOCK_DIR / "control", read_only=True),
-        # The hook writes its usage counters: the one writable mount.
+        # The hook writes its usage counters and takes GPU turns: the
+        # writable mounts. Each arbiter file alone, not their directory, so
+        # a container cannot replace another GPU's.
         _mount(host.usage, CONTAINER_BLOCK_DIR / "usage", read_only=False),
+        *(
+            _mount(host.arbiters / uuid, CONTAINER_ARBITER_DIR / uuid, read_only=False)
+            for uuid in vgpu.uuids
+        ),
         _mount(host.library, CONTAINER_LIBRARY, read_only=True),
     ]
     return {"env": env, "mounts": mounts, "cdi_device": cdi_device(vgpu)}
 
 
 def host_env(vgpu: Vgpu, host: Paths) -> dict[str, str]:
-    return _env(vgpu, host.control, host.usage, host.library)
+    return _env(vgpu, host)
 
 
 def cdi_device(vgpu: Vgpu) -> str:
     return f"{CDI_KIND}={vgpu.name or vgpu.id}"
 
 
-def _env(vgpu: Vgpu, control: Path, usage: Path, library: Path) -> dict[str, str]:
+def _env(vgpu: Vgpu, at: Paths) -> dict[str, str]:
     uuids = ",".join(vgpu.uuids)
     return {
-        "LD_PRELOAD": str(library),
+        "LD_PRELOAD": str(at.library),
         "VGPU_ID": vgpu.id,
-        "VGPU_CONTROL": str(control),
-        "VGPU_USAGE": str(usage),
+        "VGPU_CONTROL": str(at.control),
+        "VGPU_USAGE": str(at.usage),
+        "VGPU_ARBITER_DIR": str(at.arbiters),
         # UUIDs rather than indices: right both on the host and in a
         # container that sees only its own GPUs, renumbered from 0.
         "CUDA_VISIBLE_DEVICES": uuids,

@@ -6,7 +6,9 @@ crash in between is repaired at the next start (the state file is the truth
 and adoption re-applies it).
 
 Run dir layout: <run_dir>/<vgpu_id>/control (0644) and usage (0666), the
-directory 0755. Adoption at start: each recorded vGPU's blocks are opened
+directory 0755; <run_dir>/gpus/<uuid> (0666): the arbiter block of each GPU
+a vGPU uses, shared by all vGPUs on it (made when a vGPU needs it, never
+replaced while valid). Adoption at start: each recorded vGPU's blocks are opened
 and validated, not recreated, so running processes do not notice; a missing
 or corrupt block is recreated and reported. Directories in run_dir with no
 state entry are reported and left alone: a process may still map them, and
@@ -30,6 +32,7 @@ from vgpud import events as ev
 from vgpud.blocks import (
     FLAG_OVERSUBSCRIBE,
     PPM_FULL,
+    ArbiterBlock,
     Atomics,
     BlockError,
     ControlBlock,
@@ -48,6 +51,7 @@ from vgpud.units import format_bytes
 log = structlog.get_logger("vgpud.registry")
 
 ID_PATTERN = re.compile(r"vg-[0-9a-f]{8}")
+ARBITER_DIR = "gpus"  # in run_dir: one arbiter block per GPU, named by UUID
 NAME_PATTERN = re.compile(r"[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?")
 
 
@@ -155,7 +159,20 @@ class Registry:
         except BlockError as exc:
             self._repaired(v, "usage", str(exc))
             usage = UsageBlock.create(paths.usage, device_count=len(v.slices), atomics=self.atomics)
+        try:
+            self._ensure_arbiters(v, paths)
+        except (OSError, BlockError) as exc:
+            # Its processes then pace as if alone on the GPU (over-counting).
+            log.warning("cannot make the arbiter blocks", vgpu=v.id, error=str(exc))
         return Entry(v, control, usage, paths)
+
+    def _ensure_arbiters(self, v: Vgpu, paths: Paths) -> None:
+        """The arbiter block of each of the vGPU's GPUs, made if missing or
+        corrupt (hooks of every vGPU on the GPU take turns through it)."""
+        paths.arbiters.mkdir(mode=0o755, exist_ok=True)
+        for uuid in v.uuids:
+            if ArbiterBlock.ensure(paths.arbiters / uuid):
+                log.info("arbiter block made", gpu=uuid, path=str(paths.arbiters / uuid))
 
     def repair_lost_usage(self) -> list[str]:
         """Recreate the usage blocks a container cut short under our mapping
@@ -292,7 +309,12 @@ class Registry:
 
     def paths(self, vgpu_id: str) -> Paths:
         d = self.run_dir / vgpu_id
-        return Paths(control=d / "control", usage=d / "usage", library=self.library)
+        return Paths(
+            control=d / "control",
+            usage=d / "usage",
+            library=self.library,
+            arbiters=self.run_dir / ARBITER_DIR,
+        )
 
     def _vgpus(self) -> list[Vgpu]:
         return [e.vgpu for e in self.all()]
@@ -324,6 +346,7 @@ class Registry:
             )
             apply_limits(control, v)
             usage = UsageBlock.create(paths.usage, device_count=len(v.slices), atomics=self.atomics)
+            self._ensure_arbiters(v, paths)
         except (OSError, BlockError) as exc:
             if control is not None:
                 control.close()

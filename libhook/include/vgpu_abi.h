@@ -7,6 +7,10 @@
  *   usage    written by the hook (atomics only), read and repaired by the
  *            daemon. Per-device budget counters and per-process slots.
  *
+ * One more file per physical GPU, shared by every vGPU on it:
+ *   arbiter  <run_dir>/gpus/<uuid>, read-write for every hook: the GPU turn
+ *            that paced processes take (struct vgpu_arbiter below).
+ *
  * Standalone mode (no control block mounted) uses only a usage block; its
  * limits come from the environment and its steering area is written by the
  * daemon when it adopts the process.
@@ -28,6 +32,7 @@
 
 #define VGPU_CONTROL_MAGIC 0x544e4f4355504756ULL /* "VGPUCONT" little-endian */
 #define VGPU_USAGE_MAGIC   0x4741535555504756ULL /* "VGPUUSAG" little-endian */
+#define VGPU_ARBITER_MAGIC 0x4942524155504756ULL /* "VGPUARBI" little-endian */
 #define VGPU_ABI_VERSION   1u
 
 #define VGPU_MAX_DEVICES 16
@@ -175,6 +180,31 @@ struct vgpu_usage {
     struct vgpu_proc_slot slots[VGPU_MAX_PROCS];
 };
 
+/*
+ * The GPU turn: one block per physical GPU, shared by every paced process on
+ * it whatever its vGPU (VGPU_ARBITER_DIR/<uuid>, created by the daemon or
+ * the first hook). Paced processes take turns so that the batches of
+ * different processes never overlap on the GPU and each batch's event pair
+ * measures only its own work (docs/compute.md, "Taking turns").
+ *
+ * A FIFO ticket lock with a lease, no lock a dead process can hold:
+ *   take     t = next++; the turn is t's when serving == t;
+ *   hold     the holder renews lease_ns as it opens batches;
+ *   pass     serving = t + 1 (CAS from t), lease_ns = a hand-off grace;
+ *            waiters sleep on `serving` (futex, shared mapping, timed);
+ *   skip     anyone may CAS serving s -> s + 1 once lease_ns has passed:
+ *            the holder died or hung, or s was a dead waiter's ticket.
+ */
+struct vgpu_arbiter {
+    struct vgpu_block_header hdr;
+    _Atomic uint32_t next;          /* the next ticket to hand out */
+    _Atomic uint32_t serving;       /* the ticket whose turn it is (futex word) */
+    _Atomic uint64_t lease_ns;      /* CLOCK_MONOTONIC: the turn may be skipped after this */
+    _Atomic uint64_t turns;         /* turns taken (diagnostics) */
+    _Atomic uint64_t skips;         /* turns skipped for a lapsed lease (diagnostics) */
+    uint64_t reserved[2];
+};
+
 #define VGPU_ABI_ASSERT(cond) _Static_assert(cond, #cond)
 VGPU_ABI_ASSERT(sizeof(struct vgpu_block_header) == 16);
 VGPU_ABI_ASSERT(sizeof(struct vgpu_throttle) == 24);
@@ -183,6 +213,7 @@ VGPU_ABI_ASSERT(sizeof(struct vgpu_proc_device) == 40);
 VGPU_ABI_ASSERT(sizeof(struct vgpu_proc_slot) == 32 + 40 * VGPU_MAX_DEVICES);
 VGPU_ABI_ASSERT(sizeof(struct vgpu_usage_device) == 80);
 VGPU_ABI_ASSERT(sizeof(struct vgpu_control) < 4096);
+VGPU_ABI_ASSERT(sizeof(struct vgpu_arbiter) == 64);
 VGPU_ABI_ASSERT(sizeof(_Atomic uint64_t) == 8);
 
 #endif

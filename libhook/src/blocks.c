@@ -121,76 +121,95 @@ fail:
     return -1;
 }
 
+/* A block the hook creates when it is missing (the standalone usage block,
+ * an arbiter): its layout, for creating and checking. */
+struct shared_kind {
+    const char *name;
+    uint64_t magic;
+    size_t size;
+};
+
 /* We won the O_EXCL race: size the file, zero is a valid empty block, and
  * the magic goes in last so nobody trusts a half-made block. */
-static struct vgpu_usage *create_usage(int fd, const char *path)
+static void *create_shared(int fd, const char *path, const struct shared_kind *k)
 {
-    const size_t size = sizeof(struct vgpu_usage);
-    if (fchmod(fd, 0600) != 0 || ftruncate(fd, (off_t)size) != 0) {
-        vgpu_error_set("usage block %s: cannot size it: %s", path, strerror(errno));
+    if (fchmod(fd, 0600) != 0 || ftruncate(fd, (off_t)k->size) != 0) {
+        vgpu_error_set("%s block %s: cannot size it: %s", k->name, path, strerror(errno));
         return NULL;
     }
-    struct vgpu_usage *usage = map_fd(fd, size, PROT_READ | PROT_WRITE, "usage", path);
-    if (usage == NULL)
+    struct vgpu_block_header *hdr = map_fd(fd, k->size, PROT_READ | PROT_WRITE, k->name, path);
+    if (hdr == NULL)
         return NULL;
-    usage->hdr.version = VGPU_ABI_VERSION;
-    usage->hdr.size = (uint32_t)size;
-    __atomic_store_n(&usage->hdr.magic, VGPU_USAGE_MAGIC, __ATOMIC_RELEASE);
-    return usage;
+    hdr->version = VGPU_ABI_VERSION;
+    hdr->size = (uint32_t)k->size;
+    __atomic_store_n(&hdr->magic, k->magic, __ATOMIC_RELEASE);
+    return hdr;
 }
 
 /* Another process is creating the block: wait (bounded, sleeping) until it
  * has its size and its magic. */
-static struct vgpu_usage *await_usage(int fd, const char *path)
+static void *await_shared(int fd, const char *path, const struct shared_kind *k)
 {
-    const size_t size = sizeof(struct vgpu_usage);
     const struct timespec poll = {0, CREATE_POLL_NS};
     uint64_t deadline = monotonic_ns() + CREATE_WAIT_NS;
     struct stat st;
     while (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size == 0 &&
            monotonic_ns() < deadline)
         nanosleep(&poll, NULL);
-    if (check_file(fd, size, "usage", path) != 0)
+    if (check_file(fd, k->size, k->name, path) != 0)
         return NULL;
-    struct vgpu_usage *usage = map_fd(fd, size, PROT_READ | PROT_WRITE, "usage", path);
-    if (usage == NULL)
+    struct vgpu_block_header *hdr = map_fd(fd, k->size, PROT_READ | PROT_WRITE, k->name, path);
+    if (hdr == NULL)
         return NULL;
-    while (__atomic_load_n(&usage->hdr.magic, __ATOMIC_ACQUIRE) == 0 && monotonic_ns() < deadline)
+    while (__atomic_load_n(&hdr->magic, __ATOMIC_ACQUIRE) == 0 && monotonic_ns() < deadline)
         nanosleep(&poll, NULL);
-    if (check_header(&usage->hdr, VGPU_USAGE_MAGIC, size, "usage", path) != 0) {
-        munmap(usage, size);
+    if (check_header(hdr, k->magic, k->size, k->name, path) != 0) {
+        munmap(hdr, k->size);
         return NULL;
     }
-    return usage;
+    return hdr;
 }
 
-int blocks_map_usage(const char *path, bool create, struct vgpu_usage **out)
+/* Map a writable block, creating it first when `create` and it is missing. */
+static void *map_shared(const char *path, bool create, const struct shared_kind *k)
 {
-    struct vgpu_usage *usage = NULL;
+    void *block = NULL;
     int fd = -1;
     if (create) {
         fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
         if (fd >= 0) {
-            usage = create_usage(fd, path);
-            if (usage == NULL)
+            block = create_shared(fd, path, k);
+            if (block == NULL)
                 unlink(path);
             goto done;
         }
         if (errno != EEXIST) {
-            vgpu_error_set("cannot create usage block %s: %s", path, strerror(errno));
+            vgpu_error_set("cannot create %s block %s: %s", k->name, path, strerror(errno));
             goto done;
         }
     }
-    fd = open_block(path, O_RDWR, "usage");
+    fd = open_block(path, O_RDWR, k->name);
     if (fd >= 0)
-        usage = await_usage(fd, path);
+        block = await_shared(fd, path, k);
 done:
     if (fd >= 0)
         close(fd);
-    if (usage == NULL)
-        return -1;
-    *out = usage;
-    return 0;
+    return block;
+}
+
+int blocks_map_usage(const char *path, bool create, struct vgpu_usage **out)
+{
+    static const struct shared_kind usage = {"usage", VGPU_USAGE_MAGIC, sizeof(struct vgpu_usage)};
+    *out = map_shared(path, create, &usage);
+    return *out != NULL ? 0 : -1;
+}
+
+int blocks_map_arbiter(const char *path, struct vgpu_arbiter **out)
+{
+    static const struct shared_kind arbiter = {"arbiter", VGPU_ARBITER_MAGIC,
+                                               sizeof(struct vgpu_arbiter)};
+    *out = map_shared(path, true, &arbiter);
+    return *out != NULL ? 0 : -1;
 }
 
 /* Field 22 of /proc/<pid>/stat: start time in clock ticks since boot. The

@@ -246,6 +246,7 @@ int env_load(struct vgpu_env *env, env_getter get, char *const *names)
     }
     env->control_path = nonempty(get("VGPU_CONTROL"));
     env->usage_path = nonempty(get("VGPU_USAGE"));
+    env->arbiter_dir = nonempty(get("VGPU_ARBITER_DIR"));
 
     const char *text = get("CUDA_MEM_LIMIT");
     if (text != NULL && load_mem_limit(env, "CUDA_MEM_LIMIT", text, -1) != 0)

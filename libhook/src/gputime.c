@@ -22,6 +22,7 @@
 
 #include "gputime.h"
 #include "pacer.h"
+#include "turn.h"
 #include "vgpu.h"
 
 #define GT_STREAMS 1024 /* stream states per process */
@@ -40,6 +41,7 @@ struct gt_batch {
     struct gt_stream *stream;
     int dev;
     bool graph;
+    bool turn;              /* counted by turn_enter: turn_leave when measured */
     uint32_t launches;
     int64_t precharge;      /* debited when opened, settled when measured */
     uint64_t seq;           /* closing order on its stream */
@@ -174,6 +176,7 @@ static void atfork_child(void)
     gt.monitor_running = false;
     memset(tcache, 0, sizeof(tcache));
     thread_id = 0;
+    turn_reset();
 }
 
 /* Is nothing paced anywhere right now? The check every launch makes first,
@@ -331,6 +334,13 @@ static void enqueue(struct gt_batch *b)
 
 static void release_batch(struct gt_batch *b)
 {
+    if (b->turn) {
+        /* Its work is off the GPU: the turn waits a moment for our next
+         * launch unless the pacer will hold that launch back anyway. */
+        b->turn = false;
+        const struct vgpu_usage_device *bucket = gt.devs[b->dev].pacer.bucket;
+        turn_leave(b->dev, atomic_load_explicit(&bucket->pacer_balance_ns, memory_order_relaxed) >= 0);
+    }
     atomic_store_explicit(&b->state, BATCH_FREE, memory_order_release);
     pthread_mutex_lock(&gt.queue_lock);
     pthread_cond_broadcast(&gt.queue_cond);
@@ -434,8 +444,9 @@ static struct gt_batch *free_record(struct gt_stream *s)
  * Open a batch on the stream (lock held; it is released while waiting).
  * Returns the stream's open batch (maybe opened meanwhile by another
  * thread), or NULL if none can be had: the launch then goes unmeasured.
+ * A new batch takes over the caller's GPU turn count (*turn), if any.
  */
-static struct gt_batch *open_batch(struct gt_stream *s, struct gt_dev *d, bool graph)
+static struct gt_batch *open_batch(struct gt_stream *s, struct gt_dev *d, bool graph, bool *turn)
 {
     uint64_t deadline = 0;
     for (;;) {
@@ -475,6 +486,8 @@ static struct gt_batch *open_batch(struct gt_stream *s, struct gt_dev *d, bool g
         b->stream = s;
         b->dev = s->dev;
         b->graph = graph;
+        b->turn = *turn;
+        *turn = false;
         b->launches = 0;
         uint64_t cost = atomic_load_explicit(&d->launch_cost_ns, memory_order_relaxed);
         uint32_t expect = s->last_size == 0 ? 1 : s->last_size;
@@ -582,6 +595,7 @@ static void *monitor_main(void *arg)
                 gt.tail = NULL;
             continue;
         }
+        uint64_t wake = 0;
         if (!capturing && atomic_load_explicit(&gt.open_batches, memory_order_relaxed) > 0) {
             pthread_mutex_unlock(&gt.queue_lock);
             uint64_t now = now_ns();
@@ -589,11 +603,19 @@ static void *monitor_main(void *arg)
             pthread_mutex_lock(&gt.queue_lock);
             if (gt.head != NULL)
                 continue;
-            struct timespec until = deadline_at(now_ns() + GT_QUIET_NS / 2);
-            pthread_cond_clockwait(&gt.queue_cond, &gt.queue_lock, CLOCK_MONOTONIC, &until);
-            continue;
+            wake = now_ns() + GT_QUIET_NS / 2;
         }
-        pthread_cond_wait(&gt.queue_cond, &gt.queue_lock);
+        /* Under the queue lock, so a turn that starts lingering after this
+         * look wakes us (release_batch broadcasts under it). */
+        uint64_t linger = turn_expire(now_ns());
+        if (linger != 0 && (wake == 0 || linger < wake))
+            wake = linger;
+        if (wake != 0) {
+            struct timespec until = deadline_at(wake);
+            pthread_cond_clockwait(&gt.queue_cond, &gt.queue_lock, CLOCK_MONOTONIC, &until);
+        } else {
+            pthread_cond_wait(&gt.queue_cond, &gt.queue_lock);
+        }
     }
     return NULL;
 }
@@ -634,7 +656,8 @@ static bool set_current(CUcontext ctx)
 }
 
 /* GPU time of the last batches of a process that exits would be lost with
- * its monitor: close what is open and let the monitor count it (bounded). */
+ * its monitor: close what is open and let the monitor count it (bounded),
+ * then pass on its GPU turns. */
 static void flush_at_exit(void)
 {
     if (!atomic_load(&gt.ready) || atomic_load(&gt.captures) > 0 || !gt.monitor_running)
@@ -646,6 +669,7 @@ static void flush_at_exit(void)
            pthread_cond_clockwait(&gt.queue_cond, &gt.queue_lock, CLOCK_MONOTONIC, &until) == 0)
         ;
     pthread_mutex_unlock(&gt.queue_lock);
+    turn_exit();
 }
 
 /* ---- the launch path ---------------------------------------------------------- */
@@ -697,13 +721,20 @@ bool gt_before(struct gt_launch *l, CUstream h, bool ptsz, bool graph)
     if (!gt.monitor_running)
         monitor_start();
     /* The pacer sits where a batch opens: an open batch's launches follow
-     * the one that was admitted, and the batch is bounded to ~1 ms. */
-    if (graph || s->open == NULL)
+     * the one that was admitted, and the batch is bounded to ~1 ms. Then
+     * the GPU turn, so that the batch runs alone and measures only itself. */
+    bool turn = false;
+    if (graph || s->open == NULL) {
         pacer_admit(&d->pacer, &pacer_monotonic);
+        turn = turn_enter(s->dev);
+    }
     pthread_mutex_lock(&s->lock);
     if (graph)
         close_open(s); /* a graph launch is a batch of its own */
-    if (open_batch(s, d, graph) == NULL) {
+    struct gt_batch *b = open_batch(s, d, graph, &turn);
+    if (turn)
+        turn_leave(s->dev, false); /* another thread opened the batch: ours was not needed */
+    if (b == NULL) {
         pthread_mutex_unlock(&s->lock);
         charge_unmeasured(d);
         return false;

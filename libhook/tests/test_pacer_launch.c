@@ -12,6 +12,7 @@
  * The work done (launches x kernel time / wall) is the utilization the
  * simulated device gave it; the hook's own figure is in the usage block.
  */
+#include <dirent.h>
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -20,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -156,7 +158,7 @@ static int worker(const char *path, uint64_t kernel_us, double seconds, unsigned
 /* ---- the test ------------------------------------------------------------------ */
 
 static int failures;
-static char self[4096], build[4096], state_path[256], usage_path[256];
+static char self[4096], build[4096], state_path[256], usage_path[256], arbiter_dir[256];
 
 struct result {
     uint64_t launches, wall_ns, capture_ns;
@@ -184,6 +186,7 @@ static int run(const char *limit, unsigned procs, const char *path, unsigned ker
             setenv("LD_LIBRARY_PATH", libpath, 1);
             setenv("VGPU_SIM_STATE", state_path, 1);
             setenv("VGPU_USAGE", usage_path, 1);
+            setenv("VGPU_ARBITER_DIR", arbiter_dir, 1);
             setenv("CUDA_CORE_LIMIT", limit, 1);
             setenv("VGPU_SIM_KERNEL_NS", "1000", 1);
             execl(self, self, "worker", path, us, secs, sync, (char *)NULL);
@@ -224,18 +227,36 @@ static struct vgpu_usage *map_usage(void)
     return p == MAP_FAILED ? NULL : p;
 }
 
+/* The simulated GPU's arbiter blocks are this machine's alone: the default
+ * (/tmp, by UUID) would make concurrent runs take turns with each other. */
+static void remove_arbiters(void)
+{
+    DIR *d = opendir(arbiter_dir);
+    if (d == NULL)
+        return;
+    for (struct dirent *e; (e = readdir(d)) != NULL;)
+        if (e->d_name[0] != '.')
+            unlinkat(dirfd(d), e->d_name, 0);
+    closedir(d);
+    rmdir(arbiter_dir);
+}
+
 static void fresh_machine(const char *name)
 {
     snprintf(state_path, sizeof(state_path), "/tmp/vgpu-pacer-%d-%s.sim", getpid(), name);
     snprintf(usage_path, sizeof(usage_path), "/tmp/vgpu-pacer-%d-%s.usage", getpid(), name);
+    snprintf(arbiter_dir, sizeof(arbiter_dir), "/tmp/vgpu-pacer-%d-%s.arbiters", getpid(), name);
     unlink(state_path);
     unlink(usage_path);
+    remove_arbiters();
+    mkdir(arbiter_dir, 0700);
 }
 
 static void cleanup(void)
 {
     unlink(state_path);
     unlink(usage_path);
+    remove_arbiters();
 }
 
 /* The device time a run got, from the work it completed. */

@@ -53,7 +53,17 @@ def test_a_container_reaches_only_its_own_blocks(
     done = podman.run(["sh", "-c", script], devices=[cdi_device("iso-a")])
 
     files, probes = done.stdout.split("---\n")
-    assert sorted(files.split()) == ["/run/vgpud", "/run/vgpud/vgpu", CONTROL, USAGE]
+    # Its blocks, and its GPU's arbiter (shared by design with every vGPU
+    # on that GPU: the turn they take).
+    arbiter = f"/run/vgpud/gpus/{other['gpus'][0]['uuid']}"
+    assert sorted(files.split()) == [
+        "/run/vgpud",
+        "/run/vgpud/gpus",
+        arbiter,
+        "/run/vgpud/vgpu",
+        CONTROL,
+        USAGE,
+    ]
     # The other vGPU's block is nowhere: not at its host path, not beside
     # ours, not through the other container's /proc (another PID namespace).
     assert probes.splitlines() == [

@@ -106,11 +106,14 @@ def test_verify_reads_back_what_the_fill_kernel_wrote(sim_env: dict[str, str], a
 def test_two_processes_share_the_device(sim_env: dict[str, str]) -> None:
     proc = burn(sim_env, "--procs", "2", "--seconds", "2", "--kernel-us", "1000", "--json")
     assert proc.returncode == 0, proc.stderr
-    *workers, summary = reports(proc)
+    *workers, _summary = reports(proc)
     assert len(workers) == 2
-    for worker in workers:
-        assert 0.35 <= worker["busy"] <= 0.65, workers
-    assert summary["busy"] <= 1.02  # the device never runs two kernels at once
+    # Each got about half the device by work done; its event-timed "busy"
+    # also spans the other's kernels, as on a time-slicing GPU.
+    work = [w["kernels"] * 0.001 / w["wall_s"] for w in workers]
+    for share in work:
+        assert 0.35 <= share <= 0.65, workers
+    assert sum(work) <= 1.02  # the device never runs two kernels at once
 
 
 def test_graph_launches_run_the_captured_kernels(sim_env: dict[str, str]) -> None:

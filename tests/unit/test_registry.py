@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from tests.unit.fakes import GIB, gpus
-from vgpud.blocks import Atomics, ControlBlock, UsageBlock
+from vgpud.blocks import ArbiterBlock, Atomics, ControlBlock, UsageBlock
 from vgpud.errors import ServerError
 from vgpud.events import EventLog
 from vgpud.model import CreateRequest, Limits
 from vgpud.placement import Rules
-from vgpud.registry import Registry
+from vgpud.registry import ARBITER_DIR, Registry
 from vgpud.state import StateStore
 from vgpud.units import parse_memory
 
@@ -61,6 +61,26 @@ def test_a_missing_or_corrupt_block_is_recreated_and_reported(tmp_path: Path, da
     again.close()
 
 
+def test_vgpus_on_one_gpu_share_its_arbiter_block(tmp_path: Path) -> None:
+    reg = make(tmp_path)
+    a = reg.create(CreateRequest(), LIMITS, gpus(1), Rules())
+    arbiter = a.paths.arbiters / a.vgpu.uuids[0]
+    ArbiterBlock.open_checked(arbiter)
+    assert arbiter.stat().st_mode & 0o777 == 0o666  # hooks of any user take turns
+    inode = arbiter.stat().st_ino
+    b = reg.create(CreateRequest(), LIMITS, gpus(1), Rules())
+    assert b.paths.arbiters / b.vgpu.uuids[0] == arbiter and arbiter.stat().st_ino == inode
+    reg.close()
+    # A corrupt one is made anew at the next start; a valid one is kept.
+    os.truncate(arbiter, 10)
+    again = make(tmp_path)
+    ArbiterBlock.open_checked(arbiter)
+    inode = arbiter.stat().st_ino
+    again.close()
+    make(tmp_path).close()
+    assert arbiter.stat().st_ino == inode
+
+
 def test_orphan_blocks_are_left_alone(tmp_path: Path) -> None:
     orphan = tmp_path / "run" / "vg-0000abcd"
     orphan.mkdir(parents=True)
@@ -81,6 +101,8 @@ def test_a_create_that_cannot_be_recorded_leaves_nothing(
     monkeypatch.setattr(reg.store, "save", disk_full)
     with pytest.raises(ServerError, match="cannot record"):
         reg.create(CreateRequest(), LIMITS, gpus(1), Rules())
-    assert reg.entries == {} and list((tmp_path / "run").iterdir()) == []
+    # The GPU's arbiter block is the node's, shared by every vGPU on it: it stays.
+    left = [p.name for p in (tmp_path / "run").iterdir()]
+    assert reg.entries == {} and left in ([], [ARBITER_DIR])
     assert reg.events.since(0) == []
     reg.close()

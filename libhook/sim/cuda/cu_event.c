@@ -74,12 +74,12 @@ static CUresult event_record(CUevent e, CUstream h, bool per_thread)
         return CUDA_ERROR_INVALID_HANDLE;
     if (s->capture != NULL)
         return CUDA_SUCCESS; /* an event node: nothing to time in a graph here */
+    /* Stamped when its stream reaches it, not when the device does: as on a
+     * GPU that time-slices contexts, a pair of events around a process's
+     * work also spans the other contexts' work that runs between them. */
     uint64_t t = sim_now(), tail = atomic_load(&s->tail);
-    uint64_t busy = atomic_load(&cu_proc->st->devices[s->ctx->dev].busy_until);
     if (tail > t)
         t = tail;
-    if (busy > t)
-        t = busy;
     atomic_store(&e->time, t);
     atomic_store(&e->recorded, true);
     return CUDA_SUCCESS;

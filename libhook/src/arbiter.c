@@ -1,0 +1,86 @@
+/*
+ * arbiter.c - the GPU turn: a ticket lock with a lease over a shared block
+ * (see arbiter.h and vgpu_abi.h). Waiters sleep on the `serving` word with
+ * FUTEX_WAIT without FUTEX_PRIVATE_FLAG, which works across processes on a
+ * MAP_SHARED file mapping; every sleep is bounded so a lapsed lease is
+ * noticed without a wake-up from anyone.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "arbiter.h"
+
+static void futex_wait(_Atomic uint32_t *word, uint32_t seen, uint64_t ns)
+{
+    struct timespec rel = {.tv_sec = (time_t)(ns / 1000000000ull), .tv_nsec = (long)(ns % 1000000000ull)};
+    /* EAGAIN (the word moved), EINTR and ETIMEDOUT all mean: look again. */
+    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT, seen, &rel, NULL, 0);
+}
+
+static void futex_wake_all(_Atomic uint32_t *word)
+{
+    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+/* Move the turn from `from` to the next ticket; the grace goes in first so
+ * that nobody sees the new turn with the old, lapsed lease. */
+static bool pass(struct vgpu_arbiter *a, uint32_t from, uint64_t now)
+{
+    atomic_store_explicit(&a->lease_ns, now + ARBITER_HANDOFF_NS, memory_order_release);
+    if (!atomic_compare_exchange_strong_explicit(&a->serving, &from, from + 1,
+                                                 memory_order_acq_rel, memory_order_acquire))
+        return false;
+    futex_wake_all(&a->serving);
+    return true;
+}
+
+uint32_t arbiter_acquire(struct vgpu_arbiter *a, const struct pacer_clock *clock)
+{
+    uint32_t ticket = atomic_fetch_add_explicit(&a->next, 1, memory_order_acq_rel);
+    for (;;) {
+        uint32_t serving = atomic_load_explicit(&a->serving, memory_order_acquire);
+        uint64_t now = clock->now(clock->ctx);
+        if (serving == ticket) {
+            arbiter_renew(a, now);
+            atomic_fetch_add_explicit(&a->turns, 1, memory_order_relaxed);
+            return ticket;
+        }
+        if ((int32_t)(serving - ticket) > 0) {
+            /* We were too slow to claim our turn and were skipped: queue again. */
+            ticket = atomic_fetch_add_explicit(&a->next, 1, memory_order_acq_rel);
+            continue;
+        }
+        uint64_t lease = atomic_load_explicit(&a->lease_ns, memory_order_acquire);
+        if (now >= lease) {
+            if (pass(a, serving, now))
+                atomic_fetch_add_explicit(&a->skips, 1, memory_order_relaxed);
+            continue;
+        }
+        uint64_t wait = lease - now;
+        futex_wait(&a->serving, serving, wait < ARBITER_WAIT_SLICE_NS ? wait : ARBITER_WAIT_SLICE_NS);
+    }
+}
+
+bool arbiter_holds(const struct vgpu_arbiter *a, uint32_t ticket)
+{
+    return atomic_load_explicit(&a->serving, memory_order_acquire) == ticket;
+}
+
+bool arbiter_contended(const struct vgpu_arbiter *a, uint32_t ticket)
+{
+    return atomic_load_explicit(&a->next, memory_order_acquire) != ticket + 1;
+}
+
+void arbiter_renew(struct vgpu_arbiter *a, uint64_t now)
+{
+    atomic_store_explicit(&a->lease_ns, now + ARBITER_LEASE_NS, memory_order_release);
+}
+
+void arbiter_release(struct vgpu_arbiter *a, uint32_t ticket, uint64_t now)
+{
+    pass(a, ticket, now);
+}

@@ -1,0 +1,137 @@
+/*
+ * test_arbiter.c - the GPU turn: FIFO order, hand-off, and recovery from a
+ * holder or a waiter that died (a lease that lapses), on a block in plain
+ * memory shared by threads (the futex works alike within one process).
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "../src/arbiter.c"
+#include "../src/pacer.c"
+
+static int failures;
+#define CHECK(cond) \
+    do { \
+        if (!(cond)) { \
+            fprintf(stderr, "%s:%d: CHECK(%s) failed\n", __FILE__, __LINE__, #cond); \
+            failures++; \
+        } \
+    } while (0)
+
+/* The real clock, shifted: a test jumps past a lease without waiting it out. */
+static uint64_t skew_ns;
+static uint64_t skewed_now(void *ctx)
+{
+    (void)ctx;
+    return pacer_monotonic.now(NULL) + skew_ns;
+}
+static const struct pacer_clock clock_ = {skewed_now, NULL, NULL};
+
+static struct vgpu_arbiter arb;
+
+static void reset(void)
+{
+    memset(&arb, 0, sizeof(arb));
+    skew_ns = 0;
+}
+
+/* Bounded wait for another thread to reach a state (no bare sleeps). */
+static bool await_next(uint32_t n)
+{
+    for (int i = 0; i < 5000; i++) {
+        if (atomic_load(&arb.next) == n)
+            return true;
+        struct timespec ms = {0, 1000000};
+        nanosleep(&ms, NULL);
+    }
+    return false;
+}
+
+struct waiter {
+    pthread_t th;
+    _Atomic bool got;
+    uint32_t ticket;
+};
+
+static void *wait_turn(void *arg)
+{
+    struct waiter *w = arg;
+    w->ticket = arbiter_acquire(&arb, &clock_);
+    atomic_store(&w->got, true);
+    return NULL;
+}
+
+static void test_uncontended_turns_come_at_once(void)
+{
+    reset();
+    uint32_t t = arbiter_acquire(&arb, &clock_);
+    CHECK(t == 0 && arbiter_holds(&arb, t) && !arbiter_contended(&arb, t));
+    arbiter_release(&arb, t, clock_.now(NULL));
+    CHECK(!arbiter_holds(&arb, t));
+    uint32_t again = arbiter_acquire(&arb, &clock_);
+    CHECK(again == 1 && arbiter_holds(&arb, again));
+    CHECK(atomic_load(&arb.turns) == 2 && atomic_load(&arb.skips) == 0);
+}
+
+static void test_waiters_are_served_in_order(void)
+{
+    reset();
+    uint32_t first = arbiter_acquire(&arb, &clock_);
+    struct waiter b = {0}, c = {0};
+    pthread_create(&b.th, NULL, wait_turn, &b);
+    CHECK(await_next(2));
+    pthread_create(&c.th, NULL, wait_turn, &c);
+    CHECK(await_next(3));
+    CHECK(arbiter_contended(&arb, first));
+    CHECK(!atomic_load(&b.got) && !atomic_load(&c.got));
+    arbiter_release(&arb, first, clock_.now(NULL));
+    pthread_join(b.th, NULL);
+    CHECK(b.ticket == 1 && arbiter_holds(&arb, 1));
+    CHECK(!atomic_load(&c.got)); /* still b's turn */
+    arbiter_release(&arb, b.ticket, clock_.now(NULL));
+    pthread_join(c.th, NULL);
+    CHECK(c.ticket == 2 && atomic_load(&arb.skips) == 0);
+}
+
+static void test_a_dead_holder_is_skipped_after_its_lease(void)
+{
+    reset();
+    uint32_t dead = arbiter_acquire(&arb, &clock_); /* never released */
+    skew_ns = ARBITER_LEASE_NS + 1;
+    uint32_t t = arbiter_acquire(&arb, &clock_);
+    CHECK(t == dead + 1 && arbiter_holds(&arb, t));
+    CHECK(!arbiter_holds(&arb, dead)); /* the holder sees it lost the turn */
+    CHECK(atomic_load(&arb.skips) == 1);
+    /* Its late release cannot take the turn from the new holder. */
+    arbiter_release(&arb, dead, clock_.now(NULL));
+    CHECK(arbiter_holds(&arb, t));
+}
+
+static void test_a_dead_waiter_costs_one_handoff(void)
+{
+    reset();
+    uint32_t holder = arbiter_acquire(&arb, &clock_);
+    atomic_fetch_add(&arb.next, 1); /* a waiter took ticket 1, then died */
+    struct waiter w = {0};
+    pthread_create(&w.th, NULL, wait_turn, &w);
+    CHECK(await_next(3));
+    arbiter_release(&arb, holder, clock_.now(NULL)); /* serving 1: nobody claims it */
+    pthread_join(w.th, NULL);                      /* within ARBITER_HANDOFF_NS */
+    CHECK(w.ticket == 2 && atomic_load(&arb.skips) == 1);
+}
+
+int main(void)
+{
+    test_uncontended_turns_come_at_once();
+    test_waiters_are_served_in_order();
+    test_a_dead_holder_is_skipped_after_its_lease();
+    test_a_dead_waiter_costs_one_handoff();
+    if (failures != 0) {
+        fprintf(stderr, "test_arbiter: %d failure(s)\n", failures);
+        return 1;
+    }
+    puts("test_arbiter: all passed");
+    return 0;
+}
