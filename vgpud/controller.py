@@ -100,6 +100,13 @@ class Tuning:
     # Per-process figures are learnt from only when their sum is within this
     # (absolute, and relative to the device's figure) of the device's.
     consistency: float = 0.1
+    # Learn a correction from NVML's per-process figures at all. Off: paced
+    # processes on a GPU take turns (docs/compute.md), so the hook's measure
+    # is its own work, while NVML's per-process figures are wrong exactly
+    # when vGPUs share a GPU (driver 580 on an H200: one vGPU of 30/70 read
+    # 0 %, and learning from them drove the quotas to 150/491 permille and
+    # the work to 18.4/60.6 %; with the correction off, 30.2/67.9).
+    learn_from_nvml: bool = False
 
 
 DEFAULT_TUNING = Tuning()
@@ -382,7 +389,8 @@ def _corrected(r: _Reading, target: float, tuning: Tuning) -> tuple[float, Slice
         learn_from = max(learn_from, r.now_ns + settle_ns)
     correction = r.state.correction
     u = r.fresh_nvml
-    if r.active and u is not None and r.now_ns >= learn_from and (u > target or r.held_back):
+    learning = tuning.learn_from_nvml and r.active and r.now_ns >= learn_from
+    if learning and u is not None and (u > target or r.held_back):
         exponent = tuning.ki * min(r.nvml_dt_s, tuning.max_step_s)
         ratio = target / u if u > 0 else tuning.max_step_factor
         factor = min(max(ratio**exponent, 1 / tuning.max_step_factor), tuning.max_step_factor)

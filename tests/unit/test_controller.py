@@ -14,11 +14,16 @@ from vgpud.controller import (
     GpuSample,
     SliceSample,
     Snapshot,
+    Tuning,
     compute_quotas,
 )
 
 GPU = "GPU-0"
 TICK_NS = 100_000_000
+# Most tests below exercise the correction learnt from NVML, which is off by
+# default (the hook's measure is truthful when processes take turns); the
+# default's own behaviour is pinned by test_default_does_not_learn_from_nvml.
+LEARNING = Tuning(learn_from_nvml=True)
 
 
 def ppm(percent: float) -> int:
@@ -36,7 +41,7 @@ def tick(
     now_ns: int = 0,
 ) -> tuple[dict[tuple[str, str], int], ControllerState]:
     snap = Snapshot(now_ns=now_ns, gpus={GPU: GpuSample(util=device_util, slices=slices)})
-    return compute_quotas(snap, allocs, state or ControllerState())
+    return compute_quotas(snap, allocs, state or ControllerState(), LEARNING)
 
 
 @pytest.mark.parametrize(
@@ -137,6 +142,25 @@ def test_no_learning_from_figures_that_do_not_add_up() -> None:
     assert quotas == {("a", GPU): ppm(30), ("b", GPU): ppm(70)}
 
 
+def test_default_does_not_learn_from_nvml() -> None:
+    """By default the hard quota stays the share whatever NVML's per-process
+    figures say, even when they add up to the device's figure."""
+    allocs = [Allocation("a", GPU, ppm(30)), Allocation("b", GPU, ppm(70))]
+    state = ControllerState()
+    quotas: dict[tuple[str, str], int] = {}
+    for i in range(20):
+        slices = {
+            "a": SliceSample(active=True, util=10.0, throttled_ns=i * 50_000_000),
+            "b": SliceSample(active=True, util=80.0, throttled_ns=i * 50_000_000),
+        }
+        snap = Snapshot(now_ns=i * TICK_NS, gpus={GPU: GpuSample(util=90.0, slices=slices)})
+        quotas, state = compute_quotas(snap, allocs, state)
+    assert quotas == {("a", GPU): ppm(30), ("b", GPU): ppm(70)}
+    # The same figures do teach a learning controller (so this can fail).
+    learnt, _ = tick(allocs, slices, device_util=90.0, state=state, now_ns=20 * TICK_NS)
+    assert learnt != quotas
+
+
 def test_counters_that_go_backwards_are_not_a_rate() -> None:
     """A usage block recreated under a running daemon restarts its counters."""
     allocs = [Allocation("a", GPU, ppm(30), soft=True)]
@@ -227,7 +251,7 @@ def run_plant(
         }
         device = 100 * sum(got.values()) if nvml_tick else None
         snap = Snapshot(now_ns=(step + 1) * TICK_NS, gpus={GPU: GpuSample(device, slices)})
-        out, state = compute_quotas(snap, allocs, state)
+        out, state = compute_quotas(snap, allocs, state, LEARNING)
         for v in vgpus:
             quotas_seen[v.name].append(out[(v.name, GPU)])
             quota[v.name] = out[(v.name, GPU)] / PPM_FULL
@@ -398,7 +422,7 @@ def run_sliced(vgpus: list[SlicedVgpu], seconds: float, timeslice_ms: int = 2) -
         device = 100 * sum(v.history[-1] for v in vgpus) if nvml_tick else None
         allocs = [Allocation(v.name, GPU, ppm(v.share * 100), soft=v.soft) for v in vgpus]
         snap = Snapshot(now_ns=(tick + 1) * TICK_NS, gpus={GPU: GpuSample(device, slices)})
-        out, state = compute_quotas(snap, allocs, state)
+        out, state = compute_quotas(snap, allocs, state, LEARNING)
         for v in vgpus:
             v.quota = out[(v.name, GPU)] / PPM_FULL
 
