@@ -138,7 +138,10 @@ def test_processes_share_one_budget(hooked: Hooked) -> None:
     code = r"""
 import json, subprocess, sys, os
 child = r'''
-import json, torch, time
+import json, sys, torch, time
+torch.empty(1, device="cuda")  # the context first: both fit before either fills
+print("ready", flush=True)
+sys.stdin.readline()
 b = []
 try:
     while True:
@@ -148,9 +151,11 @@ except torch.OutOfMemoryError:
 print(len(b) * (256 << 20), flush=True)
 time.sleep(3)
 '''
-ps = [subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, text=True)
-      for _ in range(2)]
-got = [int(p.communicate()[0].split()[0]) for p in ps]
+ps = [subprocess.Popen([sys.executable, "-c", child], stdin=subprocess.PIPE,
+                       stdout=subprocess.PIPE, text=True) for _ in range(2)]
+for p in ps:
+    assert p.stdout.readline().strip() == "ready"
+got = [int(p.communicate("go\n")[0].split()[0]) for p in ps]
 print(json.dumps({"got": got}))
 """
     res = hooked.run(code, 6 * GiB)
