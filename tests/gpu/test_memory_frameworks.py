@@ -155,7 +155,9 @@ ps = [subprocess.Popen([sys.executable, "-c", child], stdin=subprocess.PIPE,
                        stdout=subprocess.PIPE, text=True) for _ in range(2)]
 for p in ps:
     assert p.stdout.readline().strip() == "ready"
-got = [int(p.communicate("go\n")[0].split()[0]) for p in ps]
+for p in ps:  # both go at once, then wait for both
+    p.stdin.write("go\n"); p.stdin.flush()
+got = [int(p.communicate()[0].split()[0]) for p in ps]
 print(json.dumps({"got": got}))
 """
     res = hooked.run(code, 6 * GiB)
