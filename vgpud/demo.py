@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import json
 import os
 import shutil
 import subprocess
@@ -30,6 +31,7 @@ from vgpud.units import format_bytes
 
 MIB = 1 << 20
 VIEW_SECONDS = 20
+KERNEL_US = 2000  # the burns' kernel length
 SETTLE_SECONDS = 3  # utilization figures before this are start-up noise
 # The spec's bound on any 1 s window; the mean must be much closer.
 SHARE_TOLERANCE = 7.0
@@ -44,7 +46,10 @@ class Slice:
     over: int | None = None  # bytes a first burn asks for, beyond the limit
     vgpu: dict[str, Any] = field(default_factory=dict)
     peak_used: int = 0
-    utils: list[float] = field(default_factory=list)
+    work: float | None = None  # % of the GPU its burn's kernels took
+    utils: list[float] = field(default_factory=list)  # NVML per-process, %
+    # (monotonic s, the hook's measured GPU time in ns), once a second
+    gpu_time: list[tuple[float, int]] = field(default_factory=list)
     over_result: str = ""
 
 
@@ -111,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
             burns.append(_burn(build, env, s, seconds))
         print()
         _live_view(client, burns, seconds)
+        for s, b in zip(SLICES, burns, strict=True):
+            s.work = _work_done(b)
         held = _verdict()
     finally:
         for b in burns:
@@ -155,14 +162,30 @@ def _try_over(build: Path, env: dict[str, str], s: Slice) -> str:
 
 
 def _burn(build: Path, env: dict[str, str], s: Slice, seconds: int) -> subprocess.Popen[str]:
-    args = ["--alloc", str(s.hold), "--hold", "--seconds", str(seconds + 10)]
+    args = ["--alloc", str(s.hold), "--hold", "--seconds", str(seconds + 1), "--json"]
+    args += ["--kernel-us", str(KERNEL_US), "--sync", "8"]  # a training-like step loop
     return subprocess.Popen(
         [str(build / "vgpu-burn"), *args],
         env=_env_for(env, s),
-        stdout=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
     )
+
+
+def _work_done(burn: subprocess.Popen[str]) -> float | None:
+    """The share of the GPU a burn's kernels took, from what it reports
+    (kernels x kernel time / wall time): a measure independent of the hook's
+    accounting and of NVML."""
+    try:
+        out, _ = burn.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        return None
+    for line in reversed(out.splitlines()):
+        if line.startswith("{") and '"kernels"' in line:
+            r = json.loads(line)
+            return 100.0 * r["kernels"] * KERNEL_US / 1e6 / r["wall_s"] if r["wall_s"] else None
+    return None
 
 
 def _live_view(client: Client, burns: list[subprocess.Popen[str]], seconds: int) -> None:
@@ -178,20 +201,30 @@ def _live_view(client: Client, burns: list[subprocess.Popen[str]], seconds: int)
             util = g["utilization"]
             if util is not None and second > SETTLE_SECONDS:
                 s.utils.append(util)
+            now = time.monotonic()
+            rate = _rate(s.gpu_time[-1], (now, g["gpu_time_ns"])) if s.gpu_time else None
+            s.gpu_time.append((now, g["gpu_time_ns"]))
             rows.append(
                 [
                     s.name,
                     f"{format_bytes(g['memory_used'])} / {format_bytes(g['memory_limit'])}",
+                    "-" if rate is None else f"{rate:5.1f}%",
                     "-" if util is None else f"{util:5.1f}%",
                     f"{s.share}%",
                     v["processes"],
                 ]
             )
-        table = render(("vGPU", "MEMORY used/limit", "GPU UTIL", "SHARE", "PROCS"), rows)
+        headers = ("vGPU", "MEMORY used/limit", "GPU TIME", "NVML", "SHARE", "PROCS")
+        table = render(headers, rows)
         print(f"{clear}live view, {second}/{seconds} s\n{table}\n", flush=True)
         if all(b.poll() is not None for b in burns):
             print("the burns have ended early; see the daemon's log")
             break
+
+
+def _rate(before: tuple[float, int], after: tuple[float, int]) -> float:
+    """GPU time used between two readings, in percent of the wall time."""
+    return 100.0 * (after[1] - before[1]) / 1e9 / max(after[0] - before[0], 1e-9)
 
 
 def _verdict() -> bool:
@@ -205,11 +238,20 @@ def _verdict() -> bool:
             memory_held = memory_held and oom
             detail += f"; {format_bytes(s.over)} asked: {s.over_result}"
         rows.append([s.name, "memory", "held" if memory_held else "NOT HELD", detail])
-        if not s.utils:
-            rows.append([s.name, "compute", "no figure", "NVML gave no per-process utilization"])
+        # Judged by the work the burn reports (independent of the hook's
+        # accounting), beside the hook's own measure and NVML's per-process
+        # figure (which a real driver gets wrong when vGPUs share a GPU).
+        if s.work is None:
+            rows.append([s.name, "compute", "no figure", "the burn reported no work"])
             continue
-        mean = sum(s.utils) / len(s.utils)
-        measured = f"measured {mean:.1f}% vs share {s.share}% (NVML, mean of {len(s.utils)} s)"
+        mean = s.work
+        settled = s.gpu_time[SETTLE_SECONDS:]
+        hook = f"{_rate(settled[0], settled[-1]):.1f}%" if len(settled) > 1 else "none"
+        nvml = f"{sum(s.utils) / len(s.utils):.1f}%" if s.utils else "none"
+        measured = (
+            f"work {mean:.1f}% vs share {s.share}% (the hook measured {hook}, "
+            f"NVML per-process {nvml})"
+        )
         verdict = "held" if abs(mean - s.share) <= SHARE_TOLERANCE else "NOT HELD"
         rows.append([s.name, "compute", verdict, measured])
     print("did the limits hold?\n")
