@@ -9,13 +9,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import BUILD, ROOT
+from tests.fixtures.cgroup import Cgroup
 from tests.fixtures.hook import GPU_UUIDS, FakeHook, FakeVgpu
 from vgpud.backstop import BackstopPolicy, BackstopState, check
 from vgpud.blocks import UsageBlock
@@ -158,45 +158,6 @@ def test_real_pid_reuse_is_told_apart_by_start_time(vgpu: FakeVgpu) -> None:
         assert vgpu.usage.devices()[0].used == GIB
     finally:
         stop(driver)
-
-
-class Cgroup:
-    """A cgroup of our own in every writable hierarchy that matters: the v1
-    memory controller (hybrid hosts) and the unified one (hybrid or pure v2)."""
-
-    def __init__(self) -> None:
-        name = f"vgpud-test-{uuid.uuid4().hex[:12]}"
-        self.path = f"/{name}"
-        self.dirs: list[Path] = []
-        roots = [Path("/sys/fs/cgroup/memory"), Path("/sys/fs/cgroup/unified")]
-        if Path("/sys/fs/cgroup/cgroup.controllers").exists():
-            roots = [Path("/sys/fs/cgroup")]  # pure v2
-        for root in roots:
-            if not (root / "cgroup.procs").exists():
-                continue
-            try:
-                (root / name).mkdir()
-            except OSError as err:
-                self.remove()
-                pytest.skip(f"cgroup hierarchy {root} is not writable: {err}")
-            self.dirs.append(root / name)
-        if not self.dirs:
-            pytest.skip("no cgroup hierarchy found under /sys/fs/cgroup")
-
-    def add(self, pid: int) -> None:
-        for d in self.dirs:
-            (d / "cgroup.procs").write_text(str(pid))
-
-    def remove(self) -> None:
-        for d in self.dirs:
-            d.rmdir()
-
-
-@pytest.fixture
-def cgroup() -> Iterator[Cgroup]:
-    group = Cgroup()
-    yield group
-    group.remove()
 
 
 def test_unmanaged_process_in_the_vgpus_cgroup_is_caught_and_killed(

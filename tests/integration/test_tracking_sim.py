@@ -8,18 +8,16 @@ gateway loads build/sim/libnvidia-ml.so.1 by explicit path (as ``vgpud
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.conftest import ROOT, SIM_LIB_DIR
+from tests.fixtures.cgroup import Cgroup
 from tests.fixtures.hook import FakeVgpu
 
 SIM_NVML = SIM_LIB_DIR / "libnvidia-ml.so.1"
@@ -128,45 +126,6 @@ def test_gateway_on_the_simulator_inventory_and_health(sim_env: dict[str, str]) 
     ]
     assert out["after"] == []  # one lost by NVML, one retired by its Xid
     assert [d[3] for d in out["devices"]] == [False, False]
-
-
-class Cgroup:
-    """The test's own cgroup, in the v1 memory and unified hierarchies (or
-    the pure v2 one); skips when none is writable."""
-
-    def __init__(self) -> None:
-        name = f"vgpud-sim-{uuid.uuid4().hex[:12]}"
-        roots = [Path("/sys/fs/cgroup/memory"), Path("/sys/fs/cgroup/unified")]
-        if Path("/sys/fs/cgroup/cgroup.controllers").exists():
-            roots = [Path("/sys/fs/cgroup")]
-        self.dirs: list[Path] = []
-        for root in roots:
-            if (root / "cgroup.procs").exists():
-                try:
-                    (root / name).mkdir()
-                except OSError as err:
-                    self.remove()
-                    pytest.skip(f"cgroup hierarchy {root} is not writable: {err}")
-                self.dirs.append(root / name)
-        if not self.dirs:
-            pytest.skip("no cgroup hierarchy found")
-
-    def add(self, pid: int) -> None:
-        for d in self.dirs:
-            (d / "cgroup.procs").write_text(str(pid))
-
-    def remove(self) -> None:
-        for d in self.dirs:
-            d.rmdir()
-
-
-@pytest.fixture
-def cgroup() -> Iterator[Cgroup]:
-    if os.geteuid() != 0:
-        pytest.skip("needs root (cgroups)")
-    group = Cgroup()
-    yield group
-    group.remove()
 
 
 HOLDER = """
