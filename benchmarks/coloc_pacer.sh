@@ -6,9 +6,12 @@
 # arbiter's counters (turns taken, turns skipped for a lapsed lease).
 # Run from the repository root after `make lib tools`; on the simulator, set
 # LD_LIBRARY_PATH=build/sim and VGPU_SIM_STATE first. docs/compute.md.
+# HOOK: the hook to test (default build/libvgpu.so), e.g. one built with
+#   make lib BUILD=build/hold32 CFLAGS="-O2 -g -DTURN_HOLD_NS=32000000ull"
 set -eu
 cd "$(dirname "$0")/.."
 SECONDS_EACH=${SECONDS_EACH:-5}
+HOOK=${HOOK:-$PWD/build/libvgpu.so}
 
 run() { # KERNEL_US "BURN OPTIONS" SHARE...
     local kernel=$1 opts=$2
@@ -17,7 +20,7 @@ run() { # KERNEL_US "BURN OPTIONS" SHARE...
     dir=$(mktemp -d)
     for share in "$@"; do
         # shellcheck disable=SC2086  # opts is a list of options
-        VGPU_ARBITER_DIR=$dir LD_PRELOAD=$PWD/build/libvgpu.so VGPU_USAGE=$dir/usage$i \
+        VGPU_ARBITER_DIR=$dir LD_PRELOAD=$HOOK VGPU_USAGE=$dir/usage$i \
             CUDA_CORE_LIMIT=$share ./build/vgpu-burn --json --seconds "$SECONDS_EACH" \
             --kernel-us "$kernel" $opts >"$dir/out$i" &
         pids+=($!)

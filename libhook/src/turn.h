@@ -14,8 +14,11 @@
 /* How long a process keeps the turn while others queue: a hand-off idles
  * the GPU for two wake-ups, measured at ~0.75 ms on an H200 VM (4 ms holds
  * lost 11-19 % of the GPU with 2 ms kernels there, 16 ms holds 5-6 %); the
- * price is that a waiter may wait this long plus a batch. */
+ * price is that a waiter may wait this long plus a batch. Overridable at
+ * build time (CPPFLAGS=-DTURN_HOLD_NS=...) for benchmarks/coloc_pacer.sh. */
+#ifndef TURN_HOLD_NS
 #define TURN_HOLD_NS 16000000ull
+#endif
 /* How long a holder that must yield waits for its batches to drain before
  * it opens one anyway (a batch only its own thread can close). */
 #define TURN_DRAIN_NS 20000000ull
