@@ -8,17 +8,28 @@
  * then keeps the GPU busy with vgpu_spin kernels at a chosen duty cycle,
  * measuring GPU time with events. Run `vgpu-burn --help` for the options.
  *
+ * --trace FILE records the work as it completes, for measuring compute
+ * shares in short windows independently of NVML and of the hook: each time
+ * a worker thread sees a batch of kernels complete (its cuEventSynchronize
+ * returned), it appends "<CLOCK_REALTIME s.us> <pid> <kernels>\n" to FILE
+ * (graph launches count every captured kernel). Every process opens FILE
+ * itself with O_APPEND and writes each line with one write(), so the lines
+ * of all threads and processes never interleave. A failed write is reported
+ * once per process and ends tracing, not the run.
+ *
  * Exit status: 0 success, 1 CUDA error, 2 bad arguments, 3 an --alloc was
  * not fully satisfied (unless --alloc-best-effort).
  */
 #include <ctype.h>
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -229,6 +240,7 @@ struct options {
     enum alloc_api alloc_api;
     bool hold, verify, json, meminfo, alloc_best_effort;
     enum resolve_mode resolve;
+    const char *trace; /* NULL: no --trace */
 };
 
 static void usage(FILE *out)
@@ -253,6 +265,8 @@ static void usage(FILE *out)
           "  --meminfo             print cuMemGetInfo and cuDeviceTotalMem, then exit\n"
           "  --json                one JSON object per process on stdout, then a summary\n"
           "  --resolve MODE        procaddr (default, like the CUDA runtime) or dlsym\n"
+          "  --trace FILE          append '<realtime s.us> <pid> <kernels>' to FILE each time a\n"
+          "                        batch of kernels completes (every thread of every process)\n"
           "Exit status: 0 ok, 1 CUDA error, 2 bad arguments, 3 --alloc not satisfied.\n",
           out);
 }
@@ -311,22 +325,95 @@ static int parse_size(const char *opt, const char *text, uint64_t *out)
     return 0;
 }
 
+/* ------------------------------------------------------------------ */
+/* --trace: one line per completed batch.                               */
+
+struct trace {
+    const char *path;
+    int fd;             /* -1: not tracing */
+    int pid;
+    atomic_bool failed; /* a write failed: reported once, no more lines */
+};
+
+static int trace_open_fd(const char *path)
+{
+    return open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+}
+
+/* Checked before any process starts, so that a bad path is a usage error
+ * rather than a failure in every forked process. */
+static bool trace_can_open(const char *path)
+{
+    int fd = trace_open_fd(path);
+    if (fd < 0)
+        return false;
+    close(fd);
+    return true;
+}
+
+static void trace_fail(struct trace *t, const char *what)
+{
+    if (!atomic_exchange(&t->failed, true))
+        fprintf(stderr, "vgpu-burn: pid %d: --trace '%s': %s; tracing stops, the run goes on\n", t->pid, t->path,
+                what);
+}
+
+/* Opened by each process itself (after the fork): path NULL: no tracing. */
+static void trace_open(struct trace *t, const char *path)
+{
+    t->path = path;
+    t->pid = (int)getpid();
+    t->fd = path != NULL ? trace_open_fd(path) : -1;
+    atomic_init(&t->failed, false);
+    if (path != NULL && t->fd < 0)
+        trace_fail(t, strerror(errno));
+}
+
+static void trace_close(struct trace *t)
+{
+    if (t->fd >= 0)
+        close(t->fd);
+    t->fd = -1;
+}
+
+/* One line, one write(): well under PIPE_BUF, so appends from concurrent
+ * threads and processes land whole. Realtime, because the readers stamp
+ * their own events with time.time(). */
+static void trace_batch(struct trace *t, uint64_t kernels)
+{
+    if (t->fd < 0 || atomic_load_explicit(&t->failed, memory_order_relaxed))
+        return;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    char line[80];
+    int len = snprintf(line, sizeof(line), "%lld.%06ld %d %" PRIu64 "\n", (long long)ts.tv_sec, ts.tv_nsec / 1000,
+                       t->pid, kernels);
+    ssize_t n = write(t->fd, line, (size_t)len);
+    if (n < 0)
+        trace_fail(t, strerror(errno));
+    else if (n != len)
+        trace_fail(t, "short write");
+}
+
 /* 0 on success, 1 after --help, -1 on a bad argument. */
 static int parse_options(int argc, char **argv, struct options *o)
 {
-    enum { O_DEVICE = 256, O_SECONDS, O_KERNEL_US, O_BLOCKS, O_DUTY, O_STREAMS, O_PROCS, O_SYNC, O_GRAPH,
-           O_ALLOC, O_CHUNK, O_ALLOC_API, O_BEST_EFFORT, O_HOLD, O_VERIFY, O_MEMINFO, O_JSON, O_RESOLVE, O_HELP };
+    /* OPT_, not O_: fcntl.h owns O_SYNC and friends. */
+    enum { OPT_DEVICE = 256, OPT_SECONDS, OPT_KERNEL_US, OPT_BLOCKS, OPT_DUTY, OPT_STREAMS, OPT_PROCS, OPT_SYNC,
+           OPT_GRAPH, OPT_ALLOC, OPT_CHUNK, OPT_ALLOC_API, OPT_BEST_EFFORT, OPT_HOLD, OPT_VERIFY, OPT_MEMINFO,
+           OPT_JSON, OPT_RESOLVE, OPT_TRACE, OPT_HELP };
     static const struct option LONG[] = {
-        {"device", required_argument, NULL, O_DEVICE},       {"seconds", required_argument, NULL, O_SECONDS},
-        {"kernel-us", required_argument, NULL, O_KERNEL_US}, {"blocks", required_argument, NULL, O_BLOCKS},
-        {"duty", required_argument, NULL, O_DUTY},           {"streams", required_argument, NULL, O_STREAMS},
-        {"procs", required_argument, NULL, O_PROCS},         {"sync", required_argument, NULL, O_SYNC},
-        {"graph", required_argument, NULL, O_GRAPH},         {"alloc", required_argument, NULL, O_ALLOC},
-        {"chunk", required_argument, NULL, O_CHUNK},         {"alloc-api", required_argument, NULL, O_ALLOC_API},
-        {"alloc-best-effort", no_argument, NULL, O_BEST_EFFORT},
-        {"hold", no_argument, NULL, O_HOLD},                 {"verify", no_argument, NULL, O_VERIFY},
-        {"meminfo", no_argument, NULL, O_MEMINFO},           {"json", no_argument, NULL, O_JSON},
-        {"resolve", required_argument, NULL, O_RESOLVE},     {"help", no_argument, NULL, O_HELP},
+        {"device", required_argument, NULL, OPT_DEVICE},       {"seconds", required_argument, NULL, OPT_SECONDS},
+        {"kernel-us", required_argument, NULL, OPT_KERNEL_US}, {"blocks", required_argument, NULL, OPT_BLOCKS},
+        {"duty", required_argument, NULL, OPT_DUTY},           {"streams", required_argument, NULL, OPT_STREAMS},
+        {"procs", required_argument, NULL, OPT_PROCS},         {"sync", required_argument, NULL, OPT_SYNC},
+        {"graph", required_argument, NULL, OPT_GRAPH},         {"alloc", required_argument, NULL, OPT_ALLOC},
+        {"chunk", required_argument, NULL, OPT_CHUNK},         {"alloc-api", required_argument, NULL, OPT_ALLOC_API},
+        {"alloc-best-effort", no_argument, NULL, OPT_BEST_EFFORT},
+        {"hold", no_argument, NULL, OPT_HOLD},                 {"verify", no_argument, NULL, OPT_VERIFY},
+        {"meminfo", no_argument, NULL, OPT_MEMINFO},           {"json", no_argument, NULL, OPT_JSON},
+        {"resolve", required_argument, NULL, OPT_RESOLVE},     {"help", no_argument, NULL, OPT_HELP},
+        {"trace", required_argument, NULL, OPT_TRACE},
         {NULL, 0, NULL, 0},
     };
     *o = (struct options){.seconds = 5, .kernel_ns = 1000000, .duty = 1, .streams = 1, .procs = 1, .sync = 1};
@@ -336,21 +423,21 @@ static int parse_options(int argc, char **argv, struct options *o)
     for (int c; (c = getopt_long(argc, argv, "", LONG, NULL)) != -1;) {
         int r = 0;
         switch (c) {
-        case O_DEVICE: r = parse_uint("device", optarg, 0, 1023, &u), o->device = (int)u; break;
-        case O_SECONDS: r = parse_double("seconds", optarg, 0, 86400, false, &o->seconds); break;
-        case O_KERNEL_US:
+        case OPT_DEVICE: r = parse_uint("device", optarg, 0, 1023, &u), o->device = (int)u; break;
+        case OPT_SECONDS: r = parse_double("seconds", optarg, 0, 86400, false, &o->seconds); break;
+        case OPT_KERNEL_US:
             r = parse_double("kernel-us", optarg, 0, 60e6, true, &d);
             o->kernel_ns = (uint64_t)(d * 1000);
             break;
-        case O_BLOCKS: r = parse_uint("blocks", optarg, 1, 1u << 30, &o->blocks); break;
-        case O_DUTY: r = parse_double("duty", optarg, 0, 1, true, &o->duty); break;
-        case O_STREAMS: r = parse_uint("streams", optarg, 1, MAX_STREAMS, &o->streams); break;
-        case O_PROCS: r = parse_uint("procs", optarg, 1, MAX_PROCS, &o->procs); break;
-        case O_SYNC: r = parse_uint("sync", optarg, 1, 1000000, &o->sync); break;
-        case O_GRAPH: r = parse_uint("graph", optarg, 1, 100000, &o->graph); break;
-        case O_ALLOC: r = parse_size("alloc", optarg, &o->alloc); break;
-        case O_CHUNK: r = parse_size("chunk", optarg, &o->chunk); break;
-        case O_ALLOC_API:
+        case OPT_BLOCKS: r = parse_uint("blocks", optarg, 1, 1u << 30, &o->blocks); break;
+        case OPT_DUTY: r = parse_double("duty", optarg, 0, 1, true, &o->duty); break;
+        case OPT_STREAMS: r = parse_uint("streams", optarg, 1, MAX_STREAMS, &o->streams); break;
+        case OPT_PROCS: r = parse_uint("procs", optarg, 1, MAX_PROCS, &o->procs); break;
+        case OPT_SYNC: r = parse_uint("sync", optarg, 1, 1000000, &o->sync); break;
+        case OPT_GRAPH: r = parse_uint("graph", optarg, 1, 100000, &o->graph); break;
+        case OPT_ALLOC: r = parse_size("alloc", optarg, &o->alloc); break;
+        case OPT_CHUNK: r = parse_size("chunk", optarg, &o->chunk); break;
+        case OPT_ALLOC_API:
             r = -1;
             for (unsigned i = 0; i < sizeof(ALLOC_APIS) / sizeof(ALLOC_APIS[0]); i++)
                 if (strcmp(optarg, ALLOC_APIS[i]) == 0)
@@ -358,12 +445,12 @@ static int parse_options(int argc, char **argv, struct options *o)
             if (r != 0)
                 r = bad_usage("--alloc-api '%s': expected alloc, pitch, managed, async, pool, vmm or array", optarg);
             break;
-        case O_BEST_EFFORT: o->alloc_best_effort = true; break;
-        case O_HOLD: o->hold = true; break;
-        case O_VERIFY: o->verify = true; break;
-        case O_MEMINFO: o->meminfo = true; break;
-        case O_JSON: o->json = true; break;
-        case O_RESOLVE:
+        case OPT_BEST_EFFORT: o->alloc_best_effort = true; break;
+        case OPT_HOLD: o->hold = true; break;
+        case OPT_VERIFY: o->verify = true; break;
+        case OPT_MEMINFO: o->meminfo = true; break;
+        case OPT_JSON: o->json = true; break;
+        case OPT_RESOLVE:
             if (strcmp(optarg, "procaddr") == 0)
                 o->resolve = RESOLVE_PROCADDR;
             else if (strcmp(optarg, "dlsym") == 0)
@@ -371,7 +458,8 @@ static int parse_options(int argc, char **argv, struct options *o)
             else
                 r = bad_usage("--resolve '%s': expected procaddr or dlsym", optarg);
             break;
-        case O_HELP: usage(stdout); return 1;
+        case OPT_TRACE: o->trace = optarg; break;
+        case OPT_HELP: usage(stdout); return 1;
         case ':': return bad_usage("option %s needs a value", argv[optind - 1]);
         default: return bad_usage("unknown option '%s'", argv[optind - 1]);
         }
@@ -388,6 +476,10 @@ static int parse_options(int argc, char **argv, struct options *o)
         return bad_usage("--verify cannot read back --alloc-api array (arrays have no device pointer)");
     if (o->graph != 0 && o->sync != 1)
         return bad_usage("--graph launches are synchronised one by one: leave --sync at 1");
+    if (o->trace != NULL && o->trace[0] == '\0')
+        return bad_usage("--trace needs a file name");
+    if (o->trace != NULL && !trace_can_open(o->trace))
+        return bad_usage("--trace '%s': cannot open it for appending: %s", o->trace, strerror(errno));
     if (o->chunk == 0 || o->chunk > o->alloc)
         o->chunk = o->alloc;
     return 0;
@@ -611,6 +703,7 @@ static int verify(const struct device_ctx *dc, const struct allocation *a, struc
 struct worker {
     const struct options *o;
     const struct device_ctx *dc;
+    struct trace *trace;
     double start, deadline;
     uint64_t launches, kernels;
     double gpu_ms;
@@ -660,6 +753,7 @@ static void *work(void *arg)
         TRY(w, "cuGraphInstantiate", cu.cuGraphInstantiate(&exec, graph, 0));
     }
     while (now_s() < w->deadline) {
+        uint64_t launched = w->kernels;
         TRY(w, "cuEventRecord", cu.cuEventRecord(start, stream));
         for (unsigned i = 0; i < o->sync; i++) {
             if (exec != NULL)
@@ -671,6 +765,7 @@ static void *work(void *arg)
         }
         TRY(w, "cuEventRecord", cu.cuEventRecord(end, stream));
         TRY(w, "cuEventSynchronize", cu.cuEventSynchronize(end));
+        trace_batch(w->trace, w->kernels - launched);
         float ms = 0;
         TRY(w, "cuEventElapsedTime", cu.cuEventElapsedTime(&ms, start, end));
         w->gpu_ms += ms;
@@ -691,13 +786,15 @@ out:
     return NULL;
 }
 
-static void run_kernels(const struct options *o, const struct device_ctx *dc, struct result *res)
+static void run_kernels(const struct options *o, const struct device_ctx *dc, struct trace *trace,
+                        struct result *res)
 {
     struct worker workers[MAX_STREAMS];
     pthread_t threads[MAX_STREAMS];
     double start = now_s();
     for (unsigned i = 0; i < o->streams; i++)
-        workers[i] = (struct worker){.o = o, .dc = dc, .start = start, .deadline = start + o->seconds};
+        workers[i] = (struct worker){
+            .o = o, .dc = dc, .trace = trace, .start = start, .deadline = start + o->seconds};
     for (unsigned i = 0; i < o->streams; i++)
         if (pthread_create(&threads[i], NULL, work, &workers[i]) != 0)
             workers[i].error_call = "pthread_create", workers[i].error = CUDA_ERROR_OPERATING_SYSTEM;
@@ -746,8 +843,12 @@ static void run_process(const struct options *o, struct result *res)
         verify(&dc, &a, res);
     if (!o->hold)
         free_all(&a);
-    if (res->error[0] == '\0' && o->seconds > 0)
-        run_kernels(o, &dc, res);
+    if (res->error[0] == '\0' && o->seconds > 0) {
+        struct trace trace;
+        trace_open(&trace, o->trace);
+        run_kernels(o, &dc, &trace, res);
+        trace_close(&trace);
+    }
     free_all(&a);
 }
 

@@ -1,5 +1,6 @@
 """Measuring compute isolation on a GPU or the simulator: an NVML sampler in
-a child process, vgpu-burn runs, and the arithmetic on what NVML saw.
+a child process, vgpu-burn runs, and the arithmetic on what NVML saw and on
+the work the burns report.
 
 Shared by the simulator integration tests (tests/integration/test_compute*.py)
 and the benchmark (benchmarks/bench_compute.py), so both measure alike:
@@ -8,12 +9,20 @@ and the benchmark (benchmarks/bench_compute.py), so both measure alike:
   that prints NVML's device utilization every 100 ms and every new
   per-process sample (200 ms periods) as JSON lines; ``.samples`` fills as
   they come; ``.wait_past(t)`` until it has read NVML after t; ``.stop()``.
-- ``Burn.start(cmd, env, kernel_us)``: a vgpu-burn run; ``.finish(timeout)``,
-  ``.pids``, ``.work`` (kernels completed x kernel time / wall time).
+- ``Burn.start(cmd, env, kernel_us, trace=None)``: a vgpu-burn run, with
+  ``--trace FILE`` when a trace path is given; ``.finish(timeout)``,
+  ``.pids``, ``.work`` (kernels completed x kernel time / wall time),
+  ``.completions()`` (its trace), ``.work_series(start, end)`` (its trace
+  as 200 ms steps).
 - ``series(samples, pids, start, end)``: utilization of a set of processes per
   200 ms step; ``device_series`` the same of the device's utilization;
   ``device_util(samples, start, end)``; ``windows(steps)``: 1 s
   sliding means; ``settle_time(steps, target, tol)``.
+- ``work_series(trace, pids, start, end, kernel_us)``: the GPU time that
+  kernels recorded in a vgpu-burn trace occupied, per 200 ms step. NVML's
+  per-process figure is averaged over about a second on recent drivers and
+  wrong when processes share the GPU; the work the kernels completed is
+  neither, so it is what short windows are judged by.
 """
 
 from __future__ import annotations
@@ -27,7 +36,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -157,6 +166,64 @@ def device_util(samples: Samples, start: float, end: float) -> float:
     return sum(part) / len(part)
 
 
+# --- analysis: the work vgpu-burn --trace recorded, as 200 ms steps -----------
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One line of a vgpu-burn trace: `kernels` completed, seen at `t`."""
+
+    t: float  # CLOCK_REALTIME, comparable with time.time()
+    pid: int
+    kernels: int
+
+
+def parse_trace(lines: Iterable[str]) -> list[Completion]:
+    """The completions in vgpu-burn trace lines "<t> <pid> <kernels>"."""
+    return [_completion(number, line) for number, line in enumerate(lines, 1)]
+
+
+def _completion(number: int, line: str) -> Completion:
+    fields = line.split()
+    with contextlib.suppress(ValueError):
+        if len(fields) == 3:
+            c = Completion(float(fields[0]), int(fields[1]), int(fields[2]))
+            if math.isfinite(c.t) and c.kernels >= 0:
+                return c
+    raise ValueError(f"trace line {number}: {line.strip()!r} is not '<t> <pid> <kernels>'")
+
+
+def work_series(
+    trace: Path | Iterable[str],
+    pids: Collection[int] | None,
+    start: float,
+    end: float,
+    kernel_us: float,
+    step: float = 0.2,
+) -> list[float]:
+    """GPU time (% of each step) that the kernels of a vgpu-burn trace (a
+    file, or its lines) occupied per step in [start, end); pids None: every
+    process in the trace.
+
+    A batch of n kernels seen complete at t ran back to back just before:
+    its n x kernel_us of GPU time is spread evenly over [t - n x kernel_us,
+    t] and each step gets the part that overlaps it.
+    """
+    lines = trace.read_text().splitlines() if isinstance(trace, Path) else trace
+    steps = max(1, round((end - start) / step))
+    busy = [0.0] * steps  # seconds per step
+    for c in parse_trace(lines):
+        if pids is not None and c.pid not in pids:
+            continue
+        # Relative to start first: epoch seconds keep only ~0.2 us of
+        # precision, too little to subtract kernel times from one by one.
+        hi = c.t - start
+        lo = hi - c.kernels * kernel_us / 1e6
+        for i in range(max(0, math.floor(lo / step)), min(steps, math.floor(hi / step) + 1)):
+            busy[i] += max(0.0, min(hi, (i + 1) * step) - max(lo, i * step))
+    return [100 * s / step for s in busy]
+
+
 def windows(values: list[float], per_window: int = 5) -> list[float]:
     """Means of every run of `per_window` consecutive steps (1 s sliding)."""
     return [
@@ -170,14 +237,20 @@ class Burn:
 
     proc: subprocess.Popen[str]
     kernel_us: int
+    trace: Path | None = None
     records: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
-    def start(cls, cmd: Sequence[str], env: dict[str, str], kernel_us: int) -> Burn:
+    def start(
+        cls, cmd: Sequence[str], env: dict[str, str], kernel_us: int, trace: Path | None = None
+    ) -> Burn:
+        """Run cmd (a vgpu-burn command line); with a trace path, it also
+        appends its completions there (--trace)."""
+        args = [*cmd, "--trace", str(trace)] if trace is not None else list(cmd)
         proc = subprocess.Popen(
-            list(cmd), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
-        return cls(proc, kernel_us)
+        return cls(proc, kernel_us, trace)
 
     def finish(self, timeout: float) -> None:
         out, err = self.proc.communicate(timeout=timeout)
@@ -197,7 +270,20 @@ class Burn:
     def work(self) -> float:
         """Fraction of the device the kernels it completed occupied."""
         summary = next(r for r in self.records if r.get("summary"))
-        return summary["kernels"] * self.kernel_us / 1e6 / summary["wall_s"]
+        return float(summary["kernels"] * self.kernel_us / 1e6 / summary["wall_s"])
+
+    def completions(self) -> list[Completion]:
+        """What its trace recorded so far."""
+        return parse_trace(self._trace_lines())
+
+    def work_series(self, start: float, end: float) -> list[float]:
+        """Its work per 200 ms step in [start, end), from its own trace."""
+        return work_series(self._trace_lines(), None, start, end, self.kernel_us)
+
+    def _trace_lines(self) -> list[str]:
+        if self.trace is None:
+            raise ValueError("this burn was started without a trace")
+        return self.trace.read_text().splitlines()
 
 
 def settle_time(steps: list[float], target: float, tol: float, above: bool = False) -> float | None:
