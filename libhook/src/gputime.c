@@ -517,6 +517,8 @@ static bool monitor_use_ctx(CUcontext ctx)
     return true;
 }
 
+/* Measure a queued batch and count it (the monitor frees the record once
+ * it is out of the queue). */
 static void settle(struct gt_batch *b)
 {
     struct gt_dev *d = &gt.devs[b->dev];
@@ -542,7 +544,6 @@ static void settle(struct gt_batch *b)
         avg = avg == 0 ? per : avg - avg / 8 + per / 8;
         atomic_store_explicit(&d->launch_cost_ns, avg > 0 ? avg : 1, memory_order_relaxed);
     }
-    release_batch(b);
 }
 
 /*
@@ -593,6 +594,13 @@ static void *monitor_main(void *arg)
             gt.head = b->next;
             if (gt.head == NULL)
                 gt.tail = NULL;
+            /* Freed only once out of the queue: a launcher may reuse the
+             * record at once and queue it again, which must not find it
+             * still linked here (that lost the queue, and the stream
+             * waited forever for a free record). */
+            pthread_mutex_unlock(&gt.queue_lock);
+            release_batch(b);
+            pthread_mutex_lock(&gt.queue_lock);
             continue;
         }
         uint64_t wake = 0;
