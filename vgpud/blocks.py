@@ -195,7 +195,8 @@ class ArbiterC(_AbiStruct):
         ("lease_ns", u64),
         ("turns", u64),
         ("skips", u64),
-        ("reserved", u64 * 2),
+        ("paced_until_ns", u64),
+        ("reserved", u64 * 1),
     )
 
 
@@ -965,8 +966,9 @@ def _check_count(count: int) -> int:
 
 
 class ArbiterBlock(_Mapping):
-    """The turn that paced processes of every vGPU on one GPU take (a ticket
-    lock the hooks run among themselves; the daemon only makes the file)."""
+    """The turn that hooked processes of every vGPU on one GPU take while any
+    of them is paced (a ticket lock the hooks run among themselves; the
+    daemon only makes the file)."""
 
     struct = ArbiterC
     magic = ARBITER_MAGIC

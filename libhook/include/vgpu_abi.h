@@ -195,6 +195,13 @@ struct vgpu_usage {
  *            waiters sleep on `serving` (futex, shared mapping, timed);
  *   skip     anyone may CAS serving s -> s + 1 once lease_ns has passed:
  *            the holder died or hung, or s was a dead waiter's ticket.
+ *
+ * paced_until_ns says whether turns are needed at all: a paced process
+ * pushes it forward while it paces (it was reserved and zero before, so the
+ * layout version did not change); while it is in the future, unpaced hooked
+ * processes on the GPU take turns too (measured, never throttled), so that
+ * their work does not run inside a paced process's event pairs. Whoever sees
+ * it in the past may CAS it back to 0.
  */
 struct vgpu_arbiter {
     struct vgpu_block_header hdr;
@@ -203,7 +210,8 @@ struct vgpu_arbiter {
     _Atomic uint64_t lease_ns;      /* CLOCK_MONOTONIC: the turn may be skipped after this */
     _Atomic uint64_t turns;         /* turns taken (diagnostics) */
     _Atomic uint64_t skips;         /* turns skipped for a lapsed lease (diagnostics) */
-    uint64_t reserved[2];
+    _Atomic uint64_t paced_until_ns; /* CLOCK_MONOTONIC: until then, every hooked process takes turns */
+    uint64_t reserved[1];
 };
 
 #define VGPU_ABI_ASSERT(cond) _Static_assert(cond, #cond)
