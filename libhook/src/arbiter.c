@@ -84,3 +84,14 @@ void arbiter_release(struct vgpu_arbiter *a, uint32_t ticket, uint64_t now)
 {
     pass(a, ticket, now);
 }
+
+void arbiter_mark_paced(struct vgpu_arbiter *a, uint64_t until, uint64_t slack)
+{
+    uint64_t seen = atomic_load_explicit(&a->paced_until_ns, memory_order_relaxed);
+    /* A hint, not a lock: relaxed, and a CAS only so that two pacers never
+     * move it back (one of them waits longer than the other). */
+    while (seen + slack < until &&
+           !atomic_compare_exchange_weak_explicit(&a->paced_until_ns, &seen, until,
+                                                  memory_order_relaxed, memory_order_relaxed))
+        ;
+}

@@ -20,6 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "arbiter.h"
 #include "gputime.h"
 #include "pacer.h"
 #include "turn.h"
@@ -41,6 +42,7 @@ struct gt_batch {
     struct gt_stream *stream;
     int dev;
     bool graph;
+    bool paced;             /* charged to the bucket (unpaced batches are only measured) */
     bool turn;              /* counted by turn_enter: turn_leave when measured */
     uint32_t launches;
     int64_t precharge;      /* debited when opened, settled when measured */
@@ -81,6 +83,8 @@ static struct {
     _Atomic bool ready;
     struct gt_dev devs[VGPU_MAX_DEVICES];
     int checked_devs;                /* devices the unlimited fast path looks at */
+    struct vgpu_arbiter *watched[VGPU_MAX_DEVICES]; /* their arbiters, for pacing stamps */
+    int watched_count;
 
     pthread_mutex_t table_lock;
     _Atomic unsigned table_high;     /* entries [0, high) were used at least once */
@@ -131,6 +135,22 @@ static pid_t current_tid(void)
 static void atfork_child(void);
 static void flush_at_exit(void);
 
+/* The arbiters of the devices the fast path checks: while a paced process
+ * stamps one, this process takes turns there even unpaced. Looked up here,
+ * once, so that no launch opens a file. A standalone device is named by its
+ * UUID only once discovered, which devmap_index does for all of them. */
+static void watch_arbiters(void)
+{
+    if (vgpu.mode == VGPU_MODE_STANDALONE)
+        devmap_index(0);
+    gt.watched_count = 0;
+    for (int i = 0; i < gt.checked_devs; i++) {
+        struct vgpu_arbiter *a = turn_arbiter(i);
+        if (a != NULL)
+            gt.watched[gt.watched_count++] = a;
+    }
+}
+
 static void gt_init(void)
 {
     if (atomic_load_explicit(&gt.ready, memory_order_acquire))
@@ -145,6 +165,7 @@ static void gt_init(void)
         gt.checked_devs = control != NULL ? (int)control->device_count : VGPU_MAX_DEVICES;
         if (gt.checked_devs > VGPU_MAX_DEVICES)
             gt.checked_devs = VGPU_MAX_DEVICES;
+        watch_arbiters();
         static bool registered;
         if (!registered) {
             pthread_atfork(NULL, NULL, atfork_child);
@@ -179,31 +200,43 @@ static void atfork_child(void)
     turn_reset();
 }
 
-/* Is nothing paced anywhere right now? The check every launch makes first,
- * so a vGPU at 100 % pays a few loads and nothing else. */
-static bool unlimited_everywhere(void)
+/* May a quota of this process be below 100 % on some device? (Fresh
+ * steering may lower a standalone one: the launch path reads it.) */
+static bool may_be_paced(void)
 {
-    if (atomic_load_explicit(&gt.open_batches, memory_order_relaxed) != 0)
-        return false;
     if (vgpu.mode == VGPU_MODE_VGPU) {
         for (int i = 0; i < gt.checked_devs; i++) {
             struct pacer_quota q = pacer_quota_now(&gt.devs[i].pacer, 0);
             if (!pacer_quota_full(&q))
-                return false;
+                return true;
         }
-        return true;
+        return false;
     }
     /* Standalone: one env limit for every device, lowered only by fresh
      * steering (see pacer.c). */
     struct vgpu_usage *u = vgpu.usage;
     uint32_t env = atomic_load_explicit(&u->devices[0].share_ppm, memory_order_relaxed);
     if (env != 0 && env < VGPU_PPM_FULL)
-        return false;
+        return true;
     uint64_t beat = atomic_load_explicit(&u->steer.heartbeat_ns, memory_order_relaxed);
     if (beat == 0)
-        return true;
+        return false;
     uint64_t now = now_ns();
-    return now < beat || now - beat > PACER_STEER_FRESH_NS;
+    return now >= beat && now - beat <= PACER_STEER_FRESH_NS;
+}
+
+/* Is there nothing to measure anywhere right now: no quota below 100 %, and
+ * no paced process on our GPUs that needs our work kept out of its batches?
+ * The check every launch makes first, so a vGPU at 100 % pays a few loads
+ * (one per GPU for the arbiter's stamp) and nothing else. */
+static bool unlimited_everywhere(void)
+{
+    if (atomic_load_explicit(&gt.open_batches, memory_order_relaxed) != 0 || may_be_paced())
+        return false;
+    for (int i = 0; i < gt.watched_count; i++)
+        if (arbiter_paced(gt.watched[i], &pacer_monotonic))
+            return false;
+    return true;
 }
 
 /* ---- stream states ------------------------------------------------------- */
@@ -336,10 +369,12 @@ static void release_batch(struct gt_batch *b)
 {
     if (b->turn) {
         /* Its work is off the GPU: the turn waits a moment for our next
-         * launch unless the pacer will hold that launch back anyway. */
+         * launch unless the pacer will hold that launch back anyway (never
+         * for an unpaced batch: nothing holds its process back). */
         b->turn = false;
         const struct vgpu_usage_device *bucket = gt.devs[b->dev].pacer.bucket;
-        turn_leave(b->dev, atomic_load_explicit(&bucket->pacer_balance_ns, memory_order_relaxed) >= 0);
+        turn_leave(b->dev, !b->paced || atomic_load_explicit(&bucket->pacer_balance_ns,
+                                                             memory_order_relaxed) >= 0);
     }
     atomic_store_explicit(&b->state, BATCH_FREE, memory_order_release);
     pthread_mutex_lock(&gt.queue_lock);
@@ -389,7 +424,8 @@ static void close_open(struct gt_stream *s)
     atomic_fetch_sub_explicit(&gt.open_batches, 1, memory_order_relaxed);
     struct gt_dev *d = &gt.devs[b->dev];
     if (b->launches == 0) {
-        pacer_charge(d->pacer.bucket, -b->precharge);
+        if (b->paced)
+            pacer_charge(d->pacer.bucket, -b->precharge);
         release_batch(b);
         return;
     }
@@ -445,8 +481,10 @@ static struct gt_batch *free_record(struct gt_stream *s)
  * Returns the stream's open batch (maybe opened meanwhile by another
  * thread), or NULL if none can be had: the launch then goes unmeasured.
  * A new batch takes over the caller's GPU turn count (*turn), if any.
+ * `paced`: its cost is debited from the bucket (else only measured).
  */
-static struct gt_batch *open_batch(struct gt_stream *s, struct gt_dev *d, bool graph, bool *turn)
+static struct gt_batch *open_batch(struct gt_stream *s, struct gt_dev *d, bool graph, bool paced,
+                                   bool *turn)
 {
     uint64_t deadline = 0;
     for (;;) {
@@ -486,6 +524,7 @@ static struct gt_batch *open_batch(struct gt_stream *s, struct gt_dev *d, bool g
         b->stream = s;
         b->dev = s->dev;
         b->graph = graph;
+        b->paced = paced;
         b->turn = *turn;
         *turn = false;
         b->launches = 0;
@@ -494,7 +533,8 @@ static struct gt_batch *open_batch(struct gt_stream *s, struct gt_dev *d, bool g
         uint32_t target = batch_target(d);
         b->precharge = graph ? atomic_load(&s->graph_cost_ns)
                              : (int64_t)(cost * (expect < target ? expect : target));
-        pacer_charge(d->pacer.bucket, b->precharge);
+        if (paced)
+            pacer_charge(d->pacer.bucket, b->precharge);
         atomic_store_explicit(&b->state, BATCH_OPEN, memory_order_release);
         s->open = b;
         atomic_fetch_add_explicit(&gt.open_batches, 1, memory_order_relaxed);
@@ -533,7 +573,8 @@ static void settle(struct gt_batch *b)
     }
     /* else the context went away under the batch: the estimate stands. */
     atomic_store_explicit(&b->done, true, memory_order_relaxed);
-    pacer_charge(d->pacer.bucket, busy - b->precharge);
+    if (b->paced)
+        pacer_charge(d->pacer.bucket, busy - b->precharge);
     pacer_account(&d->pacer, (uint64_t)busy, b->launches);
     if (b->graph) {
         atomic_store_explicit(&b->stream->graph_cost_ns, busy, memory_order_relaxed);
@@ -691,11 +732,13 @@ static bool stream_capturing(CUstream h, bool ptsz)
     return rc == CUDA_SUCCESS && status != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
-/* A launch we could not put in a batch still costs its estimate. */
-static void charge_unmeasured(struct gt_dev *d)
+/* A launch we could not put in a batch still counts its estimate (and costs
+ * it, when paced). */
+static void charge_unmeasured(struct gt_dev *d, bool paced)
 {
     int64_t cost = (int64_t)atomic_load_explicit(&d->launch_cost_ns, memory_order_relaxed);
-    pacer_charge(d->pacer.bucket, cost);
+    if (paced)
+        pacer_charge(d->pacer.bucket, cost);
     pacer_account(&d->pacer, (uint64_t)cost, 1);
 }
 
@@ -711,9 +754,12 @@ bool gt_before(struct gt_launch *l, CUstream h, bool ptsz, bool graph)
         return false;
     struct gt_dev *d = &gt.devs[s->dev];
     struct pacer_quota q = pacer_quota_now(&d->pacer, now_ns());
+    bool paced = !pacer_quota_full(&q);
     bool capturing = atomic_load_explicit(&gt.captures, memory_order_acquire) > 0 &&
                      stream_capturing(h, ptsz);
-    if (pacer_quota_full(&q) || capturing) {
+    /* Unpaced, a stream is still measured and takes turns while a paced
+     * process on its GPU needs that; it is never held back by the pacer. */
+    if (capturing || (!paced && !turn_wanted(s->dev))) {
         if (s->open != NULL) {
             pthread_mutex_lock(&s->lock);
             if (s->open != NULL) {
@@ -730,21 +776,29 @@ bool gt_before(struct gt_launch *l, CUstream h, bool ptsz, bool graph)
         monitor_start();
     /* The pacer sits where a batch opens: an open batch's launches follow
      * the one that was admitted, and the batch is bounded to ~1 ms. Then
-     * the GPU turn, so that the batch runs alone and measures only itself. */
+     * the GPU turn, so that the batch runs alone and measures only itself.
+     * The pacing is announced on the GPU first, for as long as the pacer
+     * may hold us back (the balance before its refill: never too short),
+     * so that the unpaced processes there keep taking turns meanwhile. */
     bool turn = false;
     if (graph || s->open == NULL) {
-        pacer_admit(&d->pacer, &pacer_monotonic);
+        if (paced) {
+            int64_t balance =
+                atomic_load_explicit(&d->pacer.bucket->pacer_balance_ns, memory_order_relaxed);
+            turn_pacing(s->dev, pacer_deficit_ns(balance, q.ppm));
+            pacer_admit(&d->pacer, &pacer_monotonic);
+        }
         turn = turn_enter(s->dev);
     }
     pthread_mutex_lock(&s->lock);
     if (graph)
         close_open(s); /* a graph launch is a batch of its own */
-    struct gt_batch *b = open_batch(s, d, graph, &turn);
+    struct gt_batch *b = open_batch(s, d, graph, paced, &turn);
     if (turn)
         turn_leave(s->dev, false); /* another thread opened the batch: ours was not needed */
     if (b == NULL) {
         pthread_mutex_unlock(&s->lock);
-        charge_unmeasured(d);
+        charge_unmeasured(d, paced);
         return false;
     }
     l->stream = s;

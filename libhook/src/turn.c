@@ -20,7 +20,7 @@
 struct turn_dev {
     pthread_mutex_t lock;
     pthread_cond_t cond;           /* the turn came or went, a batch was measured */
-    bool looked;                   /* the arbiter was looked for */
+    _Atomic bool looked;           /* the arbiter was looked for (set once, under lock) */
     struct vgpu_arbiter *arbiter;  /* NULL: no turns on this device */
     bool holding;
     bool queueing;                 /* one of our threads sleeps in arbiter_acquire */
@@ -87,19 +87,41 @@ static void pass_on(struct turn_dev *t, uint64_t now)
     t->linger_until = 0;
 }
 
+struct vgpu_arbiter *turn_arbiter(int index)
+{
+    struct turn_dev *t = &turns[index];
+    /* Lock-free once looked: the unpaced launch path asks at every launch. */
+    if (atomic_load_explicit(&t->looked, memory_order_acquire))
+        return t->arbiter;
+    pthread_once(&turns_once, turns_init);
+    pthread_mutex_lock(&t->lock);
+    if (!atomic_load_explicit(&t->looked, memory_order_relaxed)) {
+        t->arbiter = find_arbiter(index);
+        atomic_store_explicit(&t->looked, true, memory_order_release);
+    }
+    pthread_mutex_unlock(&t->lock);
+    return t->arbiter;
+}
+
+void turn_pacing(int index, uint64_t wait_ns)
+{
+    struct vgpu_arbiter *a = turn_arbiter(index);
+    if (a != NULL)
+        arbiter_mark_paced(a, now_ns() + wait_ns + TURN_PACED_FRESH_NS, TURN_PACED_FRESH_NS / 2);
+}
+
+bool turn_wanted(int index)
+{
+    struct vgpu_arbiter *a = turn_arbiter(index);
+    return a != NULL && arbiter_paced(a, &pacer_monotonic);
+}
+
 bool turn_enter(int index)
 {
-    pthread_once(&turns_once, turns_init);
     struct turn_dev *t = &turns[index];
-    pthread_mutex_lock(&t->lock);
-    if (!t->looked) {
-        t->arbiter = find_arbiter(index);
-        t->looked = true;
-    }
-    if (t->arbiter == NULL) {
-        pthread_mutex_unlock(&t->lock);
+    if (turn_arbiter(index) == NULL)
         return false;
-    }
+    pthread_mutex_lock(&t->lock);
     uint64_t drain_deadline = 0;
     for (;;) {
         if (t->holding && !arbiter_holds(t->arbiter, t->ticket))
@@ -187,7 +209,7 @@ void turn_exit(void)
 {
     for (int i = 0; i < VGPU_MAX_DEVICES; i++) {
         struct turn_dev *t = &turns[i];
-        if (!t->looked)
+        if (!atomic_load_explicit(&t->looked, memory_order_acquire))
             continue;
         pthread_mutex_lock(&t->lock);
         if (t->holding)

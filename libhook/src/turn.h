@@ -4,6 +4,11 @@
  * turn before it opens a batch, keeps it while it keeps the device busy (up
  * to TURN_HOLD_NS when others queue), and passes it on when its last batch
  * there has been measured. Without an arbiter block every call is a no-op.
+ *
+ * Who takes turns: paced processes always, and they stamp the arbiter
+ * (turn_pacing); unpaced hooked processes only while a stamp is fresh
+ * (turn_wanted), so that their work does not run inside a paced process's
+ * event pairs, and otherwise keep their fast path.
  */
 #ifndef VGPU_TURN_H
 #define VGPU_TURN_H
@@ -27,6 +32,31 @@
  * for its next launch (a program that synchronises between steps), before
  * the monitor passes it on: a hand-off costs the GPU a wake-up or two. */
 #define TURN_LINGER_NS 500000ull
+
+/* How long a paced process's stamp keeps the unpaced processes on its GPU
+ * taking turns. It must outlast the paced process's gaps between batches
+ * (its wait for the turn, up to TURN_HOLD_NS + TURN_DRAIN_NS and a batch,
+ * and short pauses of its own): each lapse sends the unpaced ones back to
+ * unmeasured launches whose queue then runs inside the paced one's next
+ * batch. And it should not outlast the pacing by much: until it lapses the
+ * unpaced processes pay for events and turns although nobody needs them.
+ * A stamp is rewritten once half of it is used up: one more write of the
+ * arbiter's line per GPU every ~125 ms, not one per batch. */
+#define TURN_PACED_FRESH_NS 250000000ull
+
+/* The device's arbiter block, looked up (opened, created if missing) at the
+ * first call and remembered; NULL: no turns on this device. */
+struct vgpu_arbiter *turn_arbiter(int index);
+
+/* This process paces on device `index` and will want the turn within
+ * `wait_ns` (what the pacer may hold it back first): stamp the arbiter so
+ * that the device's unpaced processes take turns until TURN_PACED_FRESH_NS
+ * past that. */
+void turn_pacing(int index, uint64_t wait_ns);
+
+/* Must an unpaced process take turns on device `index` (a paced process
+ * there stamped its arbiter recently)? */
+bool turn_wanted(int index);
 
 /* Before opening a batch on device `index`: wait for the turn, and count the
  * batch. False when the device has no arbiter (then no turn_leave). */

@@ -1,7 +1,8 @@
 /*
  * test_arbiter.c - the GPU turn: FIFO order, hand-off, and recovery from a
  * holder or a waiter that died (a lease that lapses), on a block in plain
- * memory shared by threads (the futex works alike within one process).
+ * memory shared by threads (the futex works alike within one process); and
+ * the pacing stamp that tells unpaced processes to take turns too.
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -28,6 +29,16 @@ static uint64_t skewed_now(void *ctx)
     return pacer_monotonic.now(NULL) + skew_ns;
 }
 static const struct pacer_clock clock_ = {skewed_now, NULL, NULL};
+
+/* A clock that counts its reads: the unpaced fast path must read none
+ * while no stamp is there. */
+static unsigned clock_reads;
+static uint64_t counted_now(void *ctx)
+{
+    clock_reads++;
+    return skewed_now(ctx);
+}
+static const struct pacer_clock counted = {counted_now, NULL, NULL};
 
 static struct vgpu_arbiter arb;
 
@@ -122,12 +133,52 @@ static void test_a_dead_waiter_costs_one_handoff(void)
     CHECK(w.ticket == 2 && atomic_load(&arb.skips) == 1);
 }
 
+static void test_the_pacing_stamp_only_moves_forward_and_rarely(void)
+{
+    reset();
+    const uint64_t slack = 100;
+    arbiter_mark_paced(&arb, 10000, slack);
+    CHECK(atomic_load(&arb.paced_until_ns) == 10000);
+    /* Within the slack: not rewritten (the shared line stays quiet). */
+    arbiter_mark_paced(&arb, 10000 + slack, slack);
+    CHECK(atomic_load(&arb.paced_until_ns) == 10000);
+    arbiter_mark_paced(&arb, 10000 + slack + 1, slack);
+    CHECK(atomic_load(&arb.paced_until_ns) == 10000 + slack + 1);
+    /* A pacer that wants turns for less time never shortens another's. */
+    arbiter_mark_paced(&arb, 500, slack);
+    CHECK(atomic_load(&arb.paced_until_ns) == 10000 + slack + 1);
+}
+
+static void test_unpaced_processes_take_turns_only_while_the_stamp_is_fresh(void)
+{
+    reset();
+    clock_reads = 0;
+    CHECK(!arbiter_paced(&arb, &counted));
+    CHECK(clock_reads == 0); /* never stamped: one load, no clock */
+
+    uint64_t now = counted.now(NULL);
+    arbiter_mark_paced(&arb, now + 1000000000ull, 0);
+    CHECK(arbiter_paced(&arb, &counted));
+
+    /* The pacer stopped: once the stamp is past, unpaced processes are back
+     * on their fast path, and the first to see it clears it so that the
+     * others read no clock either. */
+    skew_ns = 1000000000ull;
+    CHECK(!arbiter_paced(&arb, &counted));
+    CHECK(atomic_load(&arb.paced_until_ns) == 0);
+    clock_reads = 0;
+    CHECK(!arbiter_paced(&arb, &counted));
+    CHECK(clock_reads == 0);
+}
+
 int main(void)
 {
     test_uncontended_turns_come_at_once();
     test_waiters_are_served_in_order();
     test_a_dead_holder_is_skipped_after_its_lease();
     test_a_dead_waiter_costs_one_handoff();
+    test_the_pacing_stamp_only_moves_forward_and_rarely();
+    test_unpaced_processes_take_turns_only_while_the_stamp_is_fresh();
     if (failures != 0) {
         fprintf(stderr, "test_arbiter: %d failure(s)\n", failures);
         return 1;

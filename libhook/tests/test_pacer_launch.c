@@ -2,7 +2,9 @@
  * test_pacer_launch.c - every launch path through the real hook on the
  * simulated GPU: each is paced to the standalone CUDA_CORE_LIMIT, a share
  * of 100 is not paced at all, and launches captured into a graph are not
- * charged (the graph's launches are).
+ * charged (the graph's launches are). A paced process stamps the GPU's
+ * arbiter; an unpaced one is measured (and takes turns) while the stamp is
+ * fresh, and keeps its unmeasured fast path once it is stale.
  *
  * The test re-executes itself as workers with LD_PRELOAD=libvgpu.so and
  * LD_LIBRARY_PATH=<build>/sim (VGPU_BUILD names the build directory):
@@ -26,6 +28,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../src/turn.h"
 #include "cuda_api.h"
 #include "vgpu_abi.h"
 
@@ -229,6 +232,27 @@ static struct vgpu_usage *map_usage(void)
     return p == MAP_FAILED ? NULL : p;
 }
 
+/* The arbiter block of the simulated GPU: the one file in arbiter_dir,
+ * made by the first hook that looked for it. */
+static struct vgpu_arbiter *map_arbiter(void)
+{
+    DIR *d = opendir(arbiter_dir);
+    if (d == NULL)
+        return NULL;
+    void *p = MAP_FAILED;
+    for (struct dirent *e; p == MAP_FAILED && (e = readdir(d)) != NULL;) {
+        if (e->d_name[0] == '.')
+            continue;
+        int fd = openat(dirfd(d), e->d_name, O_RDWR);
+        if (fd < 0)
+            continue;
+        p = mmap(NULL, sizeof(struct vgpu_arbiter), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        close(fd);
+    }
+    closedir(d);
+    return p == MAP_FAILED ? NULL : p;
+}
+
 /* The simulated GPU's arbiter blocks are this machine's alone: the default
  * (/tmp, by UUID) would make concurrent runs take turns with each other. */
 static void remove_arbiters(void)
@@ -350,6 +374,64 @@ static void test_share_100_is_not_measured(void)
     cleanup();
 }
 
+/* A paced process says so on its GPU's arbiter; a process at 100 % there
+ * is measured while the stamp is fresh (it takes turns so that its work
+ * stays out of the paced one's event pairs) but never held back, and goes
+ * back to its unmeasured fast path once the stamp is stale. */
+static void test_unpaced_processes_are_measured_while_a_pacer_stamps(void)
+{
+    fresh_machine("stamp");
+    struct result r;
+    uint64_t start = now_ns();
+    if (run("40", 1, "kernel", 2000, 0.3, 1, &r) != 0) {
+        failures++;
+        cleanup();
+        return;
+    }
+    struct vgpu_arbiter *a = map_arbiter();
+    struct vgpu_usage *u = map_usage();
+    if (a == NULL || u == NULL) {
+        printf("pacing stamp: no arbiter or usage block: FAILED\n");
+        failures++;
+        goto out;
+    }
+    /* Written as it paced: at least half the freshness past its start. */
+    uint64_t stamp = atomic_load(&a->paced_until_ns);
+    bool stamped = stamp >= start + TURN_PACED_FRESH_NS / 2;
+
+    /* As if a pacer were still at work: the unlimited process measures. */
+    atomic_store(&a->paced_until_ns, now_ns() + 60000000000ull);
+    uint64_t before = atomic_load(&u->devices[0].gpu_time_ns);
+    bool ran = run("100", 1, "kernel", 5000, 1.0, 1, &r) == 0;
+    double fresh_work = 100.0 * utilization(&r, 5000);
+    double fresh_hook =
+        100.0 * (double)(atomic_load(&u->devices[0].gpu_time_ns) - before) / (double)r.wall_ns;
+
+    /* The pacer is gone: the stamp is past, nothing is measured, and the
+     * stamp is cleared so that launches read no clock for it. */
+    atomic_store(&a->paced_until_ns, now_ns() - 1);
+    before = atomic_load(&u->devices[0].gpu_time_ns);
+    ran = run("100", 1, "kernel", 5000, 0.5, 1, &r) == 0 && ran;
+    double stale_work = 100.0 * utilization(&r, 5000);
+    uint64_t stale_measured = atomic_load(&u->devices[0].gpu_time_ns) - before;
+
+    bool ok = ran && stamped && fresh_work > 90 && fresh_hook > fresh_work - 5 &&
+              fresh_hook < fresh_work + 5 && stale_work > 90 && stale_measured == 0 &&
+              atomic_load(&a->paced_until_ns) == 0;
+    printf("pacing stamp %s; limit 100 next to a fresh stamp: work %.1f%%, hook measured %.1f%%; "
+           "next to a stale one: work %.1f%%, measured %" PRIu64 " ns: %s\n",
+           stamped ? "written" : "MISSING", fresh_work, fresh_hook, stale_work, stale_measured,
+           ok ? "ok" : "FAILED");
+    if (!ok)
+        failures++;
+out:
+    if (a != NULL)
+        munmap(a, sizeof(*a));
+    if (u != NULL)
+        munmap(u, sizeof(*u));
+    cleanup();
+}
+
 /* 100 launches of 1 ms captured at a 10 % limit: capture takes no pacer
  * time (charged, they would need ~1 s) and counts no GPU time until the
  * graph runs. */
@@ -389,6 +471,7 @@ int main(int argc, char **argv)
     }
     setvbuf(stdout, NULL, _IONBF, 0);
     test_share_100_is_not_measured();
+    test_unpaced_processes_are_measured_while_a_pacer_stamps();
     test_captured_launches_are_not_charged();
     test_empty_kernels_do_not_hang();
     test_every_launch_path_is_paced();
