@@ -17,12 +17,16 @@
 #include <stdint.h>
 
 /* How long a process keeps the turn while others queue: a hand-off idles
- * the GPU for two wake-ups, measured at ~0.75 ms on an H200 VM (4 ms holds
- * lost 11-19 % of the GPU with 2 ms kernels there, 16 ms holds 5-6 %); the
- * price is that a waiter may wait this long plus a batch. Overridable at
- * build time (CPPFLAGS=-DTURN_HOLD_NS=...) for benchmarks/coloc_pacer.sh. */
+ * the GPU for two wake-ups (~0.7 ms on an H200 VM), and the share that
+ * waits most absorbs that loss. Measured there with the pacer alone
+ * (benchmarks/coloc_pacer.sh, docs/compute.md), 20/30/50 with 20 ms kernels
+ * got 46.9 / 47.9 / 48.8 for the 50 at 16 / 32 / 48 ms holds, and 30/70 with
+ * 2 ms kernels synchronised every kernel 64.0 / 66.1 / 67.1 for the 70. The
+ * price is latency: a waiter may wait this long plus a batch per process
+ * ahead of it. Overridable at build time (CFLAGS=-DTURN_HOLD_NS=...) to
+ * compare. */
 #ifndef TURN_HOLD_NS
-#define TURN_HOLD_NS 16000000ull
+#define TURN_HOLD_NS 48000000ull
 #endif
 /* How long a holder that must yield waits for its batches to drain before
  * it opens one anyway (a batch only its own thread can close). */
@@ -35,14 +39,15 @@
 
 /* How long a paced process's stamp keeps the unpaced processes on its GPU
  * taking turns. It must outlast the paced process's gaps between batches
- * (its wait for the turn, up to TURN_HOLD_NS + TURN_DRAIN_NS and a batch,
- * and short pauses of its own): each lapse sends the unpaced ones back to
+ * (its wait for the turn, up to TURN_HOLD_NS + TURN_DRAIN_NS and a batch
+ * per process ahead of it: ~0.35 s with five ahead, and short pauses of
+ * its own): each lapse sends the unpaced ones back to
  * unmeasured launches whose queue then runs inside the paced one's next
  * batch. And it should not outlast the pacing by much: until it lapses the
  * unpaced processes pay for events and turns although nobody needs them.
  * A stamp is rewritten once half of it is used up: one more write of the
- * arbiter's line per GPU every ~125 ms, not one per batch. */
-#define TURN_PACED_FRESH_NS 250000000ull
+ * arbiter's line per GPU every ~250 ms, not one per batch. */
+#define TURN_PACED_FRESH_NS 500000000ull
 
 /* The device's arbiter block, looked up (opened, created if missing) at the
  * first call and remembered; NULL: no turns on this device. */
