@@ -1,9 +1,10 @@
 #!/bin/bash
 # coloc_pacer.sh - co-location with the pacer alone (no daemon): standalone
 # vgpu-burn tenants started together on device 0, each with its own usage
-# block and CUDA_CORE_LIMIT, sharing one arbiter directory. Prints each
-# tenant's work (kernels x kernel time / wall time, in % of the GPU) and the
-# arbiter's counters (turns taken, turns skipped for a lapsed lease).
+# block, CUDA_CORE_LIMIT and an 8 GiB CUDA_MEM_LIMIT, sharing one arbiter
+# directory. Prints each tenant's work (kernels x kernel time / wall time, in
+# % of the GPU) and the arbiter's counters (turns taken, turns skipped for a
+# lapsed lease).
 # Run from the repository root after `make lib tools`; on the simulator, set
 # LD_LIBRARY_PATH=build/sim and VGPU_SIM_STATE first. docs/compute.md.
 # HOOK: the hook to test (default build/libvgpu.so), e.g. one built with
@@ -21,7 +22,7 @@ run() { # KERNEL_US "BURN OPTIONS" SHARE...
     for share in "$@"; do
         # shellcheck disable=SC2086  # opts is a list of options
         VGPU_ARBITER_DIR=$dir LD_PRELOAD=$HOOK VGPU_USAGE=$dir/usage$i \
-            CUDA_CORE_LIMIT=$share ./build/vgpu-burn --json --seconds "$SECONDS_EACH" \
+            CUDA_CORE_LIMIT=$share CUDA_MEM_LIMIT=8g ./build/vgpu-burn --json --seconds "$SECONDS_EACH" \
             --kernel-us "$kernel" $opts >"$dir/out$i" &
         pids+=($!)
         i=$((i + 1))
@@ -50,3 +51,7 @@ run 20000 "--sync 1" 30 70
 run 2000 "--sync 8" 30 70
 run 2000 "--sync 1" 30 70
 run 20000 "--sync 1" 20 30 50
+# A share of 100 is not paced; with a memory limit the hook is active and
+# takes turns while the other one paces (docs/compute.md).
+run 20000 "--sync 1" 30 100
+run 2000 "--sync 8" 30 100
