@@ -132,10 +132,17 @@ class Sampler:
 # --- analysis: NVML per-process samples as 200 ms steps -------------------------
 
 
+def whole_steps(start: float, end: float, step: float) -> int:
+    """How many whole steps fit in [start, end) (at least one): a partial
+    last step would reach past `end`, into what comes next (the next live
+    change of a share, the end of a run)."""
+    return max(1, math.floor((end - start) / step + 1e-6))
+
+
 def series(samples: Samples, pids: Sequence[int], start: float, end: float) -> list[float]:
     """Utilization (%) of a set of processes per 200 ms step in [start, end):
     each process's samples cover the 200 ms before their timestamp."""
-    steps = max(1, round((end - start) / 0.2))
+    steps = whole_steps(start, end, 0.2)
     total = [0.0] * steps
     for pid in pids:
         for ts, util in samples.procs.get(pid, []):
@@ -148,7 +155,7 @@ def series(samples: Samples, pids: Sequence[int], start: float, end: float) -> l
 def device_series(samples: Samples, start: float, end: float) -> list[float]:
     """NVML device utilization (%) per 200 ms step in [start, end): the mean
     of the readings taken in each step (0 for a step with none)."""
-    steps = max(1, round((end - start) / 0.2))
+    steps = whole_steps(start, end, 0.2)
     sums, counts = [0.0] * steps, [0] * steps
     for t, util in samples.device:
         i = math.floor((t - start) / 0.2)
@@ -210,7 +217,7 @@ def work_series(
     t] and each step gets the part that overlaps it.
     """
     lines = trace.read_text().splitlines() if isinstance(trace, Path) else trace
-    steps = max(1, round((end - start) / step))
+    steps = whole_steps(start, end, step)
     busy = [0.0] * steps  # seconds per step
     for c in parse_trace(lines):
         if pids is not None and c.pid not in pids:

@@ -10,7 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.compute_harness import Completion, parse_trace, work_series
+from tests.integration.compute_harness import (
+    Completion,
+    parse_trace,
+    whole_steps,
+    work_series,
+)
 
 T0 = 1_700_000_000.0  # a realtime stamp, as vgpu-burn writes them
 
@@ -98,3 +103,13 @@ def test_parse_trace_reads_what_vgpu_burn_writes() -> None:
 def test_a_malformed_line_is_an_error_naming_it(bad: str) -> None:
     with pytest.raises(ValueError, match=r"trace line 2: .* is not '<t> <pid> <kernels>'"):
         parse_trace([line(0.1, 7, 1), bad])
+
+
+def test_only_whole_steps_are_counted() -> None:
+    # A live change 3.33 s after the last: 16 steps of 200 ms fit before it,
+    # a 17th would reach into what the change did.
+    assert whole_steps(100.0, 103.33, 0.2) == 16
+    assert whole_steps(100.0, 103.2, 0.2) == 16
+    assert whole_steps(100.0, 100.05, 0.2) == 1
+    lines = ["103.30 7 1000"]  # 1000 x 1 us finishing just before the change
+    assert len(work_series(lines, None, 100.0, 103.33, kernel_us=1)) == 16
