@@ -62,25 +62,30 @@ def first_uuid(env: dict[str, str]) -> str:
 
 
 def configurations(base: dict[str, str], workdir: Path) -> dict[str, dict[str, str]]:
-    """name -> environment of each way to run the program."""
-    hook = {**base, "LD_PRELOAD": str(HOOK)}
+    """name -> environment of each way to run the program. Every hooked
+    configuration has an arbiter directory of its own, as vgpud gives each
+    vGPU one (an unpaced process then checks its GPU's pacing stamp at every
+    launch), and so that the paced one's stamp cannot make the others take
+    turns."""
     control, usage = workdir / "control", workdir / "usage"
     ControlBlock.create(control, "bench", [DeviceSlice(first_uuid(base), 1 << 40, PPM_FULL)], 0)
     UsageBlock.create(usage, device_count=1).close()
+
+    def hook(name: str, **env: str) -> dict[str, str]:
+        arbiters = workdir / f"arbiters-{name}"
+        arbiters.mkdir()
+        return {**base, "LD_PRELOAD": str(HOOK), "VGPU_ARBITER_DIR": str(arbiters), **env}
+
     return {
         "native": base,
-        "hook, no limits (pass-through)": hook,
-        "hook, vGPU share 100": {**hook, "VGPU_CONTROL": str(control), "VGPU_USAGE": str(usage)},
-        "hook, CUDA_CORE_LIMIT=100": {
-            **hook,
-            "CUDA_CORE_LIMIT": "100",
-            "VGPU_USAGE": str(workdir / "standalone-100"),
-        },
-        "hook, paced (CUDA_CORE_LIMIT=99)": {
-            **hook,
-            "CUDA_CORE_LIMIT": "99",
-            "VGPU_USAGE": str(workdir / "standalone-99"),
-        },
+        "hook, no limits (pass-through)": hook("none"),
+        "hook, vGPU share 100": hook("vgpu", VGPU_CONTROL=str(control), VGPU_USAGE=str(usage)),
+        "hook, CUDA_CORE_LIMIT=100": hook(
+            "100", CUDA_CORE_LIMIT="100", VGPU_USAGE=str(workdir / "standalone-100")
+        ),
+        "hook, paced (CUDA_CORE_LIMIT=99)": hook(
+            "99", CUDA_CORE_LIMIT="99", VGPU_USAGE=str(workdir / "standalone-99")
+        ),
     }
 
 
