@@ -147,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--sim", action="store_true", help="use the simulated GPU (build/sim)")
     p.add_argument("--launches", type=int, default=200_000)
     p.add_argument("--sync-every", type=int, default=1000)
-    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=15)
     args = p.parse_args(argv)
     if not HOOK.is_file():
         p.error(f"{HOOK} is missing: run `make` first")
