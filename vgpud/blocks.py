@@ -239,6 +239,7 @@ class Atomics:
         self.load_u32 = _bind(lib, "vgpu_atomic_load_u32", u32, vp)
         self.store_u32 = _bind(lib, "vgpu_atomic_store_u32", None, vp, u32)
         self.cas_u32 = _bind(lib, "vgpu_atomic_cas_u32", ctypes.c_int, vp, u32, u32)
+        self.futex_wake_all = _bind(lib, "vgpu_futex_wake_all", None, vp)
         # SIGBUS guard for mappings of files a container can shrink (vgpu_guard.c).
         self.guard_add = _bind(lib, "vgpu_guard_add", ctypes.c_int, vp, ctypes.c_size_t)
         self.guard_remove = _bind(lib, "vgpu_guard_remove", None, ctypes.c_int)
@@ -497,7 +498,9 @@ def _put_text(field_len: int, value: str, what: str) -> bytes:
 def _seqlock_write(atomics: Atomics, base: int, quota_ppm: int, window_ns: int) -> None:
     """Writer side of the throttle seqlock at address ``base``: seq odd,
     fields, seq even; epoch + 1. Every store is seq_cst through the
-    atomics library, so no reader can see new fields with an old even seq."""
+    atomics library, so no reader can see new fields with an old even seq.
+    Then the hooks' threads sleeping in the pacer on seq are woken, so that
+    a new quota takes effect at once, not at the end of their sleep."""
     t = ThrottleC
     seq_addr = base + t.seq.offset
     seq = atomics.load_u32(seq_addr)
@@ -507,6 +510,7 @@ def _seqlock_write(atomics: Atomics, base: int, quota_ppm: int, window_ns: int) 
     atomics.store_u64(base + t.window_ns.offset, window_ns)
     atomics.store_u64(base + t.epoch.offset, epoch + 1)
     atomics.store_u32(seq_addr, ((seq | 1) + 1) & 0xFFFFFFFF)
+    atomics.futex_wake_all(seq_addr)
 
 
 def _seqlock_read(atomics: Atomics, base: int) -> Throttle:

@@ -5,8 +5,12 @@
  * concurrently, so it calls these through ctypes with addresses inside its
  * mappings. Every address must be naturally aligned (the ABI guarantees it).
  */
+#include <limits.h>
+#include <linux/futex.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #define VGPU_ATOMICS_API __attribute__((visibility("default")))
 
@@ -18,6 +22,7 @@ VGPU_ATOMICS_API int vgpu_atomic_cas_u64(_Atomic uint64_t *p, uint64_t expected,
 VGPU_ATOMICS_API uint32_t vgpu_atomic_load_u32(_Atomic uint32_t *p);
 VGPU_ATOMICS_API void vgpu_atomic_store_u32(_Atomic uint32_t *p, uint32_t v);
 VGPU_ATOMICS_API int vgpu_atomic_cas_u32(_Atomic uint32_t *p, uint32_t expected, uint32_t desired);
+VGPU_ATOMICS_API void vgpu_futex_wake_all(_Atomic uint32_t *p);
 
 uint64_t vgpu_atomic_load_u64(_Atomic uint64_t *p) { return atomic_load(p); }
 void vgpu_atomic_store_u64(_Atomic uint64_t *p, uint64_t v) { atomic_store(p, v); }
@@ -46,4 +51,13 @@ void vgpu_atomic_store_u32(_Atomic uint32_t *p, uint32_t v) { atomic_store(p, v)
 int vgpu_atomic_cas_u32(_Atomic uint32_t *p, uint32_t expected, uint32_t desired)
 {
     return atomic_compare_exchange_strong(p, &expected, desired);
+}
+
+/* Wake every thread of any process sleeping on the word (FUTEX_WAIT without
+ * the private flag: the word is in a MAP_SHARED file mapping, which the
+ * kernel keys by file and offset, so hooks that map it read-only in a
+ * container are woken too). */
+void vgpu_futex_wake_all(_Atomic uint32_t *p)
+{
+    syscall(SYS_futex, (uint32_t *)p, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 }

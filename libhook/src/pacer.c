@@ -4,7 +4,10 @@
  * killed at any instant leaves nothing held.
  */
 #include <errno.h>
+#include <linux/futex.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "pacer.h"
 
@@ -16,15 +19,23 @@ static uint64_t monotonic_now(void *ctx)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static void monotonic_sleep(void *ctx, uint64_t ns)
+static void monotonic_wait(void *ctx, const _Atomic uint32_t *word, uint32_t seen, uint64_t ns)
 {
     (void)ctx;
     struct timespec ts = {.tv_sec = (time_t)(ns / 1000000000ull), .tv_nsec = (long)(ns % 1000000000ull)};
-    while (clock_nanosleep(CLOCK_MONOTONIC, 0, &ts, &ts) == EINTR)
-        ;
+    if (word == NULL) {
+        while (clock_nanosleep(CLOCK_MONOTONIC, 0, &ts, &ts) == EINTR)
+            ;
+        return;
+    }
+    /* Not FUTEX_PRIVATE_FLAG: the word is in a shared file mapping (a
+     * read-only one in a container is fine for FUTEX_WAIT). A wake, a moved
+     * word (EAGAIN), a signal or the timeout all return: the caller looks
+     * at the quota again. */
+    syscall(SYS_futex, (const uint32_t *)word, FUTEX_WAIT, seen, &ts, NULL, 0);
 }
 
-const struct pacer_clock pacer_monotonic = {monotonic_now, monotonic_sleep, NULL};
+const struct pacer_clock pacer_monotonic = {monotonic_now, monotonic_wait, NULL};
 
 void pacer_dev_init(struct pacer_dev *pd, int index, const struct vgpu_control *control,
                     struct vgpu_usage *usage, struct vgpu_proc_device *slot)
@@ -133,11 +144,13 @@ int64_t pacer_refill(struct vgpu_usage_device *b, const struct pacer_quota *q, u
             continue; /* someone else moved it: their refill covers their span */
         if (stamp == 0)
             break; /* first use of the bucket: it starts empty, now */
-        /* Anything older than the window is capped anyway; bounding it first
-         * keeps quota x elapsed far from overflow. */
+        /* Not bounded by the window: a bucket in debt needs longer than the
+         * window to refill (a debt of d at quota r takes d / r, then the
+         * window to fill), and every ns of it counts; the cap below bounds
+         * the result. Bounded only so that elapsed x ppm cannot overflow. */
         uint64_t elapsed = now - stamp;
-        if (elapsed > q->window_ns)
-            elapsed = q->window_ns;
+        if (elapsed > PACER_MAX_ELAPSED_NS)
+            elapsed = PACER_MAX_ELAPSED_NS;
         int64_t gain = (int64_t)(elapsed * q->ppm / VGPU_PPM_FULL);
         int64_t cap = (int64_t)(q->window_ns * q->ppm / VGPU_PPM_FULL);
         int64_t bal = atomic_load_explicit(&b->pacer_balance_ns, memory_order_relaxed);
@@ -168,11 +181,24 @@ uint64_t pacer_deficit_ns(int64_t balance, uint32_t quota_ppm)
     return (debt * VGPU_PPM_FULL + quota_ppm - 1) / quota_ppm;
 }
 
+/* The seq word of the throttle entry a new quota would be written to: the
+ * vGPU's table, or the steering area of a standalone process. */
+static const _Atomic uint32_t *quota_word(const struct pacer_dev *pd)
+{
+    if (pd->control != NULL)
+        return &pd->control->throttle.seq;
+    return pd->steer != NULL ? &pd->steer->throttle[pd->index].seq : NULL;
+}
+
 uint64_t pacer_admit(struct pacer_dev *pd, const struct pacer_clock *clock)
 {
     uint64_t start = clock->now(clock->ctx);
     uint64_t now = start;
+    const _Atomic uint32_t *word = quota_word(pd);
     for (;;) {
+        /* Read before the quota: a write after this read moves the word,
+         * and the wait below then returns at once. */
+        uint32_t seen = word != NULL ? atomic_load_explicit(word, memory_order_acquire) : 0;
         struct pacer_quota q = pacer_quota_now(pd, now);
         if (pacer_quota_full(&q))
             break;
@@ -180,7 +206,7 @@ uint64_t pacer_admit(struct pacer_dev *pd, const struct pacer_clock *clock)
         uint64_t wait = pacer_deficit_ns(balance, q.ppm);
         if (wait == 0)
             break;
-        clock->sleep(clock->ctx, wait < PACER_MAX_SLEEP_NS ? wait : PACER_MAX_SLEEP_NS);
+        clock->wait(clock->ctx, word, seen, wait < PACER_MAX_SLEEP_NS ? wait : PACER_MAX_SLEEP_NS);
         now = clock->now(clock->ctx);
     }
     uint64_t waited = now - start;

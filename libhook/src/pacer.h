@@ -27,9 +27,16 @@
  * vGPU can save up while idle to quota x 100 ms. */
 #define PACER_DEFAULT_WINDOW_NS 100000000ull
 #define PACER_MAX_WINDOW_NS 10000000000ull
-/* A pacer sleep is cut into pieces of at most this, so that a live quota
- * change (or a quota of 100 %) is noticed quickly by a sleeping thread. */
-#define PACER_MAX_SLEEP_NS 20000000ull
+/* A pacer sleep waits on the seq word of the throttle entry the quota came
+ * from, and the daemon wakes it whenever it writes a new quota there
+ * (vgpu_futex_wake_all), so a live change takes effect at once. Sleeps are
+ * still cut into pieces of at most this, for what no write announces: a
+ * steering heartbeat going stale hands a standalone process back its own
+ * limit without a write. */
+#define PACER_MAX_SLEEP_NS 200000000ull
+/* The longest gap a refill credits (~5 h): elapsed x VGPU_PPM_FULL must fit
+ * in 64 bits; a bucket idle longer is full anyway. */
+#define PACER_MAX_ELAPSED_NS (UINT64_MAX / VGPU_PPM_FULL)
 /* The bucket is refilled in steps of at least this much time. */
 #define PACER_REFILL_GRAIN_NS 20000ull
 /* The steering area of an adopted standalone process counts while the
@@ -59,8 +66,10 @@ struct pacer_dev {
 };
 
 struct pacer_clock {
-    uint64_t (*now)(void *ctx);                /* CLOCK_MONOTONIC ns */
-    void (*sleep)(void *ctx, uint64_t ns);
+    uint64_t (*now)(void *ctx); /* CLOCK_MONOTONIC ns */
+    /* Sleep up to ns, or until *word (if not NULL) moves from `seen` and
+     * whoever moved it wakes the sleepers; may return early. */
+    void (*wait)(void *ctx, const _Atomic uint32_t *word, uint32_t seen, uint64_t ns);
     void *ctx;
 };
 extern const struct pacer_clock pacer_monotonic;

@@ -2,6 +2,7 @@
  * test_pacer.c - the pacer's quota reading and token bucket, with a fake
  * clock and blocks in plain memory: no driver, no daemon.
  */
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,30 +31,37 @@ static int failures;
 #define MS 1000000ull
 #define PPM(percent) ((uint32_t)((percent) * 10000))
 
-/* ---- a fake clock: sleeping advances time and can run a callback ------- */
+/* ---- a fake clock: waiting advances time; a callback may act meanwhile --
+ * on_sleep runs as the wait begins (a writer during the sleep): if it moved
+ * the word waited on, the waiter is woken at once, as the futex would. */
 struct fake_clock {
     uint64_t now;
     uint64_t slept;
     unsigned sleeps;
+    unsigned woken;
     void (*on_sleep)(struct fake_clock *);
     void *arg;
 };
 
 static uint64_t fake_now(void *ctx) { return ((struct fake_clock *)ctx)->now; }
 
-static void fake_sleep(void *ctx, uint64_t ns)
+static void fake_wait(void *ctx, const _Atomic uint32_t *word, uint32_t seen, uint64_t ns)
 {
     struct fake_clock *fc = ctx;
-    fc->now += ns;
-    fc->slept += ns;
     fc->sleeps++;
     if (fc->on_sleep != NULL)
         fc->on_sleep(fc);
+    if (word != NULL && atomic_load(word) != seen) {
+        fc->woken++;
+        return;
+    }
+    fc->now += ns;
+    fc->slept += ns;
 }
 
 static struct pacer_clock clock_of(struct fake_clock *fc)
 {
-    return (struct pacer_clock){fake_now, fake_sleep, fc};
+    return (struct pacer_clock){fake_now, fake_wait, fc};
 }
 
 /* ---- blocks in plain memory ----------------------------------------- */
@@ -99,6 +107,10 @@ static void test_refill_rate_cap_and_first_use(void)
     /* A lower quota lowers what was saved to its own cap. */
     struct pacer_quota low = {PPM(10), 100 * MS};
     CHECK_NEAR(pacer_refill(b, &low, 9001 * MS), 10 * MS, 1);
+    /* A debt longer than the window to pay off is paid by all the time
+     * that passed: 50 ms of debt at 10 % is paid after 500 ms. */
+    pacer_charge(b, (int64_t)(60 * MS)); /* balance -50 ms */
+    CHECK_NEAR(pacer_refill(b, &low, 9501 * MS), 0, 1);
     free(u);
 }
 
@@ -203,7 +215,7 @@ static void test_standalone_steer_can_only_lower(void)
     free(u);
 }
 
-/* A live change noticed by a sleeping thread within one sleep piece. */
+/* A live change wakes a sleeping thread at once (the word it waits on moves). */
 static void raise_to_full(struct fake_clock *fc)
 {
     struct vgpu_control *c = fc->arg;
@@ -221,7 +233,7 @@ static void test_live_change_wakes_a_sleeping_thread(void)
     pacer_admit(&pd, &clk);
     pacer_charge(pd.bucket, (int64_t)(1000 * MS)); /* 10 s of debt at 10 % */
     uint64_t waited = pacer_admit(&pd, &clk);
-    CHECK(waited == PACER_MAX_SLEEP_NS);
+    CHECK(waited == 0 && fc.woken == 1);
     free(c);
     free(u);
 }
@@ -307,6 +319,36 @@ static void test_concurrent_refill_credits_time_once(void)
     free(u);
 }
 
+/* The real wait sleeps on the word until someone moves it and wakes it, as
+ * the daemon does after writing a quota (vgpu_futex_wake_all): a 10 s wait
+ * ends long before its timeout. */
+struct waiter {
+    _Atomic uint32_t word;
+    uint64_t waited;
+};
+
+static void *wait_on_word(void *arg)
+{
+    struct waiter *w = arg;
+    uint64_t t0 = pacer_monotonic.now(NULL);
+    pacer_monotonic.wait(NULL, &w->word, 2, 10000 * MS);
+    w->waited = pacer_monotonic.now(NULL) - t0;
+    return NULL;
+}
+
+static void test_real_wait_is_woken_by_a_write(void)
+{
+    struct waiter w = {.word = 2};
+    pthread_t th;
+    pthread_create(&th, NULL, wait_on_word, &w);
+    struct timespec pause = {0, 50 * 1000000L};
+    nanosleep(&pause, NULL); /* let it go to sleep (if not, it sees the moved word) */
+    atomic_store(&w.word, 4);
+    syscall(SYS_futex, (uint32_t *)&w.word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+    pthread_join(th, NULL);
+    CHECK(w.waited < 5000 * MS);
+}
+
 int main(void)
 {
     test_refill_rate_cap_and_first_use();
@@ -317,6 +359,7 @@ int main(void)
     test_vgpu_no_share_no_quota_is_unlimited();
     test_standalone_steer_can_only_lower();
     test_live_change_wakes_a_sleeping_thread();
+    test_real_wait_is_woken_by_a_write();
     test_shared_bucket_holds_the_quota();
     test_concurrent_refill_credits_time_once();
     if (failures) {

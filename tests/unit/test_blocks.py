@@ -6,6 +6,8 @@ import ctypes
 import mmap
 import os
 import stat
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -112,6 +114,47 @@ def test_throttle_write_bumps_epoch_only_on_change_and_leaves_seq_even(
     assert control.read_throttle(0).epoch == after.epoch
     assert control._c.devices[0].throttle.seq % 2 == 0
     assert control.read_throttle(1).quota_ppm == 500_000  # the other device is untouched
+
+
+SYS_FUTEX = {"x86_64": 202, "aarch64": 98}[os.uname().machine]
+FUTEX_WAIT = 0
+
+
+def test_a_new_quota_wakes_hooks_sleeping_on_the_throttle_entry(control: ControlBlock) -> None:
+    """A hook's pacer sleeps on the entry's seq word, in its own read-only
+    shared mapping (as in a container); writing a quota wakes it at once,
+    long before the 10 s it asked to sleep."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int]
+    libc.mmap.argtypes += [ctypes.c_int, ctypes.c_long]
+    size = ctypes.sizeof(blocks.ControlC)
+    fd = os.open(control.path, os.O_RDONLY)
+    base = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+    os.close(fd)
+    assert base not in (None, ctypes.c_void_p(-1).value)
+    seq = ctypes.c_uint32.from_address(
+        base
+        + blocks.ControlC.devices.offset
+        + blocks.ControlDeviceC.throttle.offset
+        + blocks.ThrottleC.seq.offset
+    )
+    seen = seq.value
+    timeout = (ctypes.c_long * 2)(10, 0)
+    woke: list[float] = []
+
+    def sleep_in_pacer() -> None:
+        t0 = time.monotonic()
+        libc.syscall(SYS_FUTEX, ctypes.byref(seq), FUTEX_WAIT, seen, timeout, None, 0)
+        woke.append(time.monotonic() - t0)
+
+    sleeper = threading.Thread(target=sleep_in_pacer)
+    sleeper.start()
+    time.sleep(0.1)  # let it go to sleep (if it has not, it sees the moved word)
+    assert control.write_throttle(0, 700_000)
+    sleeper.join(timeout=15)
+    libc.munmap(ctypes.c_void_p(base), ctypes.c_size_t(size))
+    assert woke and woke[0] < 5, woke
 
 
 def test_out_of_range_writes_are_refused(control: ControlBlock) -> None:
