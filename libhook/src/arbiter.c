@@ -1,25 +1,16 @@
 /*
  * arbiter.c - the GPU turn: a ticket lock with a lease over a shared block
- * (see arbiter.h and vgpu_abi.h). Waiters sleep on the `serving` word with
- * FUTEX_WAIT without FUTEX_PRIVATE_FLAG, which works across processes on a
- * MAP_SHARED file mapping; every sleep is bounded so a lapsed lease is
- * noticed without a wake-up from anyone.
+ * (see arbiter.h and vgpu_abi.h). Waiters sleep on the `serving` word in the
+ * clock's wait (pacer.c: FUTEX_WAIT without FUTEX_PRIVATE_FLAG, which works
+ * across processes on a MAP_SHARED file mapping); every sleep is bounded so
+ * a lapsed lease is noticed without a wake-up from anyone.
  */
-#include <errno.h>
 #include <limits.h>
 #include <linux/futex.h>
 #include <sys/syscall.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "arbiter.h"
-
-static void futex_wait(_Atomic uint32_t *word, uint32_t seen, uint64_t ns)
-{
-    struct timespec rel = {.tv_sec = (time_t)(ns / 1000000000ull), .tv_nsec = (long)(ns % 1000000000ull)};
-    /* EAGAIN (the word moved), EINTR and ETIMEDOUT all mean: look again. */
-    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT, seen, &rel, NULL, 0);
-}
 
 static void futex_wake_all(_Atomic uint32_t *word)
 {
@@ -61,7 +52,9 @@ uint32_t arbiter_acquire(struct vgpu_arbiter *a, const struct pacer_clock *clock
             continue;
         }
         uint64_t wait = lease - now;
-        futex_wait(&a->serving, serving, wait < ARBITER_WAIT_SLICE_NS ? wait : ARBITER_WAIT_SLICE_NS);
+        /* A wake, a moved word, a signal or the slice's end: look again. */
+        clock->wait(clock->ctx, &a->serving, serving,
+                    wait < ARBITER_WAIT_SLICE_NS ? wait : ARBITER_WAIT_SLICE_NS);
     }
 }
 

@@ -26,8 +26,9 @@
 /* Longest single futex sleep: waiters re-check the lease this often. */
 #define ARBITER_WAIT_SLICE_NS 5000000ull
 
-/* Take a ticket and sleep until its turn (skipping lapsed turns); returns
- * the ticket, which now holds the turn. */
+/* Take a ticket and sleep until its turn (skipping lapsed turns), reading
+ * time and sleeping on `serving` through `clock`; returns the ticket, which
+ * now holds the turn. */
 uint32_t arbiter_acquire(struct vgpu_arbiter *a, const struct pacer_clock *clock);
 
 /* Is it still `ticket`'s turn? (False once someone skipped it.) */

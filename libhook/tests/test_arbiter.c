@@ -28,7 +28,12 @@ static uint64_t skewed_now(void *ctx)
     (void)ctx;
     return pacer_monotonic.now(NULL) + skew_ns;
 }
-static const struct pacer_clock clock_ = {skewed_now, NULL, NULL};
+/* Waits are the real futex wait (pacer_monotonic's). */
+static void real_wait(void *ctx, const _Atomic uint32_t *word, uint32_t seen, uint64_t ns)
+{
+    pacer_monotonic.wait(ctx, word, seen, ns);
+}
+static const struct pacer_clock clock_ = {skewed_now, real_wait, NULL};
 
 /* A clock that counts its reads: the unpaced fast path must read none
  * while no stamp is there. */
@@ -38,7 +43,7 @@ static uint64_t counted_now(void *ctx)
     clock_reads++;
     return skewed_now(ctx);
 }
-static const struct pacer_clock counted = {counted_now, NULL, NULL};
+static const struct pacer_clock counted = {counted_now, real_wait, NULL};
 
 static struct vgpu_arbiter arb;
 
