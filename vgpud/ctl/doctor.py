@@ -115,10 +115,9 @@ def unhooked(driver: set[str], hook: set[str]) -> Unhooked:
     missing = sorted(n for n in driver - hook if n.startswith("cu"))
     result = Unhooked([], [], [])
     for name in missing:
-        why = reviewed(name) if risky(name) else None
         if not risky(name):
             result.others.append(name)
-        elif why is None:
+        elif (why := reviewed(name)) is None:
             result.risky.append(name)
         else:
             result.by_design.append((name, why))
