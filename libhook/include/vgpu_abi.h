@@ -7,13 +7,22 @@
  *   usage    written by the hook (atomics only), read and repaired by the
  *            daemon. Per-device budget counters and per-process slots.
  *
- * One more file per physical GPU, shared by every vGPU on it:
- *   arbiter  <run_dir>/gpus/<uuid>, read-write for every hook: the GPU turn
- *            that paced processes take (struct vgpu_arbiter below).
+ * No file is shared by two vGPUs. The GPU turn (docs/compute.md, "Taking
+ * turns") is split so that the daemon is the only writer another vGPU reads:
+ * a vGPU's processes queue among themselves on `struct vgpu_turn` in their
+ * own usage block and ask for the GPU there (`request`); the daemon's broker
+ * reads every vGPU's request on the GPU and grants the turn to one vGPU at a
+ * time through that vGPU's control block (`turn_grant`, `turn_until_ns`),
+ * with the GPU's pacing stamp (`paced_until_ns`) and its own heartbeat
+ * (`turn_beat_ns`). A tenant that scribbles on its usage block confuses only
+ * its own processes; the broker reads a request as one word and bounds it.
  *
  * Standalone mode (no control block mounted) uses only a usage block; its
  * limits come from the environment and its steering area is written by the
- * daemon when it adopts the process.
+ * daemon when it adopts the process. Its processes take turns on a file of
+ * their own user (struct vgpu_arbiter: 0600, refused unless the caller owns
+ * it), with no broker: standalone processes of other users do not take
+ * turns with them.
  *
  * Rules that keep this safe across processes that may die at any instant:
  *  - every field another process reads while it changes is a C11 atomic, or
@@ -34,7 +43,7 @@
 #define VGPU_CONTROL_MAGIC 0x544e4f4355504756ULL /* "VGPUCONT" little-endian */
 #define VGPU_USAGE_MAGIC   0x4741535555504756ULL /* "VGPUUSAG" little-endian */
 #define VGPU_ARBITER_MAGIC 0x4942524155504756ULL /* "VGPUARBI" little-endian */
-#define VGPU_ABI_VERSION   1u
+#define VGPU_ABI_VERSION   2u /* 2: the GPU turn moved into the blocks */
 
 #define VGPU_MAX_DEVICES 16
 #define VGPU_MAX_PROCS   256
@@ -81,6 +90,21 @@ struct vgpu_control_device {
     _Atomic uint32_t weight;          /* soft shares divide spare time by weight */
     uint32_t reserved0;
     struct vgpu_throttle throttle;
+    /*
+     * The GPU's turn, granted by the daemon's broker (vgpu_broker.c) to one
+     * vGPU of the GPU at a time. turn_grant is a futex word: 0 = not this
+     * vGPU's turn; otherwise the grant's id (>= 2, unique on the GPU for
+     * the broker's life), which the holder echoes in vgpu_turn.request
+     * while it works. turn_until_ns: 0 = nobody else waits, keep it while
+     * busy; else open no batch after it (a holder still busy well after
+     * it loses the turn). paced_until_ns: until then a vGPU on this GPU
+     * paces (its quota is below 100 %), so every hooked process takes
+     * turns, paced or not.
+     */
+    _Atomic uint32_t turn_grant;
+    uint32_t reserved1;
+    _Atomic uint64_t turn_until_ns;
+    _Atomic uint64_t paced_until_ns;
 };
 
 struct vgpu_control {
@@ -89,7 +113,8 @@ struct vgpu_control {
     uint32_t device_count;            /* entries used in devices[] */
     _Atomic uint32_t flags;           /* VGPU_FLAG_* */
     _Atomic uint64_t heartbeat_ns;    /* daemon's CLOCK_MONOTONIC at last tick */
-    uint64_t reserved[6];
+    _Atomic uint64_t turn_beat_ns;    /* the broker's CLOCK_MONOTONIC at its last look */
+    uint64_t reserved[5];
     struct vgpu_control_device devices[VGPU_MAX_DEVICES];
     /*
      * Host PID of the process in usage slot i, 0 if unknown. The daemon maps
@@ -151,6 +176,33 @@ struct vgpu_steer {
     uint64_t reserved[3];
 };
 
+/*
+ * The processes of one vGPU (or of one standalone user) on one GPU taking
+ * turns among themselves: a FIFO ticket lock with a lease, no lock a dead
+ * process can hold (libhook/src/arbiter.c):
+ *   take     t = next++; the turn is t's when serving == t;
+ *   hold     the holder renews lease_ns as it opens batches;
+ *   pass     serving = t + 1 (CAS from t), lease_ns = a hand-off grace;
+ *            waiters sleep on `serving` (futex, shared mapping, timed);
+ *   skip     anyone may CAS serving s -> s + 1 once lease_ns has passed.
+ * paced_until_ns: a process here paces until then (it pushes it forward).
+ * request (vGPU mode, read by the broker): 0 = no process here wants the
+ * GPU; the grant id from turn_grant = the holder works under that grant;
+ * any other value = wants the GPU. Written by the tenant: the broker takes
+ * it for nothing but this vGPU's wish.
+ */
+struct vgpu_turn {
+    _Atomic uint32_t next;
+    _Atomic uint32_t serving;
+    _Atomic uint64_t lease_ns;
+    _Atomic uint64_t paced_until_ns;
+    _Atomic uint32_t request;
+    uint32_t reserved0;
+};
+
+/* vgpu_turn.request: wants the GPU, holds no grant (grants are >= 2). */
+#define VGPU_TURN_WANT 1u
+
 /* The vGPU-wide budget of one device. */
 struct vgpu_usage_device {
     _Atomic uint64_t used;          /* bytes reserved by all processes: never > limit */
@@ -169,6 +221,7 @@ struct vgpu_usage_device {
      */
     _Atomic int64_t pacer_balance_ns;
     _Atomic uint64_t pacer_stamp_ns;
+    struct vgpu_turn turn;          /* this vGPU's processes on this GPU */
 };
 
 struct vgpu_usage {
@@ -182,45 +235,24 @@ struct vgpu_usage {
 };
 
 /*
- * The GPU turn: one block per physical GPU, shared by every paced process on
- * it whatever its vGPU (VGPU_ARBITER_DIR/<uuid>, created by the daemon or
- * the first hook). Paced processes take turns so that the batches of
- * different processes never overlap on the GPU and each batch's event pair
- * measures only its own work (docs/compute.md, "Taking turns").
- *
- * A FIFO ticket lock with a lease, no lock a dead process can hold:
- *   take     t = next++; the turn is t's when serving == t;
- *   hold     the holder renews lease_ns as it opens batches;
- *   pass     serving = t + 1 (CAS from t), lease_ns = a hand-off grace;
- *            waiters sleep on `serving` (futex, shared mapping, timed);
- *   skip     anyone may CAS serving s -> s + 1 once lease_ns has passed:
- *            the holder died or hung, or s was a dead waiter's ticket.
- *
- * paced_until_ns says whether turns are needed at all: a paced process
- * pushes it forward while it paces (it was reserved and zero before, so the
- * layout version did not change); while it is in the future, unpaced hooked
- * processes on the GPU take turns too (measured, never throttled), so that
- * their work does not run inside a paced process's event pairs. Whoever sees
- * it in the past may CAS it back to 0.
+ * Standalone processes' turn on one GPU: /tmp/vgpud-<uid>.arbiter-<uuid>
+ * (or VGPU_ARBITER_DIR/<uuid>), created 0600 by the first hook and refused
+ * unless owned by the caller, so only one user's processes ever share it.
  */
 struct vgpu_arbiter {
     struct vgpu_block_header hdr;
-    _Atomic uint32_t next;          /* the next ticket to hand out */
-    _Atomic uint32_t serving;       /* the ticket whose turn it is (futex word) */
-    _Atomic uint64_t lease_ns;      /* CLOCK_MONOTONIC: the turn may be skipped after this */
-    _Atomic uint64_t turns;         /* turns taken (diagnostics) */
-    _Atomic uint64_t skips;         /* turns skipped for a lapsed lease (diagnostics) */
-    _Atomic uint64_t paced_until_ns; /* CLOCK_MONOTONIC: until then, every hooked process takes turns */
-    uint64_t reserved[1];
+    struct vgpu_turn turn;
+    uint64_t reserved[2];
 };
 
 #define VGPU_ABI_ASSERT(cond) _Static_assert(cond, #cond)
 VGPU_ABI_ASSERT(sizeof(struct vgpu_block_header) == 16);
 VGPU_ABI_ASSERT(sizeof(struct vgpu_throttle) == 24);
-VGPU_ABI_ASSERT(sizeof(struct vgpu_control_device) == 144);
+VGPU_ABI_ASSERT(sizeof(struct vgpu_control_device) == 168);
+VGPU_ABI_ASSERT(sizeof(struct vgpu_turn) == 32);
 VGPU_ABI_ASSERT(sizeof(struct vgpu_proc_device) == 40);
 VGPU_ABI_ASSERT(sizeof(struct vgpu_proc_slot) == 32 + 40 * VGPU_MAX_DEVICES);
-VGPU_ABI_ASSERT(sizeof(struct vgpu_usage_device) == 80);
+VGPU_ABI_ASSERT(sizeof(struct vgpu_usage_device) == 112);
 VGPU_ABI_ASSERT(sizeof(struct vgpu_control) < 4096);
 VGPU_ABI_ASSERT(sizeof(struct vgpu_arbiter) == 64);
 VGPU_ABI_ASSERT(sizeof(_Atomic uint64_t) == 8);

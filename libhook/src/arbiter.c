@@ -1,6 +1,6 @@
 /*
- * arbiter.c - the GPU turn: a ticket lock with a lease over a shared block
- * (see arbiter.h and vgpu_abi.h). Waiters sleep on the `serving` word in the
+ * arbiter.c - the tenant-local GPU turn: a ticket lock with a lease over a
+ * shared block (see arbiter.h and vgpu_abi.h). Waiters sleep on the `serving` word in the
  * clock's wait (pacer.c: FUTEX_WAIT without FUTEX_PRIVATE_FLAG, which works
  * across processes on a MAP_SHARED file mapping); every sleep is bounded so
  * a lapsed lease is noticed without a wake-up from anyone.
@@ -19,17 +19,16 @@ static void futex_wake_all(_Atomic uint32_t *word)
 
 /* Move the turn from `from` to the next ticket; the grace goes in first so
  * that nobody sees the new turn with the old, lapsed lease. */
-static bool pass(struct vgpu_arbiter *a, uint32_t from, uint64_t now)
+static void pass(struct vgpu_turn *a, uint32_t from, uint64_t now)
 {
     atomic_store_explicit(&a->lease_ns, now + ARBITER_HANDOFF_NS, memory_order_release);
     if (!atomic_compare_exchange_strong_explicit(&a->serving, &from, from + 1,
                                                  memory_order_acq_rel, memory_order_acquire))
-        return false;
+        return;
     futex_wake_all(&a->serving);
-    return true;
 }
 
-uint32_t arbiter_acquire(struct vgpu_arbiter *a, const struct pacer_clock *clock)
+uint32_t arbiter_acquire(struct vgpu_turn *a, const struct pacer_clock *clock)
 {
     uint32_t ticket = atomic_fetch_add_explicit(&a->next, 1, memory_order_acq_rel);
     for (;;) {
@@ -37,7 +36,6 @@ uint32_t arbiter_acquire(struct vgpu_arbiter *a, const struct pacer_clock *clock
         uint64_t now = clock->now(clock->ctx);
         if (serving == ticket) {
             arbiter_renew(a, now);
-            atomic_fetch_add_explicit(&a->turns, 1, memory_order_relaxed);
             return ticket;
         }
         if ((int32_t)(serving - ticket) > 0) {
@@ -47,8 +45,7 @@ uint32_t arbiter_acquire(struct vgpu_arbiter *a, const struct pacer_clock *clock
         }
         uint64_t lease = atomic_load_explicit(&a->lease_ns, memory_order_acquire);
         if (now >= lease) {
-            if (pass(a, serving, now))
-                atomic_fetch_add_explicit(&a->skips, 1, memory_order_relaxed);
+            pass(a, serving, now);
             continue;
         }
         uint64_t wait = lease - now;
@@ -58,27 +55,27 @@ uint32_t arbiter_acquire(struct vgpu_arbiter *a, const struct pacer_clock *clock
     }
 }
 
-bool arbiter_holds(const struct vgpu_arbiter *a, uint32_t ticket)
+bool arbiter_holds(const struct vgpu_turn *a, uint32_t ticket)
 {
     return atomic_load_explicit(&a->serving, memory_order_acquire) == ticket;
 }
 
-bool arbiter_contended(const struct vgpu_arbiter *a, uint32_t ticket)
+bool arbiter_contended(const struct vgpu_turn *a, uint32_t ticket)
 {
     return atomic_load_explicit(&a->next, memory_order_acquire) != ticket + 1;
 }
 
-void arbiter_renew(struct vgpu_arbiter *a, uint64_t now)
+void arbiter_renew(struct vgpu_turn *a, uint64_t now)
 {
     atomic_store_explicit(&a->lease_ns, now + ARBITER_LEASE_NS, memory_order_release);
 }
 
-void arbiter_release(struct vgpu_arbiter *a, uint32_t ticket, uint64_t now)
+void arbiter_release(struct vgpu_turn *a, uint32_t ticket, uint64_t now)
 {
     pass(a, ticket, now);
 }
 
-void arbiter_mark_paced(struct vgpu_arbiter *a, uint64_t until, uint64_t slack)
+void arbiter_mark_paced(struct vgpu_turn *a, uint64_t until, uint64_t slack)
 {
     uint64_t seen = atomic_load_explicit(&a->paced_until_ns, memory_order_relaxed);
     /* A hint, not a lock: relaxed, and a CAS only so that two pacers never

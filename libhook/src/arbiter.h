@@ -1,10 +1,12 @@
 /*
- * arbiter.h - the GPU turn (struct vgpu_arbiter in vgpu_abi.h): a FIFO
- * ticket lock with a lease, shared by every hooked process on one GPU while
- * any of them is paced, so that batches of different processes do not
- * overlap and each process's event pairs measure its own work only.
- * Atomics and a shared futex: no lock that a killed process can hold. The
- * clock is injectable for the unit test (libhook/tests/test_arbiter.c).
+ * arbiter.h - the tenant-local part of the GPU turn (struct vgpu_turn in
+ * vgpu_abi.h): a FIFO ticket lock with a lease among the processes of one
+ * vGPU (in its usage block) or of one standalone user (its own arbiter
+ * file), so that their batches do not overlap and each process's event
+ * pairs measure its own work only. Between vGPUs the daemon's broker grants
+ * the GPU (grant.h). Atomics and a shared futex: no lock that a killed
+ * process can hold. The clock is injectable for the unit test
+ * (libhook/tests/test_arbiter.c).
  */
 #ifndef VGPU_ARBITER_H
 #define VGPU_ARBITER_H
@@ -29,42 +31,46 @@
 /* Take a ticket and sleep until its turn (skipping lapsed turns), reading
  * time and sleeping on `serving` through `clock`; returns the ticket, which
  * now holds the turn. */
-uint32_t arbiter_acquire(struct vgpu_arbiter *a, const struct pacer_clock *clock);
+uint32_t arbiter_acquire(struct vgpu_turn *a, const struct pacer_clock *clock);
 
 /* Is it still `ticket`'s turn? (False once someone skipped it.) */
-bool arbiter_holds(const struct vgpu_arbiter *a, uint32_t ticket);
+bool arbiter_holds(const struct vgpu_turn *a, uint32_t ticket);
 
 /* Does anyone queue behind `ticket`? */
-bool arbiter_contended(const struct vgpu_arbiter *a, uint32_t ticket);
+bool arbiter_contended(const struct vgpu_turn *a, uint32_t ticket);
 
 /* The holder is alive and working: push its lease forward. */
-void arbiter_renew(struct vgpu_arbiter *a, uint64_t now);
+void arbiter_renew(struct vgpu_turn *a, uint64_t now);
 
 /* Pass the turn on (no-op if it was skipped meanwhile). */
-void arbiter_release(struct vgpu_arbiter *a, uint32_t ticket, uint64_t now);
+void arbiter_release(struct vgpu_turn *a, uint32_t ticket, uint64_t now);
 
 /* A process paces on the GPU and wants turns until `until`: raise
  * paced_until_ns to it, unless it already reaches within `slack` of it (so
  * that the shared line is written once per slack, not at every batch).
  * Never lowers the stamp another process wrote. */
-void arbiter_mark_paced(struct vgpu_arbiter *a, uint64_t until, uint64_t slack);
+void arbiter_mark_paced(struct vgpu_turn *a, uint64_t until, uint64_t slack);
 
 /*
  * Does a process pace on the GPU now (a stamp in the future)? The unpaced
  * launch path asks at every launch, so: one relaxed load, and a clock read
- * only when a stamp is there. A stamp in the past is cleared by CAS (a
- * pacer's newer stamp makes the CAS fail), so that the GPU's unpaced
- * processes go back to reading no clock at all.
+ * only when a stamp is there. `stamp` is a standalone arbiter's (writable:
+ * a stamp in the past is cleared by CAS, which a pacer's newer stamp makes
+ * fail, so that the unpaced processes go back to reading no clock at all)
+ * or the one the broker publishes in the control block (read-only: the
+ * broker clears it; `clear` false).
  */
-static inline bool arbiter_paced(struct vgpu_arbiter *a, const struct pacer_clock *clock)
+static inline bool arbiter_paced(_Atomic uint64_t *stamp, bool clear,
+                                 const struct pacer_clock *clock)
 {
-    uint64_t until = atomic_load_explicit(&a->paced_until_ns, memory_order_relaxed);
+    uint64_t until = atomic_load_explicit(stamp, memory_order_relaxed);
     if (until == 0)
         return false;
     if (clock->now(clock->ctx) < until)
         return true;
-    atomic_compare_exchange_strong_explicit(&a->paced_until_ns, &until, 0, memory_order_relaxed,
-                                            memory_order_relaxed);
+    if (clear)
+        atomic_compare_exchange_strong_explicit(stamp, &until, 0, memory_order_relaxed,
+                                                memory_order_relaxed);
     return false;
 }
 

@@ -127,7 +127,27 @@ struct shared_kind {
     const char *name;
     uint64_t magic;
     size_t size;
+    bool owner_only; /* refused unless the caller owns it and no one else may open it */
 };
+
+/* A file another user made (or may open) is not ours to share: with the
+ * arbiter, whoever can write it steers our turns. */
+static int check_owner(int fd, const char *path, const struct shared_kind *k)
+{
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        vgpu_error_set("%s block %s: fstat: %s", k->name, path, strerror(errno));
+        return -1;
+    }
+    if (st.st_uid != geteuid() || (st.st_mode & 0077) != 0) {
+        vgpu_error_set("%s block %s: owned by uid %u with mode %04o, not this user's alone "
+                       "(uid %u, 0600): refused",
+                       k->name, path, (unsigned)st.st_uid, (unsigned)(st.st_mode & 07777),
+                       (unsigned)geteuid());
+        return -1;
+    }
+    return 0;
+}
 
 /* We won the O_EXCL race: size the file, zero is a valid empty block, and
  * the magic goes in last so nobody trusts a half-made block. */
@@ -189,7 +209,7 @@ static void *map_shared(const char *path, bool create, const struct shared_kind 
         }
     }
     fd = open_block(path, O_RDWR, k->name);
-    if (fd >= 0)
+    if (fd >= 0 && (!k->owner_only || check_owner(fd, path, k) == 0))
         block = await_shared(fd, path, k);
 done:
     if (fd >= 0)
@@ -199,7 +219,8 @@ done:
 
 int blocks_map_usage(const char *path, bool create, struct vgpu_usage **out)
 {
-    static const struct shared_kind usage = {"usage", VGPU_USAGE_MAGIC, sizeof(struct vgpu_usage)};
+    static const struct shared_kind usage = {"usage", VGPU_USAGE_MAGIC, sizeof(struct vgpu_usage),
+                                             false};
     *out = map_shared(path, create, &usage);
     return *out != NULL ? 0 : -1;
 }
@@ -207,7 +228,7 @@ int blocks_map_usage(const char *path, bool create, struct vgpu_usage **out)
 int blocks_map_arbiter(const char *path, struct vgpu_arbiter **out)
 {
     static const struct shared_kind arbiter = {"arbiter", VGPU_ARBITER_MAGIC,
-                                               sizeof(struct vgpu_arbiter)};
+                                               sizeof(struct vgpu_arbiter), true};
     *out = map_shared(path, true, &arbiter);
     return *out != NULL ? 0 : -1;
 }

@@ -20,7 +20,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "arbiter.h"
 #include "gputime.h"
 #include "pacer.h"
 #include "turn.h"
@@ -83,7 +82,7 @@ static struct {
     _Atomic bool ready;
     struct gt_dev devs[VGPU_MAX_DEVICES];
     int checked_devs;                /* devices the unlimited fast path looks at */
-    struct vgpu_arbiter *watched[VGPU_MAX_DEVICES]; /* their arbiters, for pacing stamps */
+    int watched[VGPU_MAX_DEVICES];   /* those of them with turns, for pacing stamps */
     int watched_count;
 
     pthread_mutex_t table_lock;
@@ -135,20 +134,18 @@ static pid_t current_tid(void)
 static void atfork_child(void);
 static void flush_at_exit(void);
 
-/* The arbiters of the devices the fast path checks: while a paced process
+/* The turns of the devices the fast path checks: while a paced process
  * stamps one, this process takes turns there even unpaced. Looked up here,
  * once, so that no launch opens a file. A standalone device is named by its
  * UUID only once discovered, which devmap_index does for all of them. */
-static void watch_arbiters(void)
+static void watch_turns(void)
 {
     if (vgpu.mode == VGPU_MODE_STANDALONE)
         devmap_index(0);
     gt.watched_count = 0;
-    for (int i = 0; i < gt.checked_devs; i++) {
-        struct vgpu_arbiter *a = turn_arbiter(i);
-        if (a != NULL)
-            gt.watched[gt.watched_count++] = a;
-    }
+    for (int i = 0; i < gt.checked_devs; i++)
+        if (turn_available(i))
+            gt.watched[gt.watched_count++] = i;
 }
 
 static void gt_init(void)
@@ -165,7 +162,7 @@ static void gt_init(void)
         gt.checked_devs = control != NULL ? (int)control->device_count : VGPU_MAX_DEVICES;
         if (gt.checked_devs > VGPU_MAX_DEVICES)
             gt.checked_devs = VGPU_MAX_DEVICES;
-        watch_arbiters();
+        watch_turns();
         static bool registered;
         if (!registered) {
             pthread_atfork(NULL, NULL, atfork_child);
@@ -228,13 +225,13 @@ static bool may_be_paced(void)
 /* Is there nothing to measure anywhere right now: no quota below 100 %, and
  * no paced process on our GPUs that needs our work kept out of its batches?
  * The check every launch makes first, so a vGPU at 100 % pays a few loads
- * (one per GPU for the arbiter's stamp) and nothing else. */
+ * (one per GPU for its pacing stamp) and nothing else. */
 static bool unlimited_everywhere(void)
 {
     if (atomic_load_explicit(&gt.open_batches, memory_order_relaxed) != 0 || may_be_paced())
         return false;
     for (int i = 0; i < gt.watched_count; i++)
-        if (arbiter_paced(gt.watched[i], &pacer_monotonic))
+        if (turn_wanted(gt.watched[i]))
             return false;
     return true;
 }

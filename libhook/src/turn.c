@@ -1,11 +1,14 @@
 /*
- * turn.c - this process's side of the GPU turn (see turn.h, arbiter.h).
+ * turn.c - this process's side of the GPU turn (see turn.h, arbiter.h,
+ * grant.h).
  *
  * Per device: an in-process mutex and condition (threads of one process
  * share its turn: one of them queues for it, the others wait for that one),
- * the ticket held, and the number of batches counted on the device. The
- * monitor thread calls turn_leave as it measures each batch, so the turn is
- * passed on as soon as the process's last batch on the GPU has completed.
+ * the local ticket held (among the vGPU's, or the standalone user's,
+ * processes), the broker's grant held (vGPU mode: between vGPUs), and the
+ * number of batches counted on the device. The monitor thread calls
+ * turn_leave as it measures each batch, so the turn is passed on as soon as
+ * the process's last batch on the GPU has completed.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -14,17 +17,22 @@
 #include <unistd.h>
 
 #include "arbiter.h"
+#include "grant.h"
 #include "turn.h"
 #include "vgpu.h"
 
 struct turn_dev {
     pthread_mutex_t lock;
     pthread_cond_t cond;           /* the turn came or went, a batch was measured */
-    _Atomic bool looked;           /* the arbiter was looked for (set once, under lock) */
-    struct vgpu_arbiter *arbiter;  /* NULL: no turns on this device */
+    _Atomic bool looked;           /* the turn was looked for (set once, under lock) */
+    struct vgpu_turn *local;       /* NULL: no turns on this device */
+    struct grant_dev grant;        /* vGPU mode; grant.control NULL standalone */
+    _Atomic uint64_t *stamp;       /* where turn_wanted looks */
+    bool stamp_ours;               /* a standalone arbiter's stamp: we clear it when stale */
     bool holding;
-    bool queueing;                 /* one of our threads sleeps in arbiter_acquire */
+    bool queueing;                 /* one of our threads sleeps in arbiter/grant_acquire */
     uint32_t ticket;
+    uint32_t grant_id;             /* 0: no grant held (standalone, or no broker at work) */
     uint64_t held_since;
     _Atomic uint64_t linger_until; /* holding with no batch: pass on at this time */
     unsigned batches;              /* counted by turn_enter, not yet left */
@@ -45,9 +53,9 @@ static void turns_init(void)
     }
 }
 
-/* VGPU_ARBITER_DIR/<uuid>; standalone without it, /tmp/vgpud-<uid>.arbiter-<uuid>
- * (next to the default usage block); vGPU mode without it: none. */
-static struct vgpu_arbiter *find_arbiter(int index)
+/* Standalone: VGPU_ARBITER_DIR/<uuid>, else /tmp/vgpud-<uid>.arbiter-<uuid>
+ * (next to the default usage block), owned by this user alone. */
+static struct vgpu_turn *standalone_turn(int index)
 {
     const char *uuid = devmap_uuid(index);
     if (uuid[0] == '(' || strchr(uuid, '/') != NULL)
@@ -55,16 +63,36 @@ static struct vgpu_arbiter *find_arbiter(int index)
     char path[512];
     if (vgpu.env.arbiter_dir != NULL)
         snprintf(path, sizeof(path), "%s/%s", vgpu.env.arbiter_dir, uuid);
-    else if (vgpu.mode == VGPU_MODE_STANDALONE)
-        snprintf(path, sizeof(path), "/tmp/vgpud-%u.arbiter-%s", (unsigned)getuid(), uuid);
     else
-        return NULL;
+        snprintf(path, sizeof(path), "/tmp/vgpud-%u.arbiter-%s", (unsigned)getuid(), uuid);
     struct vgpu_arbiter *a = NULL;
     if (blocks_map_arbiter(path, &a) != 0) {
         log_warn("%s; batches on GPU %s are not arbitrated", vgpu_error(), uuid);
         return NULL;
     }
-    return a;
+    return &a->turn;
+}
+
+/* vGPU mode: the vGPU's own turn in its usage block, the broker's grant
+ * and the GPU's pacing stamp in its control block. Standalone: its file. */
+static void find_turn(struct turn_dev *t, int index)
+{
+    if (vgpu.mode == VGPU_MODE_VGPU) {
+        if (index >= (int)vgpu.control->device_count)
+            return;
+        const struct vgpu_control_device *cd = &vgpu.control->devices[index];
+        t->local = &vgpu.usage->devices[index].turn;
+        t->grant = (struct grant_dev){cd, &vgpu.control->turn_beat_ns, t->local};
+        /* Read-only mapping: never written through (stamp_ours false). */
+        t->stamp = (_Atomic uint64_t *)&cd->paced_until_ns;
+        t->stamp_ours = false;
+    } else if (vgpu.mode == VGPU_MODE_STANDALONE) {
+        t->local = standalone_turn(index);
+        if (t->local != NULL) {
+            t->stamp = &t->local->paced_until_ns;
+            t->stamp_ours = true;
+        }
+    }
 }
 
 static uint64_t now_ns(void)
@@ -73,65 +101,89 @@ static uint64_t now_ns(void)
 }
 
 /* Holding, and free to open another batch: not held past TURN_HOLD_NS while
- * others queue (unless draining took too long). Lock held. */
+ * the vGPU's other processes queue, nor past the broker's time while other
+ * vGPUs wait (unless draining took too long). Lock held. */
 static bool may_keep(const struct turn_dev *t, uint64_t now, uint64_t drain_deadline)
 {
-    return now - t->held_since < TURN_HOLD_NS || !arbiter_contended(t->arbiter, t->ticket) ||
-           (drain_deadline != 0 && now >= drain_deadline);
+    if (drain_deadline != 0 && now >= drain_deadline)
+        return true;
+    if (t->grant_id != 0 && grant_expired(&t->grant, now))
+        return false;
+    return now - t->held_since < TURN_HOLD_NS || !arbiter_contended(t->local, t->ticket);
+}
+
+/* Is the grant this process works under still good? Standalone there is
+ * none to lose; with no broker (id 0) the answer is no once one beats
+ * again, so that the process queues for a real grant. */
+static bool grant_good(const struct turn_dev *t, uint64_t now)
+{
+    if (t->grant.control == NULL)
+        return true;
+    if (t->grant_id == 0)
+        return !grant_broker_live(&t->grant, now);
+    return grant_holds(&t->grant, t->grant_id);
 }
 
 static void pass_on(struct turn_dev *t, uint64_t now)
 {
-    arbiter_release(t->arbiter, t->ticket, now);
+    /* The vGPU's request is the local holder's to change: a process whose
+     * local turn was skipped meanwhile leaves it to the new holder. */
+    if (t->grant.control != NULL && arbiter_holds(t->local, t->ticket))
+        grant_release(&t->grant, arbiter_contended(t->local, t->ticket));
+    arbiter_release(t->local, t->ticket, now);
     t->holding = false;
     t->linger_until = 0;
 }
 
-struct vgpu_arbiter *turn_arbiter(int index)
+bool turn_available(int index)
 {
     struct turn_dev *t = &turns[index];
     /* Lock-free once looked: the unpaced launch path asks at every launch. */
     if (atomic_load_explicit(&t->looked, memory_order_acquire))
-        return t->arbiter;
+        return t->local != NULL;
     pthread_once(&turns_once, turns_init);
     pthread_mutex_lock(&t->lock);
     if (!atomic_load_explicit(&t->looked, memory_order_relaxed)) {
-        t->arbiter = find_arbiter(index);
+        find_turn(t, index);
         atomic_store_explicit(&t->looked, true, memory_order_release);
     }
     pthread_mutex_unlock(&t->lock);
-    return t->arbiter;
+    return t->local != NULL;
 }
 
 void turn_pacing(int index, uint64_t wait_ns)
 {
-    struct vgpu_arbiter *a = turn_arbiter(index);
-    if (a != NULL)
-        arbiter_mark_paced(a, now_ns() + wait_ns + TURN_PACED_FRESH_NS, TURN_PACED_FRESH_NS / 2);
+    if (turn_available(index))
+        arbiter_mark_paced(turns[index].local, now_ns() + wait_ns + TURN_PACED_FRESH_NS,
+                           TURN_PACED_FRESH_NS / 2);
 }
 
 bool turn_wanted(int index)
 {
-    struct vgpu_arbiter *a = turn_arbiter(index);
-    return a != NULL && arbiter_paced(a, &pacer_monotonic);
+    struct turn_dev *t = &turns[index];
+    return turn_available(index) && arbiter_paced(t->stamp, t->stamp_ours, &pacer_monotonic);
 }
 
 bool turn_enter(int index)
 {
     struct turn_dev *t = &turns[index];
-    if (turn_arbiter(index) == NULL)
+    if (!turn_available(index))
         return false;
     pthread_mutex_lock(&t->lock);
     uint64_t drain_deadline = 0;
     for (;;) {
-        if (t->holding && !arbiter_holds(t->arbiter, t->ticket))
-            t->holding = false; /* skipped: our lease lapsed */
         if (t->holding) {
             uint64_t now = now_ns();
+            if (!arbiter_holds(t->local, t->ticket) || !grant_good(t, now)) {
+                /* Skipped (our lease lapsed), or the broker took the GPU
+                 * back: queue again, behind the others. */
+                pass_on(t, now);
+                continue;
+            }
             if (may_keep(t, now, drain_deadline)) {
                 t->batches++;
                 t->linger_until = 0;
-                arbiter_renew(t->arbiter, now);
+                arbiter_renew(t->local, now);
                 break;
             }
             if (t->batches == 0) {
@@ -153,11 +205,15 @@ bool turn_enter(int index)
         }
         t->queueing = true;
         pthread_mutex_unlock(&t->lock);
-        uint32_t ticket = arbiter_acquire(t->arbiter, &pacer_monotonic);
+        uint32_t ticket = arbiter_acquire(t->local, &pacer_monotonic);
+        uint32_t id = 0;
+        if (t->grant.control != NULL)
+            id = grant_acquire(&t->grant, &pacer_monotonic);
         pthread_mutex_lock(&t->lock);
         t->queueing = false;
         t->holding = true;
         t->ticket = ticket;
+        t->grant_id = id;
         t->held_since = now_ns();
         drain_deadline = 0;
         pthread_cond_broadcast(&t->cond);
@@ -221,7 +277,7 @@ void turn_exit(void)
 void turn_reset(void)
 {
     /* Only the forking thread survives: locks are made anew, and what the
-     * parent held is the parent's. The arbiter mappings are inherited. */
+     * parent held is the parent's. The block mappings are inherited. */
     pthread_once(&turns_once, turns_init);
     turns_init();
     for (int i = 0; i < VGPU_MAX_DEVICES; i++) {

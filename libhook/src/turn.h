@@ -1,12 +1,15 @@
 /*
- * turn.h - this process's side of the GPU turn (arbiter.h): per device, the
- * ticket it holds, and the batches it has on the device. A process takes the
+ * turn.h - this process's side of the GPU turn: per device, the local ticket
+ * it holds among its vGPU's processes (arbiter.h; a standalone user's
+ * processes: their arbiter file), the broker's grant its vGPU holds between
+ * vGPUs (grant.h), and the batches it has on the device. A process takes the
  * turn before it opens a batch, keeps it while it keeps the device busy (up
  * to TURN_HOLD_NS when others queue), and passes it on when its last batch
- * there has been measured. Without an arbiter block every call is a no-op.
+ * there has been measured. Without a turn every call is a no-op.
  *
- * Who takes turns: paced processes always, and they stamp the arbiter
- * (turn_pacing); unpaced hooked processes only while a stamp is fresh
+ * Who takes turns: paced processes always, and they stamp their own turn
+ * (turn_pacing; the broker publishes the GPU's stamp to every vGPU on it);
+ * unpaced hooked processes only while the stamp they see is fresh
  * (turn_wanted), so that their work does not run inside a paced process's
  * event pairs, and otherwise keep their fast path.
  */
@@ -16,7 +19,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-/* How long a process keeps the turn while others queue: a hand-off idles
+/* How long a process keeps the turn while others queue (the broker gives a
+ * vGPU the same between vGPUs): a hand-off idles
  * the GPU for two wake-ups (~0.7 ms on an H200 VM), and the share that
  * waits most absorbs that loss. Measured there with the pacer alone
  * (benchmarks/coloc_pacer.sh, docs/compute.md), 20/30/50 with 20 ms kernels
@@ -49,22 +53,23 @@
  * arbiter's line per GPU every ~250 ms, not one per batch. */
 #define TURN_PACED_FRESH_NS 500000000ull
 
-/* The device's arbiter block, looked up (opened, created if missing) at the
- * first call and remembered; NULL: no turns on this device. */
-struct vgpu_arbiter *turn_arbiter(int index);
+/* Does device `index` have a turn (vGPU mode: its blocks; standalone: the
+ * user's arbiter file, opened or created at the first call)? Looked up once
+ * and remembered. */
+bool turn_available(int index);
 
 /* This process paces on device `index` and will want the turn within
- * `wait_ns` (what the pacer may hold it back first): stamp the arbiter so
+ * `wait_ns` (what the pacer may hold it back first): stamp its turn so
  * that the device's unpaced processes take turns until TURN_PACED_FRESH_NS
  * past that. */
 void turn_pacing(int index, uint64_t wait_ns);
 
 /* Must an unpaced process take turns on device `index` (a paced process
- * there stamped its arbiter recently)? */
+ * there stamped recently: the broker's stamp in vGPU mode)? */
 bool turn_wanted(int index);
 
 /* Before opening a batch on device `index`: wait for the turn, and count the
- * batch. False when the device has no arbiter (then no turn_leave). */
+ * batch. False when the device has no turn (then no turn_leave). */
 bool turn_enter(int index);
 
 /* A batch counted by turn_enter has been measured (or dropped). `linger`:

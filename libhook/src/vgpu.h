@@ -73,7 +73,7 @@ struct vgpu_env {
     int log_level;                            /* LOGGER_LEVEL */
     const char *control_path;                 /* VGPU_CONTROL */
     const char *usage_path;                   /* VGPU_USAGE */
-    const char *arbiter_dir;                  /* VGPU_ARBITER_DIR */
+    const char *arbiter_dir;                  /* VGPU_ARBITER_DIR (standalone) */
 };
 typedef const char *(*env_getter)(const char *name);
 int env_parse_size(const char *text, uint64_t *out);
@@ -169,7 +169,8 @@ void devmap_reset(void);
 int blocks_map_control(const char *path, const struct vgpu_control **out);
 /* Open an existing usage block (vGPU mode), or open/create one (standalone). */
 int blocks_map_usage(const char *path, bool create, struct vgpu_usage **out);
-/* Open (creating it if missing) the arbiter block of one GPU. */
+/* Open (creating it 0600 if missing) a standalone user's arbiter block of
+ * one GPU; refused unless this user owns it alone. */
 int blocks_map_arbiter(const char *path, struct vgpu_arbiter **out);
 struct vgpu_identity {
     uint64_t pidns;
