@@ -49,8 +49,7 @@ from typing import Any, ClassVar
 
 CONTROL_MAGIC = 0x544E4F4355504756  # "VGPUCONT" little-endian
 USAGE_MAGIC = 0x4741535555504756  # "VGPUUSAG" little-endian
-ARBITER_MAGIC = 0x4942524155504756  # "VGPUARBI" little-endian
-ABI_VERSION = 1
+ABI_VERSION = 2
 MAX_DEVICES = 16
 MAX_PROCS = 256
 UUID_LEN = 96
@@ -107,6 +106,10 @@ class ControlDeviceC(_AbiStruct):
         ("weight", u32),
         ("reserved0", u32),
         ("throttle", ThrottleC),
+        ("turn_grant", u32),
+        ("reserved1", u32),
+        ("turn_until_ns", u64),
+        ("paced_until_ns", u64),
     )
 
 
@@ -118,7 +121,8 @@ class ControlC(_AbiStruct):
         ("device_count", u32),
         ("flags", u32),
         ("heartbeat_ns", u64),
-        ("reserved", u64 * 6),
+        ("turn_beat_ns", u64),
+        ("reserved", u64 * 5),
         ("devices", ControlDeviceC * MAX_DEVICES),
         ("slot_host_pid", i32 * MAX_PROCS),
     )
@@ -156,6 +160,18 @@ class SteerC(_AbiStruct):
     )
 
 
+class TurnC(_AbiStruct):
+    c_name = "vgpu_turn"
+    _fields_ = (
+        ("next", u32),
+        ("serving", u32),
+        ("lease_ns", u64),
+        ("paced_until_ns", u64),
+        ("request", u32),
+        ("reserved0", u32),
+    )
+
+
 class UsageDeviceC(_AbiStruct):
     c_name = "vgpu_usage_device"
     _fields_ = (
@@ -170,6 +186,7 @@ class UsageDeviceC(_AbiStruct):
         ("reserved0", u32),
         ("pacer_balance_ns", i64),
         ("pacer_stamp_ns", u64),
+        ("turn", TurnC),
     )
 
 
@@ -186,20 +203,6 @@ class UsageC(_AbiStruct):
     )
 
 
-class ArbiterC(_AbiStruct):
-    c_name = "vgpu_arbiter"
-    _fields_ = (
-        ("hdr", BlockHeader),
-        ("next", u32),
-        ("serving", u32),
-        ("lease_ns", u64),
-        ("turns", u64),
-        ("skips", u64),
-        ("paced_until_ns", u64),
-        ("reserved", u64 * 1),
-    )
-
-
 ABI_STRUCTS: tuple[type[_AbiStruct], ...] = (
     BlockHeader,
     ThrottleC,
@@ -208,9 +211,9 @@ ABI_STRUCTS: tuple[type[_AbiStruct], ...] = (
     ProcDeviceC,
     ProcSlotC,
     SteerC,
+    TurnC,
     UsageDeviceC,
     UsageC,
-    ArbiterC,
 )
 
 
@@ -966,33 +969,47 @@ def _check_count(count: int) -> int:
     return count
 
 
-# --- the arbiter block -------------------------------------------------------
+# --- the GPU turn's broker -------------------------------------------------
 
 
-class ArbiterBlock(_Mapping):
-    """The turn that hooked processes of every vGPU on one GPU take while any
-    of them is paced (a ticket lock the hooks run among themselves; the
-    daemon only makes the file)."""
+class TurnBroker:
+    """The broker of the GPU turn between vGPUs (libhook/atomics/vgpu_broker.c):
+    a C thread that releases the GIL, reads each entered vGPU's request in
+    its usage block and grants one vGPU per GPU at a time through its
+    control block. Blocks are entered per device and must be removed before
+    they are closed; ``stop`` ends the thread (hooks then run unarbitrated
+    between vGPUs once its beat is stale)."""
 
-    struct = ArbiterC
-    magic = ARBITER_MAGIC
-    kind = "arbiter"
+    def __init__(self, atomics: Atomics) -> None:
+        lib = ctypes.CDLL(str(atomics.path))
+        vp = ctypes.c_void_p
+        self._add = _bind(
+            lib,
+            "vgpu_broker_add",
+            ctypes.c_int,
+            ctypes.c_char_p,
+            vp,
+            ctypes.c_int,
+            vp,
+            ctypes.c_int,
+        )
+        self._remove = _bind(lib, "vgpu_broker_remove", None, ctypes.c_int)
+        self._stop = _bind(lib, "vgpu_broker_stop", None)
 
-    @classmethod
-    def open_checked(cls, path: Path) -> None:
-        """Raise BlockError unless ``path`` holds a valid arbiter block."""
-        cls._map(path, writable=True).close()
+    def add(self, control: ControlBlock, usage: UsageBlock, dev: int) -> int:
+        """Enter device ``dev`` of a vGPU (its index in both blocks); any
+        grant the control block held is taken back. Returns an id for
+        ``remove``."""
+        uuid = control.uuids[_index(dev, control.device_count)]
+        handle = int(
+            self._add(uuid.encode(), control._base, dev, usage._base, _index(dev, MAX_DEVICES))
+        )
+        if handle < 0:
+            raise BlockError(f"the turn broker cannot take device {dev} of {control.path}")
+        return handle
 
-    @classmethod
-    def ensure(cls, path: Path) -> bool:
-        """Make the GPU's arbiter at ``path`` unless a valid one is there
-        (processes may hold it mapped: never replace a good one). Returns
-        whether a new one was written. 0666 like the usage block: hooks in
-        containers of any user write it."""
-        try:
-            cls.open_checked(path)
-            return False
-        except BlockError:
-            pass
-        cls._create_file(path, 0o666, lambda c: None).close()
-        return True
+    def remove(self, handle: int) -> None:
+        self._remove(handle)
+
+    def stop(self) -> None:
+        self._stop()

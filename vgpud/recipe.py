@@ -14,7 +14,6 @@ from typing import Any
 from vgpud.model import Vgpu
 
 CONTAINER_BLOCK_DIR = Path("/run/vgpud/vgpu")
-CONTAINER_ARBITER_DIR = Path("/run/vgpud/gpus")
 CONTAINER_LIBRARY = Path("/usr/lib/vgpud/libvgpu.so")
 CDI_KIND = "vgpud.io/vgpu"
 
@@ -26,7 +25,6 @@ class Paths:
     control: Path
     usage: Path
     library: Path
-    arbiters: Path  # the GPUs' arbiter blocks, one per UUID, shared by all vGPUs
 
 
 def container_recipe(vgpu: Vgpu, host: Paths) -> dict[str, Any]:
@@ -36,19 +34,15 @@ def container_recipe(vgpu: Vgpu, host: Paths) -> dict[str, Any]:
             control=CONTAINER_BLOCK_DIR / "control",
             usage=CONTAINER_BLOCK_DIR / "usage",
             library=CONTAINER_LIBRARY,
-            arbiters=CONTAINER_ARBITER_DIR,
         ),
     )
     mounts = [
         _mount(host.control, CONTAINER_BLOCK_DIR / "control", read_only=True),
-        # The hook writes its usage counters and takes GPU turns: the
-        # writable mounts. Each arbiter file alone, not their directory, so
-        # a container cannot replace another GPU's.
+        # The one writable mount: the hook's usage counters and its vGPU's
+        # own turn. Nothing a container can write is another vGPU's: the
+        # GPU's turn between vGPUs comes read-only, in the control block
+        # (docs/security-arbiter.md).
         _mount(host.usage, CONTAINER_BLOCK_DIR / "usage", read_only=False),
-        *(
-            _mount(host.arbiters / uuid, CONTAINER_ARBITER_DIR / uuid, read_only=False)
-            for uuid in vgpu.uuids
-        ),
         _mount(host.library, CONTAINER_LIBRARY, read_only=True),
     ]
     return {"env": env, "mounts": mounts, "cdi_device": cdi_device(vgpu)}
@@ -69,7 +63,6 @@ def _env(vgpu: Vgpu, at: Paths) -> dict[str, str]:
         "VGPU_ID": vgpu.id,
         "VGPU_CONTROL": str(at.control),
         "VGPU_USAGE": str(at.usage),
-        "VGPU_ARBITER_DIR": str(at.arbiters),
         # UUIDs rather than indices: right both on the host and in a
         # container that sees only its own GPUs, renumbered from 0.
         "CUDA_VISIBLE_DEVICES": uuids,

@@ -6,13 +6,14 @@ crash in between is repaired at the next start (the state file is the truth
 and adoption re-applies it).
 
 Run dir layout: <run_dir>/<vgpu_id>/control (0644) and usage (0666), the
-directory 0755; <run_dir>/gpus/<uuid> (0666): the arbiter block of each GPU
-a vGPU uses, shared by all vGPUs on it (made when a vGPU needs it, never
-replaced while valid). Adoption at start: each recorded vGPU's blocks are opened
-and validated, not recreated, so running processes do not notice; a missing
-or corrupt block is recreated and reported. Directories in run_dir with no
-state entry are reported and left alone: a process may still map them, and
-removing a file it maps would not free anything anyway.
+directory 0755; no file is shared by two vGPUs. Every vGPU's blocks are
+entered in the turn broker (``TurnBroker``), which grants each GPU's turn to
+one vGPU at a time through the control blocks. Adoption at start: each
+recorded vGPU's blocks are opened and validated, not recreated, so running
+processes do not notice; a missing or corrupt block is recreated and
+reported. Directories in run_dir with no state entry are reported and left
+alone: a process may still map them, and removing a file it maps would not
+free anything anyway.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import secrets
 import shutil
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import structlog
@@ -32,11 +33,11 @@ from vgpud import events as ev
 from vgpud.blocks import (
     FLAG_OVERSUBSCRIBE,
     PPM_FULL,
-    ArbiterBlock,
     Atomics,
     BlockError,
     ControlBlock,
     DeviceSlice,
+    TurnBroker,
     UsageBlock,
 )
 from vgpud.cdi import NullPublisher, SpecPublisher
@@ -51,7 +52,6 @@ from vgpud.units import format_bytes
 log = structlog.get_logger("vgpud.registry")
 
 ID_PATTERN = re.compile(r"vg-[0-9a-f]{8}")
-ARBITER_DIR = "gpus"  # in run_dir: one arbiter block per GPU, named by UUID
 NAME_PATTERN = re.compile(r"[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?")
 
 
@@ -63,6 +63,7 @@ class Entry:
     control: ControlBlock
     usage: UsageBlock
     paths: Paths
+    turns: list[int] = field(default_factory=list)  # its devices' ids in the turn broker
 
     def close(self) -> None:
         self.control.close()
@@ -103,6 +104,7 @@ class Registry:
         self.clock = clock
         self.entries: dict[str, Entry] = {}
         self.cdi = cdi or NullPublisher()  # CDI specs follow every change
+        self.broker = TurnBroker(atomics)
 
     # --- lookup ----------------------------------------------------------
 
@@ -129,6 +131,7 @@ class Registry:
             raise ServerError(str(exc)) from exc
         for v in recorded:
             entry = self._adopt_one(v)
+            self._enter(entry)
             self.entries[v.id] = entry
             self.events.publish(ev.VGPU_ADOPTED, vgpu=v.id, name=v.name)
         for orphan in sorted(self._orphans()):
@@ -159,20 +162,24 @@ class Registry:
         except BlockError as exc:
             self._repaired(v, "usage", str(exc))
             usage = UsageBlock.create(paths.usage, device_count=len(v.slices), atomics=self.atomics)
-        try:
-            self._ensure_arbiters(v, paths)
-        except (OSError, BlockError) as exc:
-            # Its processes then pace as if alone on the GPU (over-counting).
-            log.warning("cannot make the arbiter blocks", vgpu=v.id, error=str(exc))
         return Entry(v, control, usage, paths)
 
-    def _ensure_arbiters(self, v: Vgpu, paths: Paths) -> None:
-        """The arbiter block of each of the vGPU's GPUs, made if missing or
-        corrupt (hooks of every vGPU on the GPU take turns through it)."""
-        paths.arbiters.mkdir(mode=0o755, exist_ok=True)
-        for uuid in v.uuids:
-            if ArbiterBlock.ensure(paths.arbiters / uuid):
-                log.info("arbiter block made", gpu=uuid, path=str(paths.arbiters / uuid))
+    def _enter(self, entry: Entry) -> None:
+        """Enter the vGPU's devices in the turn broker. One it cannot take
+        (its tables full) leaves that vGPU's processes there without grants:
+        they run unarbitrated between vGPUs (over-counting), nobody else
+        is touched."""
+        for dev in range(len(entry.vgpu.slices)):
+            try:
+                entry.turns.append(self.broker.add(entry.control, entry.usage, dev))
+            except BlockError as exc:
+                log.warning("no GPU turn for the vGPU", vgpu=entry.vgpu.id, error=str(exc))
+
+    def _leave(self, entry: Entry) -> None:
+        """Out of the turn broker, before the blocks are unmapped."""
+        for handle in entry.turns:
+            self.broker.remove(handle)
+        entry.turns.clear()
 
     def repair_lost_usage(self) -> list[str]:
         """Recreate the usage blocks a container cut short under our mapping
@@ -182,10 +189,12 @@ class Registry:
         repaired = []
         for entry in self.entries.values():
             if entry.usage.lost:
+                self._leave(entry)
                 entry.usage.close()
                 entry.usage = UsageBlock.create(
                     entry.paths.usage, device_count=len(entry.vgpu.slices), atomics=self.atomics
                 )
+                self._enter(entry)
                 self._repaired(entry.vgpu, "usage", "truncated under the daemon's mapping")
                 repaired.append(entry.vgpu.id)
         return repaired
@@ -241,6 +250,7 @@ class Registry:
             shutil.rmtree(entry.paths.control.parent, ignore_errors=True)
             raise ServerError(f"cannot record the vGPU: {exc}") from exc
         self.entries[vgpu.id] = entry
+        self._enter(entry)
         self.cdi.publish(vgpu, entry.paths)
         self.events.publish(ev.VGPU_CREATED, vgpu=vgpu.id, name=vgpu.name, gpus=vgpu.uuids)
         log.info("vGPU created", vgpu=vgpu.id, name=vgpu.name, gpus=vgpu.uuids)
@@ -293,6 +303,7 @@ class Registry:
         except OSError as exc:
             raise ServerError(f"cannot record the deletion: {exc}") from exc
         del self.entries[entry.vgpu.id]
+        self._leave(entry)
         entry.close()
         shutil.rmtree(entry.paths.control.parent, ignore_errors=True)
         self.cdi.withdraw(entry.vgpu.id)
@@ -302,8 +313,10 @@ class Registry:
 
     def close(self) -> None:
         for entry in self.entries.values():
+            self._leave(entry)
             entry.close()
         self.entries.clear()
+        self.broker.stop()
 
     # --- helpers --------------------------------------------------------------
 
@@ -313,7 +326,6 @@ class Registry:
             control=d / "control",
             usage=d / "usage",
             library=self.library,
-            arbiters=self.run_dir / ARBITER_DIR,
         )
 
     def _vgpus(self) -> list[Vgpu]:
@@ -346,7 +358,6 @@ class Registry:
             )
             apply_limits(control, v)
             usage = UsageBlock.create(paths.usage, device_count=len(v.slices), atomics=self.atomics)
-            self._ensure_arbiters(v, paths)
         except (OSError, BlockError) as exc:
             if control is not None:
                 control.close()

@@ -1,0 +1,482 @@
+/*
+ * vgpu_broker.c - the daemon's broker of the GPU turn between vGPUs (see
+ * vgpu_abi.h and docs/compute.md, "Taking turns").
+ *
+ * Per GPU it grants the turn to one vGPU at a time, round robin among the
+ * vGPUs whose usage block asks for it (vgpu_turn.request), by writing that
+ * vGPU's control block (turn_grant, a futex word its hooks sleep on, and
+ * turn_until_ns). It publishes the GPU's pacing stamp to every vGPU there,
+ * and beats in every control block so that hooks know a broker is at work.
+ *
+ * The daemon is the only writer another vGPU reads: a tenant reaches the
+ * broker through one 32-bit request word and one 64-bit stamp in its own
+ * usage block, each read with a single load and taken for nothing but that
+ * tenant's wish. Whatever it writes there, it gets at most its turn of the
+ * round: a holder that is idle when others wait loses the turn at once; one
+ * that stays busy past its time loses it by force TURN_REVOKE_GRACE_NS
+ * later, and sits out turns for what it overstayed; a stamp counts only
+ * while the daemon's own quota for that vGPU is below 100 % and reaches at
+ * most BROKER_STAMP_CAP_NS ahead; a request word that keeps changing wakes
+ * the broker at most BROKER_WAKES_PER_PERIOD times a period.
+ *
+ * One thread for every GPU, asleep in futex_waitv on the words whose change
+ * it must answer (a holder's request while others wait, the requests of the
+ * vGPUs that do not ask yet, its own wake word), with a timeout at the next
+ * deadline. Usage blocks may shrink under the mapping: the daemon guards
+ * them (vgpu_guard.c), so a load there reads zeros at worst. The tables are
+ * under one mutex, which the thread drops while it sleeps; the daemon adds
+ * and removes entries under it, and never unmaps a block still entered.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../src/arbiter.h"
+#include "../src/turn.h"
+#include "vgpu_abi.h"
+
+#define VGPU_BROKER_API __attribute__((visibility("default")))
+
+VGPU_BROKER_API int vgpu_broker_add(const char *gpu, struct vgpu_control *control, int dev,
+                                    struct vgpu_usage *usage, int usage_dev);
+VGPU_BROKER_API void vgpu_broker_remove(int id);
+VGPU_BROKER_API void vgpu_broker_stop(void);
+
+#define BROKER_MEMBERS 4096 /* (vGPU, GPU) pairs on the node */
+#define BROKER_GPUS 64
+#define BROKER_PER_GPU 512
+/* futex_waitv takes at most 128 words; beyond that, the others are looked
+ * at every BROKER_POLL_NS instead. */
+#define BROKER_WATCH_MAX 128
+#define BROKER_POLL_NS 2000000ull
+/* The beat and the stamps are refreshed at least this often. */
+#define BROKER_PERIOD_NS 50000000ull
+/* A holder busy this long past turn_until_ns loses the turn by force: the
+ * hook stops opening batches at turn_until_ns and drains them
+ * (TURN_DRAIN_NS, a batch that only its thread can close), so an honest
+ * one has passed it on well before. */
+#define TURN_REVOKE_GRACE_NS (TURN_DRAIN_NS + 30000000ull)
+/* A pacing stamp is published at most this far ahead (hooks stamp 0.5 s
+ * ahead plus their expected wait; republished every period anyway). */
+#define BROKER_STAMP_CAP_NS 1000000000ull
+/* A published stamp is moved forward once the vGPUs' reaches this much
+ * further: one write of the control blocks' line per GPU per 100 ms. */
+#define BROKER_STAMP_SLACK_NS 100000000ull
+/* A request word that changes more often than this in a period is not
+ * slept on until the period ends (it is still read at every look). */
+#define BROKER_WAKES_PER_PERIOD 100
+
+struct member {
+    bool used;
+    int gpu;
+    struct vgpu_control_device *ctl; /* the daemon's: the broker writes it */
+    _Atomic uint64_t *beat;
+    struct vgpu_turn *turn;          /* the tenant's: read only, one word at a time */
+    uint32_t seen;                   /* request at the last look */
+    unsigned wakes;                  /* changes of request this period */
+    uint64_t debt_ns;                /* turns sat out until the overstay is paid */
+};
+
+struct gpu {
+    char uuid[VGPU_UUID_LEN];
+    int count;
+    int members[BROKER_PER_GPU];
+    int holder;           /* member index, -1: none */
+    int last;             /* position in members[] of the last holder (round robin) */
+    uint32_t grant;       /* the holder's grant id */
+    uint32_t next_id;
+    uint64_t granted_at;
+    uint64_t until;       /* 0: nobody else waited */
+};
+
+static struct {
+    pthread_mutex_t lock;
+    pthread_t thread;
+    bool running;
+    bool stop;
+    _Atomic uint32_t wake;  /* bumped by add/remove/stop: look again */
+    uint64_t period_start;
+    struct member members[BROKER_MEMBERS];
+    struct gpu gpus[BROKER_GPUS];
+    int gpu_count;
+} b = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+struct watch {
+    struct futex_waitv w[BROKER_WATCH_MAX];
+    unsigned n;
+    bool overflow;
+    uint64_t deadline;
+};
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void wake_all(_Atomic uint32_t *word)
+{
+    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+static void watch_word(struct watch *w, _Atomic uint32_t *word, uint32_t expect)
+{
+    if (w->n == BROKER_WATCH_MAX) {
+        w->overflow = true;
+        return;
+    }
+    /* Not FUTEX2_PRIVATE: the words are in file mappings shared with hooks. */
+    w->w[w->n++] = (struct futex_waitv){
+        .val = expect, .uaddr = (uintptr_t)word, .flags = FUTEX_32, .__reserved = 0};
+}
+
+static void watch_until(struct watch *w, uint64_t when)
+{
+    if (when < w->deadline)
+        w->deadline = when;
+}
+
+static uint32_t request_of(struct member *m)
+{
+    uint32_t r = atomic_load(&m->turn->request);
+    if (r != m->seen) {
+        m->seen = r;
+        m->wakes++;
+    }
+    return r;
+}
+
+/* ---- the pacing stamp ------------------------------------------------------ */
+
+static void publish_stamp(struct gpu *g, uint64_t now)
+{
+    uint64_t best = 0;
+    for (int i = 0; i < g->count; i++) {
+        struct member *m = &b.members[g->members[i]];
+        uint64_t s = atomic_load_explicit(&m->turn->paced_until_ns, memory_order_relaxed);
+        if (s <= now)
+            continue;
+        /* A vGPU at 100 % paces nothing, whatever it writes. */
+        if (atomic_load_explicit((_Atomic uint32_t *)&m->ctl->throttle.quota_ppm,
+                                 memory_order_relaxed) >= VGPU_PPM_FULL)
+            continue;
+        if (s - now > BROKER_STAMP_CAP_NS)
+            s = now + BROKER_STAMP_CAP_NS;
+        if (s > best)
+            best = s;
+    }
+    for (int i = 0; i < g->count; i++) {
+        struct member *m = &b.members[g->members[i]];
+        uint64_t cur = atomic_load_explicit(&m->ctl->paced_until_ns, memory_order_relaxed);
+        uint64_t next = cur;
+        if (best == 0)
+            next = 0;
+        else if (best > cur + BROKER_STAMP_SLACK_NS || cur <= now)
+            next = best;
+        if (next != cur)
+            atomic_store_explicit(&m->ctl->paced_until_ns, next, memory_order_relaxed);
+    }
+}
+
+/* ---- the turn --------------------------------------------------------------- */
+
+static void take_back(struct gpu *g, struct member *h)
+{
+    atomic_store(&h->ctl->turn_until_ns, 0);
+    atomic_store(&h->ctl->turn_grant, 0);
+    wake_all(&h->ctl->turn_grant);
+    g->holder = -1;
+    g->until = 0;
+}
+
+/* An idle holder's turn goes to those who wait; the hand-shake of grant.c:
+ * if its process started working under the grant as we took it, it keeps
+ * the grant (nobody else had it meanwhile). True when taken. */
+static bool take_back_idle(struct gpu *g, struct member *h)
+{
+    atomic_store(&h->ctl->turn_grant, 0);
+    if (atomic_load(&h->turn->request) == g->grant) {
+        atomic_store(&h->ctl->turn_grant, g->grant);
+        wake_all(&h->ctl->turn_grant);
+        return false;
+    }
+    take_back(g, h);
+    return true;
+}
+
+static void give(struct gpu *g, int pos, bool others_wait, uint64_t now)
+{
+    struct member *m = &b.members[g->members[pos]];
+    if (++g->next_id <= VGPU_TURN_WANT)
+        g->next_id = VGPU_TURN_WANT + 1;
+    g->grant = g->next_id;
+    g->holder = g->members[pos];
+    g->last = pos;
+    g->granted_at = now;
+    g->until = others_wait ? now + TURN_HOLD_NS : 0;
+    atomic_store(&m->ctl->turn_until_ns, g->until);
+    atomic_store(&m->ctl->turn_grant, g->grant);
+    wake_all(&m->ctl->turn_grant);
+}
+
+/* The next asking vGPU after the last holder, round robin; one that owes
+ * overstayed time sits out (paying a hold per turn) while others ask. */
+static int pick(struct gpu *g, const bool *asks)
+{
+    int fallback = -1;
+    for (int k = 1; k <= g->count; k++) {
+        int pos = (g->last + k) % g->count;
+        if (!asks[pos])
+            continue;
+        struct member *m = &b.members[g->members[pos]];
+        if (m->debt_ns == 0)
+            return pos;
+        m->debt_ns = m->debt_ns > TURN_HOLD_NS ? m->debt_ns - TURN_HOLD_NS : 0;
+        if (fallback < 0)
+            fallback = pos;
+    }
+    return fallback;
+}
+
+static void step(struct gpu *g, uint64_t now, bool new_period, struct watch *w)
+{
+    if (g->count == 0)
+        return;
+    publish_stamp(g, now);
+    bool asks[BROKER_PER_GPU];
+    int asking = 0, holder_pos = -1;
+    for (int i = 0; i < g->count; i++) {
+        struct member *m = &b.members[g->members[i]];
+        if (new_period)
+            m->wakes = 0;
+        uint32_t r = request_of(m);
+        asks[i] = g->members[i] != g->holder && r != 0;
+        asking += asks[i];
+        if (g->members[i] == g->holder)
+            holder_pos = i;
+    }
+    if (holder_pos >= 0) {
+        struct member *h = &b.members[g->holder];
+        bool busy = h->seen == g->grant;
+        if (asking == 0) {
+            if (g->until != 0) { /* the others gave up: no time limit */
+                g->until = 0;
+                atomic_store(&h->ctl->turn_until_ns, 0);
+            }
+        } else if (!busy) {
+            /* Just granted: its process has a hand-off's time to start. */
+            if (h->seen != 0 && now < g->granted_at + ARBITER_HANDOFF_NS) {
+                watch_word(w, &h->turn->request, h->seen);
+                watch_until(w, g->granted_at + ARBITER_HANDOFF_NS);
+            } else if (take_back_idle(g, h)) {
+                holder_pos = -1;
+            }
+        } else {
+            if (g->until == 0) {
+                /* Others ask now: the holder's time runs from its grant. */
+                g->until = g->granted_at + TURN_HOLD_NS;
+                atomic_store(&h->ctl->turn_until_ns, g->until);
+            }
+            if (now >= g->until + TURN_REVOKE_GRACE_NS) {
+                h->debt_ns += now - g->until;
+                take_back(g, h);
+                holder_pos = -1;
+            } else {
+                watch_word(w, &h->turn->request, g->grant);
+                watch_until(w, g->until + TURN_REVOKE_GRACE_NS);
+            }
+        }
+    }
+    if (holder_pos < 0 && asking > 0) {
+        int pos = pick(g, asks);
+        asks[pos] = false;
+        give(g, pos, asking > 1, now);
+        holder_pos = pos;
+        struct member *h = &b.members[g->holder];
+        watch_word(w, &h->turn->request, h->seen);
+        watch_until(w, now + ARBITER_HANDOFF_NS);
+    }
+    /* Those that do not ask yet: the broker must hear when they do. */
+    for (int i = 0; i < g->count; i++) {
+        struct member *m = &b.members[g->members[i]];
+        if (i != holder_pos && m->seen == 0 && m->wakes < BROKER_WAKES_PER_PERIOD)
+            watch_word(w, &m->turn->request, 0);
+    }
+}
+
+static void beat_all(uint64_t now)
+{
+    for (int i = 0; i < BROKER_MEMBERS; i++)
+        if (b.members[i].used)
+            atomic_store_explicit(b.members[i].beat, now, memory_order_relaxed);
+}
+
+static void *broker_main(void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&b.lock);
+    while (!b.stop) {
+        uint64_t now = now_ns();
+        bool new_period = now - b.period_start >= BROKER_PERIOD_NS;
+        if (new_period) {
+            b.period_start = now;
+            beat_all(now);
+        }
+        struct watch w = {.n = 0, .overflow = false, .deadline = b.period_start + BROKER_PERIOD_NS};
+        watch_word(&w, &b.wake, atomic_load(&b.wake));
+        for (int i = 0; i < b.gpu_count; i++)
+            step(&b.gpus[i], now, new_period, &w);
+        if (w.overflow)
+            watch_until(&w, now + BROKER_POLL_NS);
+        pthread_mutex_unlock(&b.lock);
+        struct timespec until = {.tv_sec = (time_t)(w.deadline / 1000000000ull),
+                                 .tv_nsec = (long)(w.deadline % 1000000000ull)};
+        /* A wake, a word already moved, a signal or the deadline: look again. */
+        if (syscall(SYS_futex_waitv, w.w, w.n, 0, &until, CLOCK_MONOTONIC) < 0 &&
+            errno == ENOSYS) {
+            /* A kernel before 5.16: short timed looks instead. */
+            struct timespec poll = {0, (long)BROKER_POLL_NS};
+            nanosleep(&poll, NULL);
+        }
+        pthread_mutex_lock(&b.lock);
+    }
+    pthread_mutex_unlock(&b.lock);
+    return NULL;
+}
+
+static void kick(void)
+{
+    atomic_fetch_add(&b.wake, 1);
+    wake_all(&b.wake);
+}
+
+/* Start the thread (lock held). Only faults stay unblocked in it: the
+ * daemon's signals are for its main thread; a SIGBUS from a shrunk usage
+ * block must reach the guard's handler. */
+static int start(void)
+{
+    sigset_t all, old;
+    sigfillset(&all);
+    sigdelset(&all, SIGBUS);
+    sigdelset(&all, SIGSEGV);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    b.stop = false;
+    b.period_start = 0;
+    int rc = pthread_create(&b.thread, NULL, broker_main, NULL);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc != 0)
+        return -1;
+    b.running = true;
+    return 0;
+}
+
+static int gpu_index(const char *uuid)
+{
+    for (int i = 0; i < b.gpu_count; i++)
+        if (strncmp(b.gpus[i].uuid, uuid, VGPU_UUID_LEN) == 0)
+            return i;
+    if (b.gpu_count == BROKER_GPUS)
+        return -1;
+    struct gpu *g = &b.gpus[b.gpu_count];
+    memset(g, 0, sizeof(*g));
+    strncpy(g->uuid, uuid, VGPU_UUID_LEN - 1);
+    g->holder = -1;
+    /* Ids from the clock: a restarted broker does not hand out an id that
+     * its predecessor's holders still echo. */
+    g->next_id = (uint32_t)(now_ns() >> 20);
+    return b.gpu_count++;
+}
+
+/* Enter device `dev` of a vGPU's control block and device `usage_dev` of its
+ * usage block under GPU `gpu`; returns an id for vgpu_broker_remove, or -1.
+ * Any grant the block held (a previous daemon's) is taken back. */
+int vgpu_broker_add(const char *gpu, struct vgpu_control *control, int dev,
+                    struct vgpu_usage *usage, int usage_dev)
+{
+    if (gpu == NULL || control == NULL || usage == NULL || dev < 0 || dev >= VGPU_MAX_DEVICES ||
+        usage_dev < 0 || usage_dev >= VGPU_MAX_DEVICES)
+        return -1;
+    int id = -1;
+    pthread_mutex_lock(&b.lock);
+    int gi = gpu_index(gpu);
+    if (gi < 0 || b.gpus[gi].count == BROKER_PER_GPU)
+        goto out;
+    for (int i = 0; i < BROKER_MEMBERS && id < 0; i++)
+        if (!b.members[i].used)
+            id = i;
+    if (id < 0)
+        goto out;
+    if (!b.running && start() != 0) {
+        id = -1;
+        goto out;
+    }
+    struct member *m = &b.members[id];
+    *m = (struct member){.used = true,
+                         .gpu = gi,
+                         .ctl = &control->devices[dev],
+                         .beat = &control->turn_beat_ns,
+                         .turn = &usage->devices[usage_dev].turn};
+    atomic_store(&m->ctl->turn_until_ns, 0);
+    atomic_store(&m->ctl->paced_until_ns, 0);
+    atomic_store(&m->ctl->turn_grant, 0);
+    wake_all(&m->ctl->turn_grant);
+    atomic_store(m->beat, now_ns());
+    struct gpu *g = &b.gpus[gi];
+    g->members[g->count++] = id;
+    kick();
+out:
+    pthread_mutex_unlock(&b.lock);
+    return id;
+}
+
+/* Forget an entry (before its blocks are unmapped); a grant it held ends. */
+void vgpu_broker_remove(int id)
+{
+    if (id < 0 || id >= BROKER_MEMBERS)
+        return;
+    pthread_mutex_lock(&b.lock);
+    struct member *m = &b.members[id];
+    if (m->used) {
+        struct gpu *g = &b.gpus[m->gpu];
+        if (g->holder == id)
+            take_back(g, m);
+        int pos = 0;
+        while (pos < g->count && g->members[pos] != id)
+            pos++;
+        if (pos < g->count) {
+            /* Keep the holder's position and the round robin's place. */
+            memmove(&g->members[pos], &g->members[pos + 1],
+                    sizeof(g->members[0]) * (size_t)(g->count - pos - 1));
+            g->count--;
+            if (g->last >= pos && g->last > 0)
+                g->last--;
+        }
+        m->used = false;
+        kick();
+    }
+    pthread_mutex_unlock(&b.lock);
+}
+
+/* Stop the thread (the daemon exits). Hooks see the beat go stale and run
+ * unarbitrated between vGPUs until a broker beats again. */
+void vgpu_broker_stop(void)
+{
+    pthread_mutex_lock(&b.lock);
+    bool running = b.running;
+    b.stop = true;
+    b.running = false;
+    kick();
+    pthread_mutex_unlock(&b.lock);
+    if (running)
+        pthread_join(b.thread, NULL);
+}
