@@ -108,7 +108,7 @@ static struct {
     struct member members[BROKER_MEMBERS];
     struct gpu gpus[BROKER_GPUS];
     int gpu_count;
-} b = {.lock = PTHREAD_MUTEX_INITIALIZER};
+} broker = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 struct watch {
     struct futex_waitv w[BROKER_WATCH_MAX];
@@ -162,7 +162,7 @@ static void publish_stamp(struct gpu *g, uint64_t now)
 {
     uint64_t best = 0;
     for (int i = 0; i < g->count; i++) {
-        struct member *m = &b.members[g->members[i]];
+        struct member *m = &broker.members[g->members[i]];
         uint64_t s = atomic_load_explicit(&m->turn->paced_until_ns, memory_order_relaxed);
         if (s <= now)
             continue;
@@ -176,7 +176,7 @@ static void publish_stamp(struct gpu *g, uint64_t now)
             best = s;
     }
     for (int i = 0; i < g->count; i++) {
-        struct member *m = &b.members[g->members[i]];
+        struct member *m = &broker.members[g->members[i]];
         uint64_t cur = atomic_load_explicit(&m->ctl->paced_until_ns, memory_order_relaxed);
         uint64_t next = cur;
         if (best == 0)
@@ -216,7 +216,7 @@ static bool take_back_idle(struct gpu *g, struct member *h)
 
 static void give(struct gpu *g, int pos, bool others_wait, uint64_t now)
 {
-    struct member *m = &b.members[g->members[pos]];
+    struct member *m = &broker.members[g->members[pos]];
     if (++g->next_id <= VGPU_TURN_WANT)
         g->next_id = VGPU_TURN_WANT + 1;
     g->grant = g->next_id;
@@ -238,7 +238,7 @@ static int pick(struct gpu *g, const bool *asks)
         int pos = (g->last + k) % g->count;
         if (!asks[pos])
             continue;
-        struct member *m = &b.members[g->members[pos]];
+        struct member *m = &broker.members[g->members[pos]];
         if (m->debt_ns == 0)
             return pos;
         m->debt_ns = m->debt_ns > TURN_HOLD_NS ? m->debt_ns - TURN_HOLD_NS : 0;
@@ -256,7 +256,7 @@ static void step(struct gpu *g, uint64_t now, bool new_period, struct watch *w)
     bool asks[BROKER_PER_GPU];
     int asking = 0, holder_pos = -1;
     for (int i = 0; i < g->count; i++) {
-        struct member *m = &b.members[g->members[i]];
+        struct member *m = &broker.members[g->members[i]];
         if (new_period)
             m->wakes = 0;
         uint32_t r = request_of(m);
@@ -266,7 +266,7 @@ static void step(struct gpu *g, uint64_t now, bool new_period, struct watch *w)
             holder_pos = i;
     }
     if (holder_pos >= 0) {
-        struct member *h = &b.members[g->holder];
+        struct member *h = &broker.members[g->holder];
         bool busy = h->seen == g->grant;
         if (asking == 0) {
             if (g->until != 0) { /* the others gave up: no time limit */
@@ -302,13 +302,13 @@ static void step(struct gpu *g, uint64_t now, bool new_period, struct watch *w)
         asks[pos] = false;
         give(g, pos, asking > 1, now);
         holder_pos = pos;
-        struct member *h = &b.members[g->holder];
+        struct member *h = &broker.members[g->holder];
         watch_word(w, &h->turn->request, h->seen);
         watch_until(w, now + ARBITER_HANDOFF_NS);
     }
     /* Those that do not ask yet: the broker must hear when they do. */
     for (int i = 0; i < g->count; i++) {
-        struct member *m = &b.members[g->members[i]];
+        struct member *m = &broker.members[g->members[i]];
         if (i != holder_pos && m->seen == 0 && m->wakes < BROKER_WAKES_PER_PERIOD)
             watch_word(w, &m->turn->request, 0);
     }
@@ -317,28 +317,28 @@ static void step(struct gpu *g, uint64_t now, bool new_period, struct watch *w)
 static void beat_all(uint64_t now)
 {
     for (int i = 0; i < BROKER_MEMBERS; i++)
-        if (b.members[i].used)
-            atomic_store_explicit(b.members[i].beat, now, memory_order_relaxed);
+        if (broker.members[i].used)
+            atomic_store_explicit(broker.members[i].beat, now, memory_order_relaxed);
 }
 
 static void *broker_main(void *arg)
 {
     (void)arg;
-    pthread_mutex_lock(&b.lock);
-    while (!b.stop) {
+    pthread_mutex_lock(&broker.lock);
+    while (!broker.stop) {
         uint64_t now = now_ns();
-        bool new_period = now - b.period_start >= BROKER_PERIOD_NS;
+        bool new_period = now - broker.period_start >= BROKER_PERIOD_NS;
         if (new_period) {
-            b.period_start = now;
+            broker.period_start = now;
             beat_all(now);
         }
-        struct watch w = {.n = 0, .overflow = false, .deadline = b.period_start + BROKER_PERIOD_NS};
-        watch_word(&w, &b.wake, atomic_load(&b.wake));
-        for (int i = 0; i < b.gpu_count; i++)
-            step(&b.gpus[i], now, new_period, &w);
+        struct watch w = {.n = 0, .overflow = false, .deadline = broker.period_start + BROKER_PERIOD_NS};
+        watch_word(&w, &broker.wake, atomic_load(&broker.wake));
+        for (int i = 0; i < broker.gpu_count; i++)
+            step(&broker.gpus[i], now, new_period, &w);
         if (w.overflow)
             watch_until(&w, now + BROKER_POLL_NS);
-        pthread_mutex_unlock(&b.lock);
+        pthread_mutex_unlock(&broker.lock);
         struct timespec until = {.tv_sec = (time_t)(w.deadline / 1000000000ull),
                                  .tv_nsec = (long)(w.deadline % 1000000000ull)};
         /* A wake, a word already moved, a signal or the deadline: look again. */
@@ -348,16 +348,16 @@ static void *broker_main(void *arg)
             struct timespec poll = {0, (long)BROKER_POLL_NS};
             nanosleep(&poll, NULL);
         }
-        pthread_mutex_lock(&b.lock);
+        pthread_mutex_lock(&broker.lock);
     }
-    pthread_mutex_unlock(&b.lock);
+    pthread_mutex_unlock(&broker.lock);
     return NULL;
 }
 
 static void kick(void)
 {
-    atomic_fetch_add(&b.wake, 1);
-    wake_all(&b.wake);
+    atomic_fetch_add(&broker.wake, 1);
+    wake_all(&broker.wake);
 }
 
 /* Start the thread (lock held). Only faults stay unblocked in it: the
@@ -370,31 +370,31 @@ static int start(void)
     sigdelset(&all, SIGBUS);
     sigdelset(&all, SIGSEGV);
     pthread_sigmask(SIG_SETMASK, &all, &old);
-    b.stop = false;
-    b.period_start = 0;
-    int rc = pthread_create(&b.thread, NULL, broker_main, NULL);
+    broker.stop = false;
+    broker.period_start = 0;
+    int rc = pthread_create(&broker.thread, NULL, broker_main, NULL);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (rc != 0)
         return -1;
-    b.running = true;
+    broker.running = true;
     return 0;
 }
 
 static int gpu_index(const char *uuid)
 {
-    for (int i = 0; i < b.gpu_count; i++)
-        if (strncmp(b.gpus[i].uuid, uuid, VGPU_UUID_LEN) == 0)
+    for (int i = 0; i < broker.gpu_count; i++)
+        if (strncmp(broker.gpus[i].uuid, uuid, VGPU_UUID_LEN) == 0)
             return i;
-    if (b.gpu_count == BROKER_GPUS)
+    if (broker.gpu_count == BROKER_GPUS)
         return -1;
-    struct gpu *g = &b.gpus[b.gpu_count];
+    struct gpu *g = &broker.gpus[broker.gpu_count];
     memset(g, 0, sizeof(*g));
     strncpy(g->uuid, uuid, VGPU_UUID_LEN - 1);
     g->holder = -1;
     /* Ids from the clock: a restarted broker does not hand out an id that
      * its predecessor's holders still echo. */
     g->next_id = (uint32_t)(now_ns() >> 20);
-    return b.gpu_count++;
+    return broker.gpu_count++;
 }
 
 /* Enter device `dev` of a vGPU's control block and device `usage_dev` of its
@@ -407,20 +407,20 @@ int vgpu_broker_add(const char *gpu, struct vgpu_control *control, int dev,
         usage_dev < 0 || usage_dev >= VGPU_MAX_DEVICES)
         return -1;
     int id = -1;
-    pthread_mutex_lock(&b.lock);
+    pthread_mutex_lock(&broker.lock);
     int gi = gpu_index(gpu);
-    if (gi < 0 || b.gpus[gi].count == BROKER_PER_GPU)
+    if (gi < 0 || broker.gpus[gi].count == BROKER_PER_GPU)
         goto out;
     for (int i = 0; i < BROKER_MEMBERS && id < 0; i++)
-        if (!b.members[i].used)
+        if (!broker.members[i].used)
             id = i;
     if (id < 0)
         goto out;
-    if (!b.running && start() != 0) {
+    if (!broker.running && start() != 0) {
         id = -1;
         goto out;
     }
-    struct member *m = &b.members[id];
+    struct member *m = &broker.members[id];
     *m = (struct member){.used = true,
                          .gpu = gi,
                          .ctl = &control->devices[dev],
@@ -431,11 +431,11 @@ int vgpu_broker_add(const char *gpu, struct vgpu_control *control, int dev,
     atomic_store(&m->ctl->turn_grant, 0);
     wake_all(&m->ctl->turn_grant);
     atomic_store(m->beat, now_ns());
-    struct gpu *g = &b.gpus[gi];
+    struct gpu *g = &broker.gpus[gi];
     g->members[g->count++] = id;
     kick();
 out:
-    pthread_mutex_unlock(&b.lock);
+    pthread_mutex_unlock(&broker.lock);
     return id;
 }
 
@@ -444,10 +444,10 @@ void vgpu_broker_remove(int id)
 {
     if (id < 0 || id >= BROKER_MEMBERS)
         return;
-    pthread_mutex_lock(&b.lock);
-    struct member *m = &b.members[id];
+    pthread_mutex_lock(&broker.lock);
+    struct member *m = &broker.members[id];
     if (m->used) {
-        struct gpu *g = &b.gpus[m->gpu];
+        struct gpu *g = &broker.gpus[m->gpu];
         if (g->holder == id)
             take_back(g, m);
         int pos = 0;
@@ -464,19 +464,19 @@ void vgpu_broker_remove(int id)
         m->used = false;
         kick();
     }
-    pthread_mutex_unlock(&b.lock);
+    pthread_mutex_unlock(&broker.lock);
 }
 
 /* Stop the thread (the daemon exits). Hooks see the beat go stale and run
  * unarbitrated between vGPUs until a broker beats again. */
 void vgpu_broker_stop(void)
 {
-    pthread_mutex_lock(&b.lock);
-    bool running = b.running;
-    b.stop = true;
-    b.running = false;
+    pthread_mutex_lock(&broker.lock);
+    bool running = broker.running;
+    broker.stop = true;
+    broker.running = false;
     kick();
-    pthread_mutex_unlock(&b.lock);
+    pthread_mutex_unlock(&broker.lock);
     if (running)
-        pthread_join(b.thread, NULL);
+        pthread_join(broker.thread, NULL);
 }

@@ -1,0 +1,214 @@
+/*
+ * test_broker.c - the GPU turn between vGPUs: the daemon's broker
+ * (atomics/vgpu_broker.c) and a vGPU's side of it (src/grant.c), on blocks
+ * in plain memory shared by threads (shared futexes work alike within one
+ * process). Two vGPUs on one GPU: one grant at a time, round robin; an idle
+ * holder gives way; a holder that never lets go loses the turn by force and
+ * sits out; a hostile request or stamp moves nothing of another vGPU's; no
+ * broker, no wait.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../atomics/vgpu_broker.c"
+#include "../src/arbiter.c"
+#include "../src/grant.c"
+#include "../src/pacer.c"
+
+static int failures;
+#define CHECK(cond) \
+    do { \
+        if (!(cond)) { \
+            fprintf(stderr, "%s:%d: CHECK(%s) failed\n", __FILE__, __LINE__, #cond); \
+            failures++; \
+        } \
+    } while (0)
+
+#define GPU "GPU-test-broker"
+
+struct vgpu_blocks {
+    struct vgpu_control control;
+    struct vgpu_usage usage;
+    struct grant_dev grant;
+    int id;
+};
+
+static struct vgpu_blocks *vgpus[2];
+
+static struct vgpu_blocks *enter(uint32_t quota_ppm)
+{
+    struct vgpu_blocks *v = calloc(1, sizeof(*v));
+    v->control.device_count = 1;
+    v->control.devices[0].throttle.quota_ppm = quota_ppm;
+    v->grant = (struct grant_dev){&v->control.devices[0], &v->control.turn_beat_ns,
+                                  &v->usage.devices[0].turn};
+    v->id = vgpu_broker_add(GPU, &v->control, 0, &v->usage, 0);
+    return v;
+}
+
+static void setup(void)
+{
+    vgpus[0] = enter(300000);
+    vgpus[1] = enter(VGPU_PPM_FULL);
+    CHECK(vgpus[0]->id >= 0 && vgpus[1]->id >= 0);
+}
+
+static void teardown(void)
+{
+    for (int i = 0; i < 2; i++) {
+        vgpu_broker_remove(vgpus[i]->id);
+        free(vgpus[i]);
+    }
+}
+
+static uint32_t grant_of(int i)
+{
+    return atomic_load(&vgpus[i]->control.devices[0].turn_grant);
+}
+
+/* Bounded wait for a condition another thread brings about (no bare sleeps). */
+#define AWAIT(cond) \
+    do { \
+        for (int n_ = 0; n_ < 5000 && !(cond); n_++) { \
+            struct timespec ms_ = {0, 1000000}; \
+            nanosleep(&ms_, NULL); \
+        } \
+    } while (0)
+
+struct asker {
+    pthread_t th;
+    int vgpu;
+    _Atomic uint32_t got; /* the grant id, once granted */
+};
+
+static void *ask(void *arg)
+{
+    struct asker *a = arg;
+    atomic_store(&a->got, grant_acquire(&vgpus[a->vgpu]->grant, &pacer_monotonic));
+    return NULL;
+}
+
+static void test_one_vgpu_at_a_time_in_turn(void)
+{
+    setup();
+    uint32_t first = grant_acquire(&vgpus[0]->grant, &pacer_monotonic);
+    CHECK(first > VGPU_TURN_WANT && grant_holds(&vgpus[0]->grant, first));
+    CHECK(!grant_expired(&vgpus[0]->grant, pacer_monotonic.now(NULL))); /* nobody else waits */
+
+    struct asker other = {.vgpu = 1};
+    pthread_create(&other.th, NULL, ask, &other);
+    /* The other asks: the holder's time is now bounded, the grant stays. */
+    AWAIT(atomic_load(&vgpus[0]->control.devices[0].turn_until_ns) != 0);
+    CHECK(atomic_load(&vgpus[0]->control.devices[0].turn_until_ns) != 0);
+    CHECK(atomic_load(&other.got) == 0 && grant_of(1) == 0);
+    CHECK(grant_holds(&vgpus[0]->grant, first));
+
+    grant_release(&vgpus[0]->grant, false);
+    pthread_join(other.th, NULL);
+    CHECK(atomic_load(&other.got) > VGPU_TURN_WANT && atomic_load(&other.got) != first);
+    CHECK(grant_of(0) == 0 && grant_holds(&vgpus[1]->grant, atomic_load(&other.got)));
+    grant_release(&vgpus[1]->grant, false);
+    teardown();
+}
+
+static void test_an_idle_holder_gives_way(void)
+{
+    setup();
+    uint32_t first = grant_acquire(&vgpus[0]->grant, &pacer_monotonic);
+    /* It said it is done, and nobody asked: it keeps the grant (the next
+     * turn of its own costs nothing)... */
+    grant_release(&vgpus[0]->grant, false);
+    CHECK(grant_holds(&vgpus[0]->grant, first));
+    /* ... until someone asks. */
+    uint32_t second = grant_acquire(&vgpus[1]->grant, &pacer_monotonic);
+    CHECK(second > VGPU_TURN_WANT && grant_of(0) == 0);
+    grant_release(&vgpus[1]->grant, false);
+    teardown();
+}
+
+/* A hostile vGPU echoes its grant for ever (it claims to be busy): the other
+ * gets the turn all the same, past the holder's time and grace, and the
+ * hostile one sits out its next turn while the other asks. */
+static void test_a_holder_that_never_lets_go_loses_the_turn(void)
+{
+    setup();
+    uint32_t hostile = grant_acquire(&vgpus[0]->grant, &pacer_monotonic);
+    struct asker other = {.vgpu = 1};
+    pthread_create(&other.th, NULL, ask, &other);
+    pthread_join(other.th, NULL); /* bounded: TURN_HOLD_NS + TURN_REVOKE_GRACE_NS */
+    CHECK(atomic_load(&other.got) > VGPU_TURN_WANT && grant_of(0) == 0);
+    CHECK(!grant_holds(&vgpus[0]->grant, hostile));
+    CHECK(vgpus[0]->usage.devices[0].turn.request == hostile); /* still claims it */
+    /* The victim gives way; the hostile one asks: it owes its overstay, yet
+     * it is the only one asking, so it is served. */
+    grant_release(&vgpus[1]->grant, false);
+    atomic_store(&vgpus[0]->usage.devices[0].turn.request, VGPU_TURN_WANT);
+    wake_all(&vgpus[0]->usage.devices[0].turn.request);
+    AWAIT(grant_of(0) != 0);
+    CHECK(grant_of(0) != 0);
+    teardown();
+}
+
+/* What a tenant writes in its turn reaches no other vGPU: garbage in its
+ * request is a wish for the GPU and nothing more, a stamp from a vGPU whose
+ * quota is 100 % paces nobody, and a far one is cut down. */
+static void test_hostile_words_move_nothing_of_another_vgpu(void)
+{
+    setup();
+    struct vgpu_turn *h = &vgpus[1]->usage.devices[0].turn; /* quota 100 % */
+    atomic_store(&h->request, 0xffffffffu);
+    atomic_store(&h->paced_until_ns, UINT64_MAX);
+    atomic_store(&h->next, 0xdeadbeef);
+    atomic_store(&h->serving, 7);
+    atomic_store(&h->lease_ns, UINT64_MAX);
+    wake_all(&h->request);
+    AWAIT(grant_of(1) != 0);
+    CHECK(atomic_load(&vgpus[0]->control.devices[0].paced_until_ns) == 0);
+    /* The victim asks and gets the turn within the hostile one's grace. */
+    uint32_t got = grant_acquire(&vgpus[0]->grant, &pacer_monotonic);
+    CHECK(got > VGPU_TURN_WANT && grant_of(1) == 0);
+    grant_release(&vgpus[0]->grant, false);
+
+    /* A paced vGPU's stamp is published to every vGPU on the GPU, capped. */
+    uint64_t now = pacer_monotonic.now(NULL);
+    atomic_store(&vgpus[0]->usage.devices[0].turn.paced_until_ns, UINT64_MAX);
+    wake_all(&vgpus[0]->usage.devices[0].turn.request);
+    AWAIT(atomic_load(&vgpus[1]->control.devices[0].paced_until_ns) != 0);
+    uint64_t stamp = atomic_load(&vgpus[1]->control.devices[0].paced_until_ns);
+    CHECK(stamp > now && stamp <= pacer_monotonic.now(NULL) + BROKER_STAMP_CAP_NS);
+    teardown();
+}
+
+static void test_with_no_broker_nobody_waits(void)
+{
+    struct vgpu_blocks *v = calloc(1, sizeof(*v));
+    v->control.device_count = 1;
+    v->grant = (struct grant_dev){&v->control.devices[0], &v->control.turn_beat_ns,
+                                  &v->usage.devices[0].turn};
+    /* Never beaten (no daemon), then a beat gone stale (daemon stopped). */
+    CHECK(grant_acquire(&v->grant, &pacer_monotonic) == 0);
+    atomic_store(&v->control.turn_beat_ns,
+                 pacer_monotonic.now(NULL) - GRANT_BROKER_STALE_NS - 1);
+    CHECK(grant_acquire(&v->grant, &pacer_monotonic) == 0);
+    CHECK(atomic_load(&v->usage.devices[0].turn.request) == 0);
+    free(v);
+}
+
+int main(void)
+{
+    test_one_vgpu_at_a_time_in_turn();
+    test_an_idle_holder_gives_way();
+    test_a_holder_that_never_lets_go_loses_the_turn();
+    test_hostile_words_move_nothing_of_another_vgpu();
+    test_with_no_broker_nobody_waits();
+    vgpu_broker_stop();
+    if (failures != 0) {
+        fprintf(stderr, "test_broker: %d failure(s)\n", failures);
+        return 1;
+    }
+    puts("test_broker: all passed");
+    return 0;
+}
