@@ -374,10 +374,11 @@ static void test_share_100_is_not_measured(void)
     cleanup();
 }
 
-/* A paced process says so on its GPU's arbiter; a process at 100 % there
- * is measured while the stamp is fresh (it takes turns so that its work
- * stays out of the paced one's event pairs) but never held back, and goes
- * back to its unmeasured fast path once the stamp is stale. */
+/* A paced process says so on its GPU's arbiter (standalone: its user's own
+ * file); a process at 100 % there is measured while the stamp is fresh (it
+ * takes turns so that its work stays out of the paced one's event pairs)
+ * but never held back, and goes back to its unmeasured fast path once the
+ * stamp is stale. */
 static void test_unpaced_processes_are_measured_while_a_pacer_stamps(void)
 {
     fresh_machine("stamp");
@@ -396,11 +397,11 @@ static void test_unpaced_processes_are_measured_while_a_pacer_stamps(void)
         goto out;
     }
     /* Written as it paced: at least half the freshness past its start. */
-    uint64_t stamp = atomic_load(&a->paced_until_ns);
+    uint64_t stamp = atomic_load(&a->turn.paced_until_ns);
     bool stamped = stamp >= start + TURN_PACED_FRESH_NS / 2;
 
     /* As if a pacer were still at work: the unlimited process measures. */
-    atomic_store(&a->paced_until_ns, now_ns() + 60000000000ull);
+    atomic_store(&a->turn.paced_until_ns, now_ns() + 60000000000ull);
     uint64_t before = atomic_load(&u->devices[0].gpu_time_ns);
     bool ran = run("100", 1, "kernel", 5000, 1.0, 1, &r) == 0;
     double fresh_work = 100.0 * utilization(&r, 5000);
@@ -409,7 +410,7 @@ static void test_unpaced_processes_are_measured_while_a_pacer_stamps(void)
 
     /* The pacer is gone: the stamp is past, nothing is measured, and the
      * stamp is cleared so that launches read no clock for it. */
-    atomic_store(&a->paced_until_ns, now_ns() - 1);
+    atomic_store(&a->turn.paced_until_ns, now_ns() - 1);
     before = atomic_load(&u->devices[0].gpu_time_ns);
     ran = run("100", 1, "kernel", 5000, 0.5, 1, &r) == 0 && ran;
     double stale_work = 100.0 * utilization(&r, 5000);
@@ -417,7 +418,7 @@ static void test_unpaced_processes_are_measured_while_a_pacer_stamps(void)
 
     bool ok = ran && stamped && fresh_work > 90 && fresh_hook > fresh_work - 5 &&
               fresh_hook < fresh_work + 5 && stale_work > 90 && stale_measured == 0 &&
-              atomic_load(&a->paced_until_ns) == 0;
+              atomic_load(&a->turn.paced_until_ns) == 0;
     printf("pacing stamp %s; limit 100 next to a fresh stamp: work %.1f%%, hook measured %.1f%%; "
            "next to a stale one: work %.1f%%, measured %" PRIu64 " ns: %s\n",
            stamped ? "written" : "MISSING", fresh_work, fresh_hook, stale_work, stale_measured,
