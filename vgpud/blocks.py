@@ -57,6 +57,7 @@ ID_LEN = 64
 PPM_FULL = 1_000_000
 FLAG_OVERSUBSCRIBE = 0x1
 DEV_SOFT = 0x1
+TURN_WANT = 1  # vgpu_turn.request: wants the GPU, holds no grant
 
 SLOT_FREE = 0
 SLOT_CLAIMING = 1

@@ -52,13 +52,9 @@ def test_the_cdi_device_brings_the_recipe_and_only_it(
     env, files, options = inside_view(done.stdout)
     for key, value in vgpu["recipe"]["env"].items():
         assert env.get(key) == value, key
-    # Its own two blocks and its GPU's arbiter, nothing else of vgpud's run
-    # directory.
-    arbiter = f"/run/vgpud/gpus/{vgpu['gpus'][0]['uuid']}"
+    # Its own two blocks, nothing else of vgpud's run directory.
     assert files == [
         "/run/vgpud",
-        "/run/vgpud/gpus",
-        arbiter,
         "/run/vgpud/vgpu",
         "/run/vgpud/vgpu/control",
         "/run/vgpud/vgpu/usage",
@@ -66,7 +62,6 @@ def test_the_cdi_device_brings_the_recipe_and_only_it(
     assert options == {
         "/run/vgpud/vgpu/control": "ro",
         "/run/vgpud/vgpu/usage": "rw",
-        arbiter: "rw",
         "/usr/lib/vgpud/libvgpu.so": "ro",
     }
 

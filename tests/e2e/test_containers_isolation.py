@@ -53,13 +53,10 @@ def test_a_container_reaches_only_its_own_blocks(
     done = podman.run(["sh", "-c", script], devices=[cdi_device("iso-a")])
 
     files, probes = done.stdout.split("---\n")
-    # Its blocks, and its GPU's arbiter (shared by design with every vGPU
-    # on that GPU: the turn they take).
-    arbiter = f"/run/vgpud/gpus/{other['gpus'][0]['uuid']}"
+    # Its own blocks only: nothing of the GPU's is shared with the other
+    # vGPU (the turn between them comes in the read-only control block).
     assert sorted(files.split()) == [
         "/run/vgpud",
-        "/run/vgpud/gpus",
-        arbiter,
         "/run/vgpud/vgpu",
         CONTROL,
         USAGE,

@@ -66,13 +66,11 @@ async def test_create_makes_blocks_with_the_limits_and_answers_the_recipe(api: A
     mounts = {m["container_path"]: m for m in vg["recipe"]["mounts"]}
     assert mounts["/run/vgpud/vgpu/control"]["read_only"] is True
     assert mounts["/run/vgpud/vgpu/usage"]["read_only"] is False
-    # The GPU's arbiter alone, writable: the hook takes turns through it.
-    uuid = vg["gpus"][0]["uuid"]
-    assert env["VGPU_ARBITER_DIR"] == "/run/vgpud/gpus"
-    arbiter = mounts[f"/run/vgpud/gpus/{uuid}"]
-    assert arbiter["read_only"] is False
-    assert arbiter["host_path"] == str(api.tmp / "run" / "gpus" / uuid)
-    assert vg["host_env"]["VGPU_ARBITER_DIR"] == str(api.tmp / "run" / "gpus")
+    # Nothing shared with other vGPUs: the usage block is the one writable
+    # mount, and no GPU-wide file is given (the turn comes in the control
+    # block).
+    assert [p for p, m in mounts.items() if not m["read_only"]] == ["/run/vgpud/vgpu/usage"]
+    assert "VGPU_ARBITER_DIR" not in env and "VGPU_ARBITER_DIR" not in vg["host_env"]
     assert mounts["/usr/lib/vgpud/libvgpu.so"]["host_path"] == str(api.tmp / "libvgpu.so")
     assert vg["recipe"]["cdi_device"] == "vgpud.io/vgpu=train"
 

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from tests.unit.fakes import GIB, gpus
-from vgpud.blocks import ArbiterBlock, Atomics, ControlBlock, UsageBlock
+from vgpud.blocks import TURN_WANT, Atomics, ControlBlock, TurnC, UsageBlock
 from vgpud.errors import ServerError
 from vgpud.events import EventLog
 from vgpud.model import CreateRequest, Limits
 from vgpud.placement import Rules
-from vgpud.registry import ARBITER_DIR, Registry
+from vgpud.registry import Registry
 from vgpud.state import StateStore
 from vgpud.units import parse_memory
 
@@ -61,24 +64,49 @@ def test_a_missing_or_corrupt_block_is_recreated_and_reported(tmp_path: Path, da
     again.close()
 
 
-def test_vgpus_on_one_gpu_share_its_arbiter_block(tmp_path: Path) -> None:
+def test_vgpus_on_one_gpu_share_no_file(tmp_path: Path) -> None:
+    """The GPU's turn is granted through each vGPU's own control block: two
+    vGPUs on one GPU have nothing on disk in common, and the run directory
+    holds their two directories only."""
     reg = make(tmp_path)
     a = reg.create(CreateRequest(), LIMITS, gpus(1), Rules())
-    arbiter = a.paths.arbiters / a.vgpu.uuids[0]
-    ArbiterBlock.open_checked(arbiter)
-    assert arbiter.stat().st_mode & 0o777 == 0o666  # hooks of any user take turns
-    inode = arbiter.stat().st_ino
     b = reg.create(CreateRequest(), LIMITS, gpus(1), Rules())
-    assert b.paths.arbiters / b.vgpu.uuids[0] == arbiter and arbiter.stat().st_ino == inode
+    assert a.vgpu.uuids == b.vgpu.uuids
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == sorted([a.vgpu.id, b.vgpu.id])
     reg.close()
-    # A corrupt one is made anew at the next start; a valid one is kept.
-    os.truncate(arbiter, 10)
-    again = make(tmp_path)
-    ArbiterBlock.open_checked(arbiter)
-    inode = arbiter.stat().st_ino
-    again.close()
-    make(tmp_path).close()
-    assert arbiter.stat().st_ino == inode
+
+
+def ask(usage: UsageBlock) -> None:
+    """What a hook does to ask for the GPU: its request word, then a wake."""
+    turn = usage._c.devices[0].turn
+    turn.request = TURN_WANT
+    usage._atomics.futex_wake_all(ctypes.addressof(turn) + TurnC.request.offset)
+
+
+def wait_for(value: Callable[[], int], what: str) -> int:
+    deadline = time.monotonic() + 10
+    while not (got := value()):
+        assert time.monotonic() < deadline, f"no {what}"
+        time.sleep(0.005)
+    return got
+
+
+def test_the_broker_grants_the_gpu_to_one_vgpu_at_a_time(tmp_path: Path) -> None:
+    """Each vGPU asks in its own usage block; the daemon answers in its
+    control block, beats there, and takes the grant back when the vGPU is
+    deleted."""
+    reg = make(tmp_path)
+    a = reg.create(CreateRequest(), LIMITS, gpus(1), Rules())
+    b = reg.create(CreateRequest(), LIMITS, gpus(1), Rules())
+    assert a.control._c.turn_beat_ns > 0 and b.control._c.turn_beat_ns > 0
+    ask(a.usage)
+    granted = wait_for(lambda: a.control._c.devices[0].turn_grant, "grant")
+    assert granted > TURN_WANT and b.control._c.devices[0].turn_grant == 0
+    ask(b.usage)  # a holds it (asking still): b waits
+    assert a.control._c.devices[0].turn_grant == granted
+    reg.delete(a.vgpu.id, force=True, processes=0)
+    assert wait_for(lambda: b.control._c.devices[0].turn_grant, "grant moving on") > TURN_WANT
+    reg.close()
 
 
 def test_orphan_blocks_are_left_alone(tmp_path: Path) -> None:
@@ -101,8 +129,7 @@ def test_a_create_that_cannot_be_recorded_leaves_nothing(
     monkeypatch.setattr(reg.store, "save", disk_full)
     with pytest.raises(ServerError, match="cannot record"):
         reg.create(CreateRequest(), LIMITS, gpus(1), Rules())
-    # The GPU's arbiter block is the node's, shared by every vGPU on it: it stays.
     left = [p.name for p in (tmp_path / "run").iterdir()]
-    assert reg.entries == {} and left in ([], [ARBITER_DIR])
+    assert reg.entries == {} and left == []
     assert reg.events.since(0) == []
     reg.close()
