@@ -5,20 +5,24 @@ The simulator stamps an event when its stream reaches it, so a process's
 event pair around a batch also spans the other processes' work that runs in
 between, as on a GPU that time-slices contexts (docs/simulator.md). A pacer
 that charged itself for that time would throttle every tenant too hard;
-taking turns on the GPU (the arbiter block) keeps each batch alone on it,
-including a hooked process with no compute limit next to a paced one.
+taking turns on the GPU keeps each batch alone on it, including a hooked
+process with no compute limit next to a paced one: standalone processes of
+one user through their arbiter file, vGPUs through the daemon's turn broker
+(run here in the test process, with the vGPUs' blocks as the daemon makes
+them).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import BUILD
 from tests.integration.compute_harness import Burn, Sampler, device_util
-from vgpud.blocks import PPM_FULL, ControlBlock, DeviceSlice, UsageBlock
+from vgpud.blocks import Atomics, ControlBlock, DeviceSlice, TurnBroker, UsageBlock
 
 SECONDS = 4.5
 WARMUP = 1.0
@@ -79,29 +83,64 @@ def test_colocated_tenants_get_their_shares(
     assert busy >= 90, f"device busy {busy:.1f} %, work {got}"
 
 
-def vgpu_share_100(tmp_path: Path) -> dict[str, str]:
-    """The blocks of a vGPU at share 100 as the daemon makes them (no daemon
-    running: the quota stays the share, 100 %)."""
-    control, usage = tmp_path / "control", tmp_path / "usage-vgpu"
-    ControlBlock.create(
-        control, "unlimited", [DeviceSlice(SIM_GPU0, 1 << 30, share_ppm=PPM_FULL)], 0
-    ).close()
-    UsageBlock.create(usage, device_count=1).close()
-    return {"VGPU_CONTROL": str(control), "VGPU_USAGE": str(usage)}
+class Vgpus:
+    """vGPUs' blocks as the daemon makes them, entered in a turn broker (no
+    daemon: each quota stays its share)."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp = tmp_path
+        self.atomics = Atomics.load()
+        self.broker = TurnBroker(self.atomics)
+        self.blocks: list[tuple[ControlBlock, UsageBlock, int]] = []
+
+    def make(self, name: str, share: int) -> dict[str, str]:
+        control, usage = self.tmp / f"control-{name}", self.tmp / f"usage-vgpu-{name}"
+        slices = [DeviceSlice(SIM_GPU0, 1 << 30, share_ppm=share * 10_000)]
+        c = ControlBlock.create(control, name, slices, 0, atomics=self.atomics)
+        u = UsageBlock.create(usage, device_count=1, atomics=self.atomics)
+        self.blocks.append((c, u, self.broker.add(c, u, 0)))
+        return {"VGPU_CONTROL": str(control), "VGPU_USAGE": str(usage)}
+
+    def close(self) -> None:
+        for c, u, handle in self.blocks:
+            self.broker.remove(handle)
+            c.close()
+            u.close()
+        self.broker.stop()
+
+
+@pytest.fixture
+def vgpus(tmp_path: Path) -> Iterator[Vgpus]:
+    v = Vgpus(tmp_path)
+    yield v
+    v.close()
+
+
+def test_colocated_vgpus_get_their_shares(
+    sim_env: dict[str, str], tmp_path: Path, vgpus: Vgpus
+) -> None:
+    """Two vGPUs on one GPU take turns through the broker, each measuring
+    only its own work."""
+    got, busy = colocate(sim_env, tmp_path, [vgpus.make("a", 30), vgpus.make("b", 70)])
+    for share, work in zip((30, 70), got, strict=True):
+        assert work == pytest.approx(share, abs=TOLERANCE), f"work {got}"
+    assert busy >= 90, f"device busy {busy:.1f} %, work {got}"
 
 
 @pytest.mark.parametrize("unlimited_mode", ["standalone", "vgpu"])
 def test_paced_tenant_next_to_an_unlimited_one(
-    sim_env: dict[str, str], tmp_path: Path, unlimited_mode: str
+    sim_env: dict[str, str], tmp_path: Path, vgpus: Vgpus, unlimited_mode: str
 ) -> None:
     """A hooked process whose quota is 100 % (standalone with a memory limit
-    only, or a vGPU at share 100) takes turns while the other paces, so its
-    work stays out of the paced one's event pairs (without that the 30 %
-    tenant charged itself for both and got ~6 %); it is never held back."""
-    unlimited = (
-        {"CUDA_MEM_LIMIT": "1g"} if unlimited_mode == "standalone" else vgpu_share_100(tmp_path)
-    )
-    got, busy = colocate(sim_env, tmp_path, [{"CUDA_CORE_LIMIT": "30"}, unlimited])
+    only next to a standalone one at 30, or a vGPU at share 100 next to a
+    vGPU at 30) takes turns while the other paces, so its work stays out of
+    the paced one's event pairs (without that the 30 % tenant charged itself
+    for both and got ~6 %); it is never held back."""
+    if unlimited_mode == "standalone":
+        tenants = [{"CUDA_CORE_LIMIT": "30"}, {"CUDA_MEM_LIMIT": "1g"}]
+    else:
+        tenants = [vgpus.make("paced", 30), vgpus.make("unlimited", 100)]
+    got, busy = colocate(sim_env, tmp_path, tenants)
     assert got[0] == pytest.approx(30, abs=TOLERANCE), f"work {got}"
     assert got[1] >= 55, f"work {got}"
     assert busy >= 90, f"device busy {busy:.1f} %, work {got}"
