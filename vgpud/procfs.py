@@ -15,7 +15,10 @@ process is gone or unreadable:
     ``cgroup(pid) -> str | None``           text of /proc/<pid>/cgroup
     ``environ(pid) -> dict[str, str] | None`` only the variables in ``ENV_KEYS``
                                             or with a prefix in ``ENV_PREFIXES``
-    ``maps(pid) -> list[MappedFile] | None`` file-backed mappings
+    ``maps(pid, limit) -> Maps | None``      file-backed mappings, at most
+                                            ``limit`` bytes of the file read
+    ``mountinfo(pid) -> list[Mount] | None`` its mount namespace's mounts
+    ``mntns(pid) -> int | None``            inode of its mount namespace
     ``open_mapped(pid, mapping, write) -> int`` an fd on the mapped object
 ``ProcessTable(procfs)`` — the incremental scan the tracker uses:
     ``refresh(watch=()) -> dict[int, Process]``  every live process by host pid
@@ -41,6 +44,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +56,11 @@ ENV_PREFIXES = ("VGPU_", "CUDA_MEM_LIMIT", "CUDA_CORE_")
 # Errors that mean the process is gone or not ours to read.
 _VANISHED = frozenset({errno.ENOENT, errno.ESRCH, errno.EACCES, errno.EPERM})
 _ENVIRON_MAX = 1 << 20  # the kernel caps argv+env far below this in practice
+# A process chooses how many mappings it has: 60,000 of them make a 5 MB
+# maps file that costs the daemon tens of milliseconds to read (docs/security.md,
+# "Bounded reads"). Past these sizes the rest is not read.
+MAPS_LIMIT = 2 << 20
+_MOUNTINFO_LIMIT = 1 << 20
 _SMALL_FILE = 8192
 
 
@@ -128,6 +137,26 @@ class MappedFile:
         """The entry name in /proc/<pid>/map_files (hex without padding)."""
         return f"{self.start:x}-{self.end:x}"
 
+    @property
+    def file_key(self) -> tuple[int, int]:
+        """(st_dev, st_ino) of the mapped file, as os.stat would give them."""
+        return (self.dev, self.inode)
+
+
+@dataclass(frozen=True)
+class Maps:
+    files: tuple[MappedFile, ...]
+    complete: bool  # False: the file was longer than the limit; ``files`` is its start
+
+
+@dataclass(frozen=True)
+class Mount:
+    """One line of /proc/<pid>/mountinfo."""
+
+    dev: int  # os.makedev(major, minor) of the mounted filesystem
+    root: str  # the path inside that filesystem that is mounted (a bind mount's source)
+    point: str  # where, as the process sees it: the tenant's choice, informational only
+
 
 class ProcFS:
     def __init__(self, root: str | os.PathLike[str] = "/proc") -> None:
@@ -182,9 +211,26 @@ class ProcFS:
         data = self._read(pid, "environ", _ENVIRON_MAX)
         return None if data is None else parse_environ(data)
 
-    def maps(self, pid: int) -> list[MappedFile] | None:
-        data = self._read(pid, "maps", None)
-        return None if data is None else parse_maps(data.decode(errors="surrogateescape"))
+    def maps(self, pid: int, limit: int = MAPS_LIMIT) -> Maps | None:
+        data = self._read(pid, "maps", limit + 1)
+        if data is None:
+            return None
+        complete = len(data) <= limit
+        if not complete:  # drop the line the limit cut
+            data = data[: data.rfind(b"\n", 0, limit) + 1]
+        return Maps(tuple(parse_maps(data.decode(errors="surrogateescape"))), complete)
+
+    def mountinfo(self, pid: int) -> list[Mount] | None:
+        data = self._read(pid, "mountinfo", _MOUNTINFO_LIMIT)
+        return None if data is None else parse_mountinfo(data.decode(errors="surrogateescape"))
+
+    def mntns(self, pid: int) -> int | None:
+        try:
+            link = os.readlink(f"{self._prefix}/{pid}/ns/mnt")
+        except OSError as err:
+            _raise_unless_vanished(err)
+            return None
+        return parse_ns_link(link)
 
     def open_mapped(self, pid: int, mapping: MappedFile, *, write: bool) -> int:
         """An fd on the object behind a mapping, never by its path in the container.
@@ -373,6 +419,32 @@ def parse_maps(text: str) -> list[MappedFile]:
         except ValueError:
             continue
     return mappings
+
+
+def parse_mountinfo(text: str) -> list[Mount]:
+    """(device, root) of each mount in /proc/<pid>/mountinfo.
+
+    ``36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw``: the
+    third field is the device, the fourth the mounted path inside it, with
+    space, tab, newline and backslash written as octal escapes.
+    """
+    mounts: list[Mount] = []
+    for line in text.splitlines():
+        fields = line.split(maxsplit=4)
+        if len(fields) < 5:
+            continue
+        major, _, minor = fields[2].partition(":")
+        try:
+            dev = os.makedev(int(major), int(minor))
+        except ValueError:
+            continue
+        point = fields[4].split(maxsplit=1)[0]
+        mounts.append(Mount(dev, _unescape_mount_path(fields[3]), _unescape_mount_path(point)))
+    return mounts
+
+
+def _unescape_mount_path(path: str) -> str:
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), path)
 
 
 def _read_all(fd: int, limit: int | None) -> bytes:

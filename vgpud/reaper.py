@@ -14,8 +14,9 @@ Public interface
 
 Rules
 -----
-- A slot whose identity no live process has (``SlotState.host_pid is
-  None``) is reclaimed at once when ACTIVE, through
+- A slot that no live process may hold (``SlotState.held`` false: its
+  identity is dead, or names a process the host shows outside the vGPU)
+  is reclaimed at once when ACTIVE, through
   ``UsageBlock.reclaim_slot`` with the identity the tracker saw: if the slot
   changed hands meanwhile nothing is touched.
 - A CLAIMING slot may be a process filling it in right now; it is reclaimed
@@ -100,7 +101,7 @@ def plan(
         for s in snapshot.slots:
             if s.slot.state == SLOT_RECLAIMING:
                 reclaiming.setdefault(s.vgpu_id, set()).add(s.slot.index)
-            if s.slot.state == SLOT_ACTIVE and s.host_pid is None:
+            if s.slot.state == SLOT_ACTIVE and not s.held:
                 actions.append(Reclaim(s.vgpu_id, s.slot))
             elif s.slot.state in (SLOT_CLAIMING, SLOT_RECLAIMING):
                 key = _stuck_key(s)
@@ -164,9 +165,9 @@ def _unstick(
     s: SlotState, scans: int, policy: ReaperPolicy
 ) -> tuple[Action | None, ReaperEvent | None]:
     slot = s.slot
-    if slot.state == SLOT_CLAIMING and s.host_pid is None:
+    if slot.state == SLOT_CLAIMING and not s.held:
         return Reclaim(s.vgpu_id, slot), None
-    holder = "a live process" if s.host_pid is not None else "no live process"
+    holder = "a live process" if s.held else "no live process"
     detail = f"slot {slot.index} {slot.state_name} for {scans} scans, held by {holder}; left alone"
     return None, ReaperEvent("slot_stuck", s.vgpu_id, detail, slot.index, slot.pid)
 

@@ -131,7 +131,8 @@ def test_gateway_on_the_simulator_inventory_and_health(sim_env: dict[str, str]) 
 HOLDER = """
 import sys
 from tests.fixtures.hook import FakeHook
-FakeHook(sys.argv[1]).claim_self(0, {0: int(sys.argv[2])})
+hook = FakeHook(sys.argv[1])  # kept mapped, as the hook keeps its block
+hook.claim_self(0, {0: int(sys.argv[2])})
 print("claimed", flush=True)
 sys.stdin.read()
 """
