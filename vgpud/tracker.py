@@ -77,6 +77,7 @@ from vgpud.procfs import Identity, MappedFile, Process, ProcessTable, ProcFS
 log = logging.getLogger(__name__)
 
 HOOK_LIBRARY = "libvgpu"
+ADOPT_TRIES = 4  # distinct block-sized files opened per process and scan, at most
 STANDALONE_BUDGET = ""  # the evidence budget of processes no vGPU names yet
 SEED_LIMIT_PREFIXES = ("CUDA_MEM_LIMIT", "CUDA_CORE_LIMIT", "CUDA_CORE_SOFT_LIMIT")
 # A usage block is mapped whole: its mapping is the block size in pages.
@@ -640,9 +641,13 @@ class Tracker:
         this process's budget (docs/security.md, "Standalone blocks")."""
         facts = self._evidence.maps(process, STANDALONE_BUDGET)
         managed = {f[2].usage_key for f in self._files.values()}
+        tried: set[FileKey] = set()
         for mapping in facts.candidates if facts is not None else ():
-            if not _may_be_usage_block(mapping) or mapping.file_key in managed:
+            if not _may_be_usage_block(mapping) or mapping.file_key in managed | tried:
                 continue
+            if len(tried) == ADOPT_TRIES:  # a process chooses how many files it maps
+                break
+            tried.add(mapping.file_key)
             name = f"/proc/{process.pid}/map_files/{mapping.range_name}"
             try:
                 fd = self.procfs.open_mapped(process.pid, mapping, write=True)
