@@ -18,31 +18,47 @@ no live process has its identity: what the reaper acts on),
 
 How a process is mapped (docs/tracking.md has the long form)
 -------------------------------------------------------------
+A usage block is the tenant's word; what the daemon charges, kills or names
+rests on what the host shows (``evidence.py``; docs/security.md,
+"Attribution").
+
 1. Every slot of every vGPU's usage block names its process by (PID
    namespace inode, pid inside that namespace, start time). The slots are
    read BEFORE /proc: a process seen in a slot existed before the /proc
    scan began, so missing from it means dead, never "too new".
 2. /proc gives each live host process's PID namespace inode and NSpid
-   chain; the slot's process is the one with the same namespace, the same
-   innermost NSpid and the same start time (PID reuse cannot alias it).
-   The host pid is written to ``control.slot_host_pid[slot]`` (0 when gone)
-   so hooks in PID namespaces can filter NVML's host-pid process lists.
-   An identity is looked for once, when a slot first shows it: directly
-   (a process of the /proc mount's own namespace: its pid is the host pid),
-   else in one listing of /proc for the scan. The process found is then
-   watched (exitwatch.py: a pidfd, or its stat file where pidfds cannot be
-   had) and no /proc file of it is read again until it ends: a scan of
-   unchanged slots reads the blocks and one epoll set, not /proc. What is
-   known of a process (comm, uid, container) is what /proc said then.
-3. Processes NVML lists but no slot holds: with libvgpu in LD_PRELOAD, seed
-   limits in the env and no VGPU_CONTROL, the hook runs standalone; its
-   usage block (a shared mapping of exactly the block's size) is opened
-   through /proc/<pid>/map_files and validated, and the processes sharing
-   one block (same st_dev, st_ino) become one standalone vGPU
-   ``sa-<dev>-<ino>``. Other hooked processes are ``HOOKED`` (seen, not
-   adoptable); the rest are ``UNMANAGED`` and are attributed to a vGPU
-   when they share its container (see ``attributable``) — the backstop
-   counts their memory against that vGPU.
+   chain; the slot's candidate is the process with the same namespace, the
+   same innermost NSpid and the same start time (PID reuse cannot alias
+   it). An identity is looked for once, when a slot first shows it, and the
+   process found is then watched (exitwatch.py) until it ends.
+3. The candidate holds the slot only if /proc/<pid>/maps shows it mapping
+   this vGPU's usage block file (same device and inode): then, and only
+   then, it is charged to the vGPU by its slot and its host pid is written
+   to ``control.slot_host_pid[slot]`` (so hooks in PID namespaces can
+   filter NVML's host-pid process lists). A daemon-owned vGPU's proof wins
+   over an adopted standalone block's.
+4. Membership without a slot: a process is in a daemon-owned vGPU if that
+   vGPU's block files are bind-mounted into its mount namespace (what CDI
+   and ``vgpuctl env --docker`` do), else in the one vGPU whose proven slot
+   holders share its workload cgroup (see ``attributable``).
+5. A slot whose candidate does not map the block (its maps file was read
+   whole) and is not a member by point 4 names nobody the vGPU may claim:
+   like a dead identity it is reclaimed, so a right guess of another
+   tenant's identity and a wrong one look the same. A candidate whose maps
+   could not be read yet (budget, or cut at the limit) keeps its slot,
+   unproven.
+6. Processes NVML lists that hold no proven slot: a member of a
+   daemon-owned vGPU is charged to it whatever its environment says
+   (``HOOKED`` with libvgpu in LD_PRELOAD, else ``UNMANAGED``), and the
+   backstop counts its memory. Otherwise, with libvgpu in LD_PRELOAD, seed
+   limits in the env and no VGPU_CONTROL, the hook runs standalone: its
+   usage block (a shared mapping of exactly the block's size, owned by the
+   process's uid and closed to others) is opened through
+   /proc/<pid>/map_files and validated, and the processes sharing one block
+   (same st_dev, st_ino) become one standalone vGPU ``sa-<dev>-<ino>``.
+7. A pid NVML still lists after its process exited (a fork child keeps the
+   memory through inherited descriptors) stays charged, as ``EXITED``, to
+   the vGPU it was in.
 """
 
 from __future__ import annotations
