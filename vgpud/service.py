@@ -44,7 +44,7 @@ class ProcessView:
     container_pid: int  # the pid it sees for itself
     vgpu: str | None
     slot: int | None
-    kind: str  # vgpu | standalone | hooked | unmanaged
+    kind: str  # vgpu | standalone | hooked | unmanaged | exited (tracker.ProcessKind)
     comm: str
     memory: dict[str, int]  # GPU uuid -> bytes (NVML)
     hooked: dict[str, int]  # GPU uuid -> bytes its slot holds (the hook's word)
