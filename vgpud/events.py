@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from itertools import islice
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -85,7 +86,11 @@ class EventLog:
         self._wakeup = asyncio.Event()
 
     def since(self, seq: int) -> list[Event]:
-        return [e for e in self._events if e.seq > seq]
+        """The kept events after ``seq``, oldest first. Numbers are
+        consecutive, so they are the last ``last_seq - seq`` kept: a
+        follower pays for what is new, not for the whole buffer."""
+        new = min(max(self._seq - seq, 0), len(self._events))
+        return list(islice(reversed(self._events), new))[::-1]
 
     async def follow(self, seq: int) -> AsyncIterator[Event]:
         """Events after ``seq``, then each new one as it comes, until close()."""

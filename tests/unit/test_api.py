@@ -268,6 +268,16 @@ async def test_events_follow_streams_new_events(api: Api) -> None:
     r.close()
 
 
+async def test_a_follower_without_since_starts_from_now(api: Api) -> None:
+    for _ in range(3):
+        await create(api, {"memory": "64m"})
+    r = await api.client.get("/v1/events")
+    await api.client.delete(f"/v1/vgpus/{(await create(api, {'memory': '64m'}))['id']}")
+    first = json.loads(await r.content.readline())
+    assert first["type"] == "vgpu.created" and first["seq"] == 4  # not the 3 before it
+    r.close()
+
+
 async def test_processes_metrics_and_openapi_routes(api: Api) -> None:
     r = await api.client.get("/v1/processes")
     body = await r.json()

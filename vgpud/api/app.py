@@ -174,10 +174,12 @@ async def processes(request: web.Request) -> web.Response:
 async def events(request: web.Request) -> web.StreamResponse:
     """NDJSON by default, server-sent events with Accept: text/event-stream
     or ?format=sse. ?since=N resumes after event N; ?follow=false ends after
-    the backlog instead of streaming new events."""
+    the backlog (all of it without ?since=) instead of streaming new events."""
     log_ = request.app[EVENTS]
-    since = schemas.parse_int_query(request.query, "since", 0)
     follow = schemas.parse_bool_query(request.query, "follow", default=True)
+    # A follower with no ?since= gets what happens from now on, not the
+    # whole buffer again; a one-off read (follow=false) gets the buffer.
+    since = schemas.parse_int_query(request.query, "since", log_.last_seq if follow else 0)
     fmt = request.query.get("format")
     if fmt not in (None, "ndjson", "sse"):
         raise Unprocessable(f"format: ndjson or sse, not {fmt!r}")
@@ -190,11 +192,14 @@ async def events(request: web.Request) -> web.StreamResponse:
     )
     await response.prepare(request)
     source = log_.follow(since) if follow else _replay(log_, since)
-    async for event in source:
-        line = json.dumps(event.to_json())
-        data = f"id: {event.seq}\nevent: {event.type}\ndata: {line}\n\n" if sse else line + "\n"
-        await response.write(data.encode())
-    await response.write_eof()
+    try:
+        async for event in source:
+            line = json.dumps(event.to_json())
+            data = f"id: {event.seq}\nevent: {event.type}\ndata: {line}\n\n" if sse else line + "\n"
+            await response.write(data.encode())
+        await response.write_eof()
+    except ConnectionResetError:  # the follower left: the ordinary end of a stream
+        log.debug("events follower disconnected")
     return response
 
 
