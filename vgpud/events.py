@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from itertools import islice
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
 # Event types (the API documents them in openapi.json).
