@@ -62,6 +62,7 @@ _ENVIRON_MAX = 1 << 20  # the kernel caps argv+env far below this in practice
 MAPS_LIMIT = 2 << 20
 _MOUNTINFO_LIMIT = 1 << 20
 _SMALL_FILE = 8192
+_PRUNE_MIN = 1024
 
 
 Identity = tuple[int, int]  # (host pid, start time): one process, never a reused pid
@@ -276,6 +277,10 @@ class ProcessTable:
     def __init__(self, procfs: ProcFS) -> None:
         self.procfs = procfs
         self._known: dict[int, tuple[int, Process]] = {}  # pid -> (dir inode, process)
+        # lookup() adds what it reads and nothing else removes it until the
+        # next refresh (which may not come for hours): past this size the
+        # entries whose /proc directory is gone are dropped (amortised O(1)).
+        self._prune_at = _PRUNE_MIN
 
     def refresh(self, watch: Collection[int] = ()) -> dict[int, Process]:
         seen: dict[int, tuple[int, Process]] = {}
@@ -313,7 +318,15 @@ class ProcessTable:
         if process is None:
             return None
         self._known[pid] = (inode, process)  # the next refresh need not read it again
+        if len(self._known) > self._prune_at:
+            self._known = {
+                p: known for p, known in self._known.items() if self.procfs.dir_inode(p) == known[0]
+            }
+            self._prune_at = 2 * len(self._known) + _PRUNE_MIN
         return None if process.exited else process
+
+    def __len__(self) -> int:
+        return len(self._known)
 
 
 def _with_stat(known: Process, stat: ProcStat) -> Process:

@@ -268,3 +268,15 @@ def test_lookup_reads_one_process_now(tree: Path) -> None:
     write_stat(tree, 4100, first.start_time + 7, state="Z")
     assert table.lookup(4100) is None  # ended
     assert table.lookup(31337) is None  # no such process
+
+
+def test_lookups_of_processes_that_ended_do_not_pile_up(tree: Path) -> None:
+    """A node runs for months and its GPU processes come and go: what
+    lookup() remembered of the dead is let go, without a refresh."""
+    table = ProcessTable(ProcFS(tree))
+    for pid in range(10_000, 13_000):
+        shutil.copytree(tree / "4100", tree / str(pid), symlinks=True)
+        assert table.lookup(pid) is not None
+        shutil.rmtree(tree / str(pid))  # it ends
+    assert len(table) < 2100
+    assert table.lookup(4100) is not None
