@@ -22,7 +22,8 @@ import re
 import secrets
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -103,6 +104,10 @@ class Registry:
         self.clock = clock
         self.entries: dict[str, Entry] = {}
         self.cdi = cdi or NullPublisher()  # CDI specs follow every change
+        # Blocks let go of (a deleted vGPU's, a replaced usage block) while a
+        # reader holds a pin: unmapped when the last pin goes (see ``pin``).
+        self._pins = 0
+        self._retired: list[ControlBlock | UsageBlock] = []
 
     # --- lookup ----------------------------------------------------------
 
@@ -117,6 +122,38 @@ class Registry:
         if entry is None:
             raise NotFound(f"no vGPU {key!r}")
         return entry
+
+    # --- who may unmap a block, and when ----------------------------------------
+
+    def pin(self) -> None:
+        """Keep every block mapped that is mapped now, until ``unpin``: a
+        scan reads the blocks of the vGPUs it was given on a thread and
+        then on the loop, and a vGPU deleted meanwhile must still be
+        readable there (its files are gone; reading them harms nothing)."""
+        self._pins += 1
+
+    def unpin(self) -> None:
+        self._pins -= 1
+        if self._pins == 0:
+            retired, self._retired = self._retired, []
+            for block in retired:
+                block.close()
+
+    @contextmanager
+    def pinned(self) -> Iterator[None]:
+        self.pin()
+        try:
+            yield
+        finally:
+            self.unpin()
+
+    def _retire(self, *blocks: ControlBlock | UsageBlock) -> None:
+        """Unmap now, or when the last reader lets go."""
+        if self._pins:
+            self._retired.extend(blocks)
+        else:
+            for block in blocks:
+                block.close()
 
     # --- start --------------------------------------------------------------
 
@@ -182,7 +219,7 @@ class Registry:
         repaired = []
         for entry in self.entries.values():
             if entry.usage.lost:
-                entry.usage.close()
+                self._retire(entry.usage)
                 entry.usage = UsageBlock.create(
                     entry.paths.usage, device_count=len(entry.vgpu.slices), atomics=self.atomics
                 )
@@ -293,7 +330,7 @@ class Registry:
         except OSError as exc:
             raise ServerError(f"cannot record the deletion: {exc}") from exc
         del self.entries[entry.vgpu.id]
-        entry.close()
+        self._retire(entry.control, entry.usage)
         shutil.rmtree(entry.paths.control.parent, ignore_errors=True)
         self.cdi.withdraw(entry.vgpu.id)
         self.events.publish(ev.VGPU_DELETED, vgpu=entry.vgpu.id, forced=bool(processes))
@@ -301,9 +338,13 @@ class Registry:
         return entry.vgpu
 
     def close(self) -> None:
+        """At shutdown, after every reader has stopped."""
         for entry in self.entries.values():
             entry.close()
         self.entries.clear()
+        for block in self._retired:
+            block.close()
+        self._retired.clear()
 
     # --- helpers --------------------------------------------------------------
 

@@ -5,9 +5,12 @@ snapshot for the API and the controller, publishes arrivals and exits, OOMs
 (growth of a device's oom_count) and throttling (a vGPU that starts or
 stops waiting in the pacer), then runs the reaper and the backstop hook.
 
-The tracker's thread reads the blocks; ``Service.blocks_lock`` is held until
-that thread has finished (even if the scan is cancelled), and deleting a
-vGPU takes the same lock, so no block is unmapped under a reader.
+The tracker's thread reads the blocks, and the loop reads them again after
+it (events, reaper): the registry is pinned for the whole scan and for the
+thread's life (even if the scan is cancelled), so a vGPU deleted meanwhile
+keeps its blocks mapped until both let go (``Registry.pin``).
+``Service.blocks_lock`` is held while the thread runs: the tracker's own
+(standalone) blocks and a usage block's repair wait for it.
 """
 
 from __future__ import annotations
@@ -51,6 +54,12 @@ class Watch:
         self.backstop_state = backstop.BackstopState()
 
     async def scan(self) -> TrackSnapshot:
+        # Every block this scan reads stays mapped until it ends, whatever
+        # is deleted meanwhile (a delete does not wait for a scan).
+        with self.service.registry.pinned():
+            return await self._scan()
+
+    async def _scan(self) -> TrackSnapshot:
         entries = self.service.registry.all()
         views = {e.vgpu.id: VgpuBlocks(e.usage, e.control) for e in entries}
         snapshot = await self.in_thread(self.tracker.scan, views, self.service.sample)
@@ -117,13 +126,20 @@ class Watch:
         """Run ``fn`` on a worker thread while holding the blocks lock until
         the thread is done, whatever happens to the awaiting task."""
         lock = self.service.blocks_lock
+        registry = self.service.registry
         await lock.acquire()
+        registry.pin()  # the thread's own pin: a cancelled scan lets go of its pin early
+
+        def done(_: object) -> None:
+            registry.unpin()
+            lock.release()
+
         try:
             future = asyncio.ensure_future(asyncio.to_thread(fn, *args))
         except BaseException:
-            lock.release()
+            done(None)
             raise
-        future.add_done_callback(lambda _: lock.release())
+        future.add_done_callback(done)
         return await asyncio.shield(future)
 
     def _counter_events(self, entry: Entry) -> None:
