@@ -143,6 +143,10 @@ def load_config(
             file_values = tomllib.loads(Path(target).read_text())
         except OSError as exc:
             raise ConfigError(f"cannot read config {target}: {exc.strerror}") from exc
+        except UnicodeDecodeError as exc:
+            raise ConfigError(
+                f"config {target} is not UTF-8 text (byte {exc.start}: {exc.reason})"
+            ) from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config {target} is not valid TOML: {exc}") from exc
     return parse_config(file_values, env, flags or {})
