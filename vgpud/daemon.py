@@ -31,7 +31,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -159,6 +159,7 @@ class Daemon:
             Path(c.run_dir), store, library, atomics, self.events, cdi=cdi.publisher(c.cdi_dir)
         )
         self.registry.adopt()
+        _warn_absent_gpus(self.registry, self.gpus.devices())
         service = Service(c, self.registry, self.gpus, self.events)
         _raise_fd_limit()
         tracker = Tracker(c.proc_root)
@@ -413,6 +414,19 @@ class Daemon:
                 and os.stat(self.config.socket).st_ino == self.socket_inode
             ):
                 os.unlink(self.config.socket)
+
+
+def _warn_absent_gpus(registry: Registry, present: Sequence[Any]) -> None:
+    """A recorded vGPU on a GPU that is not here now is kept as it is: the
+    GPU may come back (a driver reload, a reset), and its processes are
+    still bound by the blocks' limits. Nothing runs on it meanwhile; an
+    update is refused (409) until it returns, and nothing new is placed
+    on a GPU that is absent. Said once at start, per vGPU."""
+    uuids = {g.uuid for g in present}
+    for entry in registry.all():
+        absent = [u for u in entry.vgpu.uuids if u not in uuids]
+        if absent:
+            log.warning("vGPU kept on GPUs not present now", vgpu=entry.vgpu.id, gpus=absent)
 
 
 def _idle(service: Service) -> bool:

@@ -18,7 +18,6 @@ removing a file it maps would not free anything anyway.
 from __future__ import annotations
 
 import os
-import re
 import secrets
 import shutil
 import time
@@ -43,7 +42,15 @@ from vgpud.blocks import (
 from vgpud.cdi import NullPublisher, SpecPublisher
 from vgpud.errors import Conflict, NotFound, ServerError, Unprocessable, for_status
 from vgpud.events import EventLog
-from vgpud.model import CreateRequest, GpuLike, Limits, UpdateRequest, Vgpu
+from vgpud.model import (
+    ID_PATTERN,
+    CreateRequest,
+    GpuLike,
+    Limits,
+    UpdateRequest,
+    Vgpu,
+    valid_name,
+)
 from vgpud.placement import Ask, Distance, PlacementError, Rules, check_update, place
 from vgpud.recipe import Paths
 from vgpud.state import StateError, StateStore
@@ -51,9 +58,7 @@ from vgpud.units import format_bytes
 
 log = structlog.get_logger("vgpud.registry")
 
-ID_PATTERN = re.compile(r"vg-[0-9a-f]{8}")
 ARBITER_DIR = "gpus"  # in run_dir: one arbiter block per GPU, named by UUID
-NAME_PATTERN = re.compile(r"[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?")
 
 
 @dataclass
@@ -367,7 +372,7 @@ class Registry:
                 return vid
 
     def _check_name(self, name: str) -> None:
-        if not NAME_PATTERN.fullmatch(name) or ID_PATTERN.fullmatch(name):
+        if not valid_name(name):
             raise Unprocessable(
                 f"name {name!r}: use 1-63 lower-case letters, digits, '-' or '.', "
                 "starting and ending with a letter or digit, not shaped like an id (vg-xxxxxxxx)"
