@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import fcntl
 import grp
 import os
 import resource
@@ -56,6 +57,7 @@ from vgpud.tracker import Tracker
 from vgpud.watch import Watch
 
 EXIT_START_FAILED = 3
+LOCK_FILE = "vgpud.lock"  # in state_dir
 log = structlog.get_logger("vgpud")
 
 
@@ -130,6 +132,7 @@ class Daemon:
         self.node: Node | None = None
         self.socket_inode: int | None = None
         self.last_watchdog = 0.0
+        self.state_lock: int | None = None  # held for the process's life
 
     async def run(self) -> int:
         self._install_signals()
@@ -155,6 +158,7 @@ class Daemon:
         library = self._hook_library()
         self.gpus = await self._open_nvml()
         store = StateStore(Path(c.state_dir))
+        self.state_lock = _lock_state_dir(store.dir)
         self.registry = Registry(
             Path(c.run_dir), store, library, atomics, self.events, cdi=cdi.publisher(c.cdi_dir)
         )
@@ -414,6 +418,23 @@ class Daemon:
                 and os.stat(self.config.socket).st_ino == self.socket_inode
             ):
                 os.unlink(self.config.socket)
+
+
+def _lock_state_dir(state_dir: Path) -> int:
+    """One vgpud per state dir, taken before anything in it or in the run
+    dir is adopted or cleaned: a second daemon started by mistake would
+    otherwise take the first one's blocks still being made for leftovers.
+    The lock goes with the process (even at SIGKILL)."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(
+        state_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+    )
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise StartError(f"another vgpud uses {state_dir}") from None
+    return fd
 
 
 def _warn_absent_gpus(registry: Registry, present: Sequence[Any]) -> None:

@@ -10,9 +10,10 @@ directory 0755; <run_dir>/gpus/<uuid> (0666): the arbiter block of each GPU
 a vGPU uses, shared by all vGPUs on it (made when a vGPU needs it, never
 replaced while valid). Adoption at start: each recorded vGPU's blocks are opened
 and validated, not recreated, so running processes do not notice; a missing
-or corrupt block is recreated and reported. Directories in run_dir with no
-state entry are reported and left alone: a process may still map them, and
-removing a file it maps would not free anything anyway.
+or corrupt block is recreated and reported. What a crash left is removed and
+logged: directories in run_dir named like a vGPU with no state entry, and
+temporary files of unfinished writes (a process that maps a removed file
+keeps its mapping).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ from vgpud.model import (
 )
 from vgpud.placement import Ask, Distance, PlacementError, Rules, check_update, place
 from vgpud.recipe import Paths
-from vgpud.state import StateError, StateStore
+from vgpud.state import StateError, StateStore, remove_temps
 from vgpud.units import format_bytes
 
 log = structlog.get_logger("vgpud.registry")
@@ -173,11 +174,7 @@ class Registry:
             entry = self._adopt_one(v)
             self.entries[v.id] = entry
             self.events.publish(ev.VGPU_ADOPTED, vgpu=v.id, name=v.name)
-        for orphan in sorted(self._orphans()):
-            log.warning(
-                "blocks with no vGPU in the state file: left alone",
-                path=str(self.run_dir / orphan),
-            )
+        self._clean_leftovers()
         self.cdi.sync((e.vgpu, e.paths) for e in self.all())
 
     def _adopt_one(self, v: Vgpu) -> Entry:
@@ -236,12 +233,37 @@ class Registry:
         log.warning("block missing or corrupt: recreated", vgpu=v.id, block=which, reason=why)
         self.events.publish(ev.BLOCK_REPAIRED, vgpu=v.id, block=which, reason=why)
 
-    def _orphans(self) -> set[str]:
+    def _clean_leftovers(self) -> None:
+        """What a crash leaves: the blocks of a vGPU made but not recorded
+        (or recorded deleted but not yet removed), and temporary files of
+        writes never renamed into place. Only names vgpud makes, only real
+        directories and files (never through a symlink). A process that
+        still maps a removed block keeps its mapping; nothing is freed
+        under it."""
+        for orphan in self._orphans():
+            try:
+                shutil.rmtree(orphan)
+            except OSError as exc:
+                log.warning("cannot remove blocks of no vGPU", path=str(orphan), error=str(exc))
+                continue
+            log.warning("removed blocks of no vGPU in the state file", path=str(orphan))
+        dirs = [self.run_dir / ARBITER_DIR, *(e.paths.control.parent for e in self.all())]
+        for directory in [self.store.dir, *dirs]:
+            for temp in remove_temps(directory):
+                log.warning("removed a temporary file a crash left", path=str(temp))
+
+    def _orphans(self) -> list[Path]:
         try:
-            names = {p.name for p in self.run_dir.iterdir() if p.is_dir() and not p.is_symlink()}
+            entries = sorted(os.scandir(self.run_dir), key=lambda e: e.name)
         except OSError:
-            return set()
-        return {n for n in names if ID_PATTERN.fullmatch(n)} - set(self.entries)
+            return []
+        return [
+            Path(e.path)
+            for e in entries
+            if ID_PATTERN.fullmatch(e.name)
+            and e.name not in self.entries
+            and e.is_dir(follow_symlinks=False)
+        ]
 
     # --- changes --------------------------------------------------------------
 

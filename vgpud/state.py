@@ -16,9 +16,11 @@ here: whether its GPUs are present now (see ``Daemon._warn_absent_gpus``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import re
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -51,6 +53,29 @@ VGPU_FIELDS = frozenset(
 )
 SLICE_FIELDS = frozenset({"gpu_uuid", "gpu_index", "memory"})
 MAX_GPU_INDEX = 1023  # as the API accepts GPU indices
+
+
+# What tempfile.mkstemp(prefix=".<final name>.") makes: the atomic writes of
+# this file and of the blocks (blocks._create_file) both write beside their
+# target under such a name, and a crash before the rename leaves it there.
+TEMP_PATTERN = re.compile(r"\..+\.[a-z0-9_]{8}")
+
+
+def remove_temps(directory: Path) -> list[Path]:
+    """Remove the temporary files a crash left in ``directory``: regular
+    files named like ours, never a symlink or what it points to. Returns
+    what was removed; the caller logs it."""
+    removed = []
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return []
+    for entry in entries:
+        if TEMP_PATTERN.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(entry.path)
+                removed.append(Path(entry.path))
+    return removed
 
 
 class StateError(Exception):
