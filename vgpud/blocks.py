@@ -446,12 +446,16 @@ class _Mapping:
         cls, path: Path, mode: int, fill: Callable[[ctypes.Structure], None]
     ) -> mmap.mmap:
         """Write a new block beside ``path`` and rename it into place, so no
-        reader ever maps a half-written block."""
+        reader ever maps a half-written block. Its pages are allocated
+        before it is mapped: a sparse file on a full file system would
+        answer the first store through the mapping with SIGBUS, which kills
+        the daemon (and every hook that maps it) without a word; allocated,
+        a full disk is an OSError (ENOSPC) here and nothing is left."""
         size = ctypes.sizeof(cls.struct)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
         try:
             os.fchmod(fd, mode)  # explicit: the umask must not decide who may map it
-            os.ftruncate(fd, size)
+            os.posix_fallocate(fd, 0, size)
             mm = mmap.mmap(fd, size, mmap.MAP_SHARED)
             c = cls.struct.from_buffer(mm)
             fill(c)

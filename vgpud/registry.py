@@ -41,7 +41,14 @@ from vgpud.blocks import (
     UsageBlock,
 )
 from vgpud.cdi import NullPublisher, SpecPublisher
-from vgpud.errors import Conflict, NotFound, ServerError, Unprocessable, for_status
+from vgpud.errors import (
+    Conflict,
+    NotFound,
+    ServerError,
+    Unprocessable,
+    for_status,
+    storage_error,
+)
 from vgpud.events import EventLog
 from vgpud.model import (
     ID_PATTERN,
@@ -114,6 +121,9 @@ class Registry:
         # reader holds a pin: unmapped when the last pin goes (see ``pin``).
         self._pins = 0
         self._retired: list[ControlBlock | UsageBlock] = []
+        # Recorded vGPUs whose blocks could not be made at start (a full run
+        # dir): kept in the state file and in admission's sums, not served.
+        self.skipped: dict[str, Vgpu] = {}
 
     # --- lookup ----------------------------------------------------------
 
@@ -171,7 +181,17 @@ class Registry:
         except StateError as exc:
             raise ServerError(str(exc)) from exc
         for v in recorded:
-            entry = self._adopt_one(v)
+            try:
+                entry = self._adopt_one(v)
+            except (OSError, BlockError) as exc:
+                log.error(
+                    "vGPU skipped: its blocks cannot be made (it stays recorded and counted; "
+                    "the next start tries again)",
+                    vgpu=v.id,
+                    error=str(exc),
+                )
+                self.skipped[v.id] = v
+                continue
             self.entries[v.id] = entry
             self.events.publish(ev.VGPU_ADOPTED, vgpu=v.id, name=v.name)
         self._clean_leftovers()
@@ -186,18 +206,24 @@ class Registry:
                 control.close()
                 raise BlockError(f"control block {paths.control} belongs to another vGPU")
         except BlockError as exc:
-            self._repaired(v, "control", str(exc))
             control = ControlBlock.create(
                 paths.control, v.id, device_slices(v), atomics=self.atomics
             )
+            self._repaired(v, "control", str(exc))
         # The state file is the truth: re-applying equal limits is invisible
         # to running processes, and repairs an update a crash interrupted.
         apply_limits(control, v)
         try:
             usage = UsageBlock.open(paths.usage, device_count=len(v.slices), atomics=self.atomics)
         except BlockError as exc:
+            try:
+                usage = UsageBlock.create(
+                    paths.usage, device_count=len(v.slices), atomics=self.atomics
+                )
+            except BaseException:
+                control.close()
+                raise
             self._repaired(v, "usage", str(exc))
-            usage = UsageBlock.create(paths.usage, device_count=len(v.slices), atomics=self.atomics)
         try:
             self._ensure_arbiters(v, paths)
         except (OSError, BlockError) as exc:
@@ -262,6 +288,7 @@ class Registry:
             for e in entries
             if ID_PATTERN.fullmatch(e.name)
             and e.name not in self.entries
+            and e.name not in self.skipped
             and e.is_dir(follow_symlinks=False)
         ]
 
@@ -303,7 +330,7 @@ class Registry:
         except OSError as exc:
             entry.close()
             shutil.rmtree(entry.paths.control.parent, ignore_errors=True)
-            raise ServerError(f"cannot record the vGPU: {exc}") from exc
+            raise storage_error("cannot record the vGPU", exc) from exc
         self.entries[vgpu.id] = entry
         self.cdi.publish(vgpu, entry.paths)
         self.events.publish(ev.VGPU_CREATED, vgpu=vgpu.id, name=vgpu.name, gpus=vgpu.uuids)
@@ -336,7 +363,7 @@ class Registry:
         try:
             self.store.save([new if v.id == new.id else v for v in self._vgpus()])
         except OSError as exc:
-            raise ServerError(f"cannot record the change: {exc}") from exc
+            raise storage_error("cannot record the change", exc) from exc
         apply_limits(entry.control, new)
         entry.vgpu = new
         self.cdi.publish(new, entry.paths)
@@ -355,7 +382,7 @@ class Registry:
         try:
             self.store.save(remaining)
         except OSError as exc:
-            raise ServerError(f"cannot record the deletion: {exc}") from exc
+            raise storage_error("cannot record the deletion", exc) from exc
         del self.entries[entry.vgpu.id]
         self._retire(entry.control, entry.usage)
         shutil.rmtree(entry.paths.control.parent, ignore_errors=True)
@@ -385,12 +412,17 @@ class Registry:
         )
 
     def _vgpus(self) -> list[Vgpu]:
-        return [e.vgpu for e in self.all()]
+        """Every recorded vGPU: what admission counts and what is saved."""
+        return [e.vgpu for e in self.all()] + list(self.skipped.values())
 
     def _new_id(self) -> str:
         while True:
             vid = f"vg-{secrets.token_hex(4)}"
-            if vid not in self.entries and not (self.run_dir / vid).exists():
+            if (
+                vid not in self.entries
+                and vid not in self.skipped
+                and not (self.run_dir / vid).exists()
+            ):
                 return vid
 
     def _check_name(self, name: str) -> None:
@@ -399,7 +431,7 @@ class Registry:
                 f"name {name!r}: use 1-63 lower-case letters, digits, '-' or '.', "
                 "starting and ending with a letter or digit, not shaped like an id (vg-xxxxxxxx)"
             )
-        if any(e.vgpu.name == name for e in self.entries.values()):
+        if any(v.name == name for v in self._vgpus()):
             raise Conflict(f"a vGPU named {name!r} exists")
 
     def _make_blocks(self, v: Vgpu) -> Entry:
@@ -419,7 +451,10 @@ class Registry:
             if control is not None:
                 control.close()
             shutil.rmtree(directory, ignore_errors=True)
-            raise ServerError(f"cannot create the blocks in {directory}: {exc}") from exc
+            what = f"cannot create the blocks in {directory}"
+            if isinstance(exc, OSError):
+                raise storage_error(what, exc) from exc
+            raise ServerError(f"{what}: {exc}") from exc
         return Entry(v, control, usage, paths)
 
     def _below_use(self, entry: Entry) -> list[str]:

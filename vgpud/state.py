@@ -118,8 +118,10 @@ def vgpu_from_json(d: object) -> Vgpu:
     if len({s.gpu_uuid for s in slices}) != len(slices):
         raise Unprocessable("slices: the same GPU twice")
     created = obj["created_at"]
-    if isinstance(created, bool) or not isinstance(created, int | float) or not (
-        math.isfinite(created) and created >= 0
+    if (
+        isinstance(created, bool)
+        or not isinstance(created, int | float)
+        or not (math.isfinite(created) and created >= 0)
     ):
         raise Unprocessable(f"created_at: a time in seconds, not {created!r}")
     return Vgpu(

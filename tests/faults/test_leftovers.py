@@ -3,7 +3,6 @@ next start, by name pattern only, never through a symlink, and logged."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import structlog
