@@ -215,7 +215,14 @@ class Daemon:
         app = make_app(service, metrics)
         app.middlewares.insert(0, self._track_inflight)
         # shutdown_timeout is ours to handle (see _stop): aiohttp's must not wait again.
-        self.runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
+        # aiohttp's keep-alive timer runs from a connection's start and from each
+        # answer until a whole request head has arrived: our header timeout.
+        self.runner = web.AppRunner(
+            app,
+            access_log=None,
+            shutdown_timeout=0.1,
+            keepalive_timeout=self.config.request_header_timeout,
+        )
         await self.runner.setup()
         path = self.config.socket
         _claim_socket_path(path)
@@ -229,7 +236,11 @@ class Daemon:
         self._set_socket_group(path)
         if self.config.metrics_listen:
             host, _, port = self.config.metrics_listen.rpartition(":")
-            self.metrics_runner = web.AppRunner(make_metrics_app(metrics), access_log=None)
+            self.metrics_runner = web.AppRunner(
+                make_metrics_app(metrics),
+                access_log=None,
+                keepalive_timeout=self.config.request_header_timeout,
+            )
             await self.metrics_runner.setup()
             await web.TCPSite(self.metrics_runner, host.strip("[]"), int(port)).start()
             log.info("metrics on TCP", address=self.config.metrics_listen)

@@ -9,6 +9,8 @@ import errno
 class ApiError(Exception):
     status = 500
     code = "internal"
+    # The connection cannot be trusted for another request (a body cut short).
+    close_connection = False
 
     def __init__(self, detail: str) -> None:
         super().__init__(detail)
@@ -23,6 +25,12 @@ class BadRequest(ApiError):
 class NotFound(ApiError):
     status = 404
     code = "not_found"
+
+
+class RequestTimeout(ApiError):
+    status = 408
+    code = "request_timeout"
+    close_connection = True
 
 
 class Conflict(ApiError):
