@@ -79,6 +79,7 @@ RESTART_KEYS = frozenset(
         "metrics_listen",
         "max_request_bytes",
         "request_header_timeout",
+        "request_body_timeout",
         "event_buffer",
         "proc_root",
         "cgroup_root",

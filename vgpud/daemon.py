@@ -216,12 +216,15 @@ class Daemon:
         app.middlewares.insert(0, self._track_inflight)
         # shutdown_timeout is ours to handle (see _stop): aiohttp's must not wait again.
         # aiohttp's keep-alive timer runs from a connection's start and from each
-        # answer until a whole request head has arrived: our header timeout.
+        # answer until a whole request head has arrived: our header timeout. After
+        # an answer to a request whose body never came whole (408), aiohttp
+        # lingers, reading, so the client can read the answer: bounded alike.
         self.runner = web.AppRunner(
             app,
             access_log=None,
             shutdown_timeout=0.1,
             keepalive_timeout=self.config.request_header_timeout,
+            lingering_time=self.config.request_body_timeout,
         )
         await self.runner.setup()
         path = self.config.socket
