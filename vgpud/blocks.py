@@ -927,6 +927,12 @@ class UsageBlock(_Mapping):
         at.store_u32(state_addr, SLOT_FREE)
         return tuple(freed)
 
+    def swap_used(self, dev_index: int, expect: int, new: int) -> bool:
+        """Set a device's budget to ``new`` if it still holds ``expect``
+        (CAS: a hook that reserved or released meanwhile wins)."""
+        addr = self._addr(self._c.devices[_index(dev_index, MAX_DEVICES)], "used")
+        return bool(self._atomics.cas_u64(addr, expect, new))
+
     def reset_used(self, dev_index: int) -> int | None:
         """Zero a device's budget; only when no process of the vGPU lives
         (this also repairs any leak). Returns the bytes that were held, or

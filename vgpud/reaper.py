@@ -10,7 +10,7 @@ Public interface
     The pure decision (no block touched); ``apply(actions, views) -> events``
     carries it out. ``reap`` is the two in a row.
 ``ReaperEvent``: frozen; ``kind`` is one of ``slot_reclaimed``,
-``usage_reset``, ``slot_stuck``, ``counter_absurd``.
+``usage_reset``, ``usage_drift``, ``slot_stuck``, ``counter_absurd``.
 
 Rules
 -----
@@ -26,6 +26,17 @@ Rules
 - A vGPU with no live process has its device totals reset to 0 (by CAS:
   a process that starts meanwhile keeps its reservation); this also repairs
   any leak, e.g. bytes of a slot stuck in RECLAIMING.
+- A vGPU whose processes live: a process killed inside the hook's
+  two-step window (docs/hook.md, "The budget") leaves its call's bytes in
+  the total and in no slot. When every slot is ACTIVE with a live holder and
+  the totals differ from the sum of the slots, unchanged (totals and every
+  slot's words, heartbeat included) for ``stuck_scans`` scans in a row, no
+  hook is between its two steps (a step takes instructions, not seconds),
+  and each total is set to the sum of its slots, by CAS, after checking
+  that the slots are still what the scan saw: ``usage_drift`` (the bytes
+  given back per device; negative: added, for a total found below its
+  slots, which the protocol never leaves but a process stopped inside the
+  window and resumed after a repair would).
 - Absurd counters (the hook's total above the vGPU's limit, or above 16 x
   the physical memory) are reported once per episode; the totals are the
   container's word, the reset above is the repair.
@@ -79,13 +90,27 @@ class Reset:
 
 
 @dataclass(frozen=True)
+class Realign:
+    """Set each device total to the sum of the slots, if the slots are
+    still exactly ``slots`` (all ACTIVE, all held by live processes)."""
+
+    vgpu_id: str
+    slots: tuple[SlotView, ...]
+
+
+# What a drifted vGPU looked like: its totals and its slots.
+DriftKey = tuple[tuple[int, ...], tuple[SlotView, ...]]
+
+
+@dataclass(frozen=True)
 class ReaperState:
     # (vgpu, slot index, state, pid, pidns, start_time) -> scans seen in a row
     stuck: Mapping[tuple[str, int, int, int, int, int], int] = field(default_factory=dict)
     absurd: frozenset[tuple[str, str]] = frozenset()  # (vgpu, gpu uuid) reported
+    drift: Mapping[str, tuple[DriftKey, int]] = field(default_factory=dict)  # -> scans unchanged
 
 
-Action = Reclaim | Reset
+Action = Reclaim | Reset | Realign
 
 
 def plan(
@@ -119,13 +144,19 @@ def plan(
             and any(gpu.hooked_used for gpu in use.gpus.values())
             and reclaiming.get(vgpu_id, set()) <= settled.get(vgpu_id, set())
         ]
+    drift = _drift(snapshot, state) if snapshot.sees_all_pids else {}
+    actions += [
+        Realign(vgpu_id, key[1])
+        for vgpu_id, (key, scans) in drift.items()
+        if scans >= policy.stuck_scans
+    ]
     absurd = _absurd(snapshot, policy)
     events += [
         ReaperEvent("counter_absurd", vgpu_id, detail)
         for (vgpu_id, uuid), detail in absurd.items()
         if (vgpu_id, uuid) not in state.absurd
     ]
-    return actions, events, ReaperState(stuck=stuck, absurd=frozenset(absurd))
+    return actions, events, ReaperState(stuck=stuck, absurd=frozenset(absurd), drift=drift)
 
 
 def apply(actions: list[Action], views: Mapping[str, VgpuView]) -> list[ReaperEvent]:
@@ -136,8 +167,10 @@ def apply(actions: list[Action], views: Mapping[str, VgpuView]) -> list[ReaperEv
             continue  # deleted since the scan
         if isinstance(action, Reclaim):
             event = _reclaim(action, view.usage)
-        else:
+        elif isinstance(action, Reset):
             event = _reset(action, view.usage)
+        else:
+            event = _realign(action, view.usage)
         if event is not None:
             log.info("vGPU %s: %s", event.vgpu_id, event.detail)
             events.append(event)
@@ -169,6 +202,33 @@ def _unstick(
     holder = "a live process" if s.host_pid is not None else "no live process"
     detail = f"slot {slot.index} {slot.state_name} for {scans} scans, held by {holder}; left alone"
     return None, ReaperEvent("slot_stuck", s.vgpu_id, detail, slot.index, slot.pid)
+
+
+def _drift(snapshot: TrackSnapshot, state: ReaperState) -> dict[str, tuple[DriftKey, int]]:
+    """The vGPUs whose totals differ from their live slots' sum, each with
+    how many scans in a row it has looked exactly so."""
+    slots: dict[str, list[SlotState]] = {}
+    for s in snapshot.slots:
+        slots.setdefault(s.vgpu_id, []).append(s)
+    out: dict[str, tuple[DriftKey, int]] = {}
+    for vgpu_id, use in snapshot.vgpus.items():
+        mine = slots.get(vgpu_id, [])
+        if not mine or any(
+            s.slot.state != SLOT_ACTIVE
+            or s.host_pid is None
+            # Every device named (a standalone hook may leave one unnamed,
+            # and then its total is not in the snapshot to compare).
+            or len(s.slot.devices) != len(use.gpus)
+            for s in mine
+        ):
+            continue
+        totals = tuple(g.hooked_used for g in use.gpus.values())
+        if sum(totals) == sum(s.slot.used for s in mine):
+            continue
+        key = (totals, tuple(s.slot for s in mine))
+        before = state.drift.get(vgpu_id)
+        out[vgpu_id] = (key, before[1] + 1 if before is not None and before[0] == key else 1)
+    return out
 
 
 def _absurd(snapshot: TrackSnapshot, policy: ReaperPolicy) -> dict[tuple[str, str], str]:
@@ -221,4 +281,24 @@ def _reset(action: Reset, usage: UsageBlock) -> ReaperEvent | None:
         action.vgpu_id,
         f"no live process: budgets reset ({sum(h or 0 for h in held)} bytes were held)",
         freed=tuple(h or 0 for h in held),
+    )
+
+
+def _realign(action: Realign, usage: UsageBlock) -> ReaperEvent | None:
+    slots = tuple(usage.slots())
+    if slots != action.slots:
+        return None  # a slot moved since the scan: a hook is at work, not a leak
+    moved = []
+    for d, dev in enumerate(usage.devices()):
+        held = sum(s.devices[d].used for s in slots)
+        swapped = dev.used != held and usage.swap_used(d, dev.used, held)
+        moved.append(dev.used - held if swapped else 0)
+    if not any(moved):
+        return None
+    return ReaperEvent(
+        "usage_drift",
+        action.vgpu_id,
+        f"totals did not match the live slots for several scans: set to their sum "
+        f"({sum(moved)} bytes given back; a process killed between its two steps)",
+        freed=tuple(moved),
     )

@@ -88,6 +88,9 @@ class Service:
         self.sample: NvmlSample | None = None  # the sampler's latest
         self.track: TrackSnapshot | None = None  # the last scan
         self._views: tuple[TrackSnapshot | None, list[ProcessView]] = (None, [])
+        # Budgets the reaper set back to their slots' sum (usage.drift events).
+        self.drift_repairs = 0
+        self.drift_bytes = 0
         # Held while the scan's thread reads the blocks: the tracker's own
         # (standalone) blocks and a usage block's repair wait for it.
         self.blocks_lock = asyncio.Lock()

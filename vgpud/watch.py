@@ -32,6 +32,7 @@ T = TypeVar("T")
 REAPER_EVENTS = {
     "slot_reclaimed": ev.SLOT_RECLAIMED,
     "usage_reset": ev.USAGE_RESET,
+    "usage_drift": ev.USAGE_DRIFT,
     "slot_stuck": ev.SLOT_STUCK,
     "counter_absurd": ev.COUNTER_ABSURD,
 }
@@ -94,6 +95,9 @@ class Watch:
             snapshot, views, self.reaper_state, reaper.ReaperPolicy(physical_memory=memory)
         )
         for e in found:
+            if e.kind == "usage_drift":
+                self.service.drift_repairs += 1
+                self.service.drift_bytes += sum(abs(b) for b in e.freed)
             self.events.publish(
                 REAPER_EVENTS.get(e.kind, e.kind),
                 vgpu=e.vgpu_id,
