@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from tests.fixtures.hook import FakeHook
+from tests.integration.daemon_harness import Daemon
 from tests.unit.apiclient import running_api
 from vgpud import events as ev
 from vgpud.nvml import NvmlSample
@@ -60,3 +61,19 @@ async def test_a_delete_during_a_scan_leaves_the_scan_whole(tmp_path: Path) -> N
         assert service.registry.get(kept).usage.devices()[0].used == 0
         del hook
         tracker.close()
+
+
+def test_create_delete_churn_under_fast_scans_breaks_no_scan(
+    tmp_path: Path, sim_env: dict[str, str]
+) -> None:
+    """The real daemon scanning 20 times a second while vGPUs come and go:
+    every scan completes (a failed one logs "loop iteration failed")."""
+    daemon = Daemon(tmp_path, sim_env, config="scan_interval = 0.05\n").start()
+    try:
+        for _ in range(150):
+            vgpu = daemon.client.post("/v1/vgpus", {"memory": "1m", "share": 1})
+            daemon.client.delete(f"/v1/vgpus/{vgpu['id']}")
+        assert daemon.stop() == 0
+        assert "loop iteration failed" not in daemon.log()
+    finally:
+        daemon.cleanup()
