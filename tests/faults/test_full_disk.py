@@ -20,7 +20,10 @@ from vgpud.ctl.client import ApiFailure
 # fit in 256 KiB; a second vGPU's usage block does not.
 SIZE = "256k"
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs: needs root")
+pytestmark = [
+    pytest.mark.root,
+    pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs: needs root"),
+]
 
 
 @pytest.fixture
