@@ -247,10 +247,20 @@ class Registry:
         repaired = []
         for entry in self.entries.values():
             if entry.usage.lost:
+                try:
+                    usage = UsageBlock.create(
+                        entry.paths.usage,
+                        device_count=len(entry.vgpu.slices),
+                        atomics=self.atomics,
+                    )
+                except (OSError, BlockError) as exc:
+                    # A full run dir: the lost block (zeros) stays until a scan can.
+                    log.warning(
+                        "cannot recreate a lost usage block", vgpu=entry.vgpu.id, error=str(exc)
+                    )
+                    continue
                 self._retire(entry.usage)
-                entry.usage = UsageBlock.create(
-                    entry.paths.usage, device_count=len(entry.vgpu.slices), atomics=self.atomics
-                )
+                entry.usage = usage
                 self._repaired(entry.vgpu, "usage", "truncated under the daemon's mapping")
                 repaired.append(entry.vgpu.id)
         return repaired
