@@ -127,12 +127,13 @@ class Watch:
             )
 
     async def in_thread(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn`` on a worker thread while holding the blocks lock until
-        the thread is done, whatever happens to the awaiting task."""
+        """Run ``fn`` on a worker thread while holding the blocks lock and a
+        registry pin until the thread is done, whatever happens to the
+        awaiting task."""
         lock = self.service.blocks_lock
         registry = self.service.registry
         await lock.acquire()
-        registry.pin()  # the thread's own pin: a cancelled scan lets go of its pin early
+        registry.pin()  # the thread's own: a cancelled scan lets go of its pin early
 
         def done(_: object) -> None:
             registry.unpin()
