@@ -2,7 +2,7 @@
 
 Public interface
 ----------------
-``reap(snapshot, vgpus, state, policy=ReaperPolicy()) -> (events, state)``
+``reap(snapshot, vgpus, state, policy=ReaperPolicy(), halted=...) -> (events, state)``
     Called once per tick after ``Tracker.scan``; ``vgpus`` is what the
     tracker was given (daemon-owned vGPUs); the standalone vGPUs the
     tracker adopted come from the snapshot. Start with ``ReaperState()``.
@@ -35,8 +35,10 @@ Rules
   and each total is set to the sum of its slots, by CAS, after checking
   that the slots are still what the scan saw: ``usage_drift`` (the bytes
   given back per device; negative: added, for a total found below its
-  slots, which the protocol never leaves but a process stopped inside the
-  window and resumed after a repair would).
+  slots, which the protocol never leaves but a process halted inside the
+  window and resumed after a repair would). A vGPU with a holder that is
+  halted (``halted(host_pid)``: stopped, or in a frozen cgroup) is left
+  alone: it may be inside the window however long nothing changes.
 - Absurd counters (the hook's total above the vGPU's limit, or above 16 x
   the physical memory) are reported once per episode; the totals are the
   container's word, the reset above is the repair.
@@ -46,7 +48,7 @@ Rules
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from vgpud.blocks import SLOT_ACTIVE, SLOT_CLAIMING, SLOT_RECLAIMING, SlotView, UsageBlock
@@ -96,6 +98,7 @@ class Realign:
 
     vgpu_id: str
     slots: tuple[SlotView, ...]
+    holders: tuple[int, ...]  # their host pids
 
 
 # What a drifted vGPU looked like: its totals and its slots.
@@ -146,7 +149,7 @@ def plan(
         ]
     drift = _drift(snapshot, state) if snapshot.sees_all_pids else {}
     actions += [
-        Realign(vgpu_id, key[1])
+        Realign(vgpu_id, key[1], _holders(snapshot, vgpu_id))
         for vgpu_id, (key, scans) in drift.items()
         if scans >= policy.stuck_scans
     ]
@@ -159,7 +162,17 @@ def plan(
     return actions, events, ReaperState(stuck=stuck, absurd=frozenset(absurd), drift=drift)
 
 
-def apply(actions: list[Action], views: Mapping[str, VgpuView]) -> list[ReaperEvent]:
+def _never(pid: int) -> bool:
+    return False
+
+
+def apply(
+    actions: list[Action],
+    views: Mapping[str, VgpuView],
+    halted: Callable[[int], bool] = _never,
+) -> list[ReaperEvent]:
+    """``halted(host_pid)``: is that process stopped or frozen now (a realign
+    waits for it)."""
     events: list[ReaperEvent] = []
     for action in actions:
         view = views.get(action.vgpu_id)
@@ -169,8 +182,10 @@ def apply(actions: list[Action], views: Mapping[str, VgpuView]) -> list[ReaperEv
             event = _reclaim(action, view.usage)
         elif isinstance(action, Reset):
             event = _reset(action, view.usage)
-        else:
+        elif not any(halted(pid) for pid in action.holders):
             event = _realign(action, view.usage)
+        else:
+            event = None
         if event is not None:
             log.info("vGPU %s: %s", event.vgpu_id, event.detail)
             events.append(event)
@@ -182,10 +197,11 @@ def reap(
     vgpus: Mapping[str, VgpuView],
     state: ReaperState,
     policy: ReaperPolicy = ReaperPolicy(),
+    halted: Callable[[int], bool] = _never,
 ) -> tuple[list[ReaperEvent], ReaperState]:
     actions, events, state = plan(snapshot, state, policy)
     views: dict[str, VgpuView] = {**vgpus, **snapshot.standalone}
-    return events + apply(actions, views), state
+    return events + apply(actions, views, halted), state
 
 
 def _stuck_key(s: SlotState) -> tuple[str, int, int, int, int, int]:
@@ -229,6 +245,12 @@ def _drift(snapshot: TrackSnapshot, state: ReaperState) -> dict[str, tuple[Drift
         before = state.drift.get(vgpu_id)
         out[vgpu_id] = (key, before[1] + 1 if before is not None and before[0] == key else 1)
     return out
+
+
+def _holders(snapshot: TrackSnapshot, vgpu_id: str) -> tuple[int, ...]:
+    return tuple(
+        s.host_pid for s in snapshot.slots if s.vgpu_id == vgpu_id and s.host_pid is not None
+    )
 
 
 def _absurd(snapshot: TrackSnapshot, policy: ReaperPolicy) -> dict[tuple[str, str], str]:

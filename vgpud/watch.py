@@ -18,11 +18,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 from vgpud import backstop, reaper
 from vgpud import events as ev
 from vgpud.events import EventLog
+from vgpud.procfs import ProcFS
 from vgpud.registry import Entry
 from vgpud.service import Service
 from vgpud.tracker import Tracker, TrackSnapshot, VgpuBlocks
@@ -53,6 +55,7 @@ class Watch:
         self.throttled: set[str] = set()
         self.reaper_state = reaper.ReaperState()
         self.backstop_state = backstop.BackstopState()
+        self.procfs = ProcFS(service.config.proc_root)
 
     async def scan(self) -> TrackSnapshot:
         # Every block this scan reads stays mapped until it ends, whatever
@@ -92,7 +95,11 @@ class Watch:
         """Dead processes' bytes back to their vGPUs (within this scan)."""
         memory = {g.uuid: g.memory_total for g in self.service.devices()}
         found, self.reaper_state = reaper.reap(
-            snapshot, views, self.reaper_state, reaper.ReaperPolicy(physical_memory=memory)
+            snapshot,
+            views,
+            self.reaper_state,
+            reaper.ReaperPolicy(physical_memory=memory),
+            halted=lambda pid: self._halted(snapshot, pid),
         )
         for e in found:
             if e.kind == "usage_drift":
@@ -125,6 +132,29 @@ class Watch:
                 limit=e.limit,
                 message=e.detail,
             )
+
+    def _halted(self, snapshot: TrackSnapshot, pid: int) -> bool:
+        """Stopped (SIGSTOP, a debugger) or frozen (a paused container's
+        cgroup v2 freezer): such a process may sit between the hook's two
+        steps for any time. Asked only of the holders of a vGPU whose
+        budget is about to be realigned; what cannot be read counts as
+        halted (the repair waits)."""
+        try:
+            stat = self.procfs.stat(pid)
+        except OSError:
+            return True
+        if stat is None or stat.state in ("T", "t"):
+            return True
+        process = snapshot.processes.get(pid)
+        if process is None:
+            return True
+        config = self.service.config
+        cgroup = process.container.cgroup_path.lstrip("/")
+        try:
+            events = (Path(config.cgroup_root) / cgroup / "cgroup.events").read_text()
+        except OSError:
+            return False  # no cgroup v2 freezer here
+        return "frozen 1" in events.splitlines()
 
     async def in_thread(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn`` on a worker thread while holding the blocks lock and a

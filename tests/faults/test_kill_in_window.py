@@ -6,6 +6,8 @@ keeping the leak until the vGPU is idle. The limit holds throughout."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +16,16 @@ import pytest
 
 from tests.helpers.memprobe import InteractiveProbe, probe
 from tests.integration.daemon_harness import Daemon, wait_for
-from tests.integration.test_hook_leak_window import CALL, HELD, LIMIT, OOM, budget, kill_in_window
+from tests.integration.test_hook_leak_window import (
+    CALL,
+    HELD,
+    LIMIT,
+    OOM,
+    WINDOWS,
+    budget,
+    kill_in_window,
+    stopped_in_window,
+)
 
 
 @pytest.fixture
@@ -62,3 +73,31 @@ def test_a_leak_under_a_live_process_is_repaired_and_reported(
     finally:
         holder.resume()
         holder.finish()
+
+
+def scans(daemon: Daemon) -> float:
+    return metric(daemon, 'vgpud_loop_duration_seconds_count{loop="scan"}')
+
+
+def test_a_process_stopped_inside_the_window_is_not_realigned_under_it(
+    daemon: Daemon, sim_env: dict[str, str]
+) -> None:
+    """Stopped between its two steps (as a paused container or a debugger
+    would leave it), the process may go on at any moment: its reservation
+    is not taken from it however many scans see the same figures."""
+    vgpu = daemon.client.post("/v1/vgpus", {"memory": str(LIMIT)})
+    env = {**sim_env, **vgpu["host_env"]}
+    usage = Path(vgpu["host_env"]["VGPU_USAGE"])
+    victim = InteractiveProbe({**env, "VGPU_TEST_STOP_IN": "reserve"}, WINDOWS["reserve"])
+    try:
+        stopped_in_window(victim)
+        seen = scans(daemon)
+        wait_for(lambda: scans(daemon) >= seen + 6, 60, "six scans")  # twice what a repair needs
+        assert drift_events(daemon) == []
+        assert budget(usage) == (CALL, 0)
+        os.kill(victim.proc.pid, signal.SIGCONT)  # it finishes its step: nothing was lost
+        victim.until_wait()
+        assert budget(usage) == (CALL, CALL)
+        assert drift_events(daemon) == []
+    finally:
+        victim.kill()
