@@ -446,12 +446,16 @@ class _Mapping:
         cls, path: Path, mode: int, fill: Callable[[ctypes.Structure], None]
     ) -> mmap.mmap:
         """Write a new block beside ``path`` and rename it into place, so no
-        reader ever maps a half-written block."""
+        reader ever maps a half-written block. Its pages are allocated
+        before it is mapped: a sparse file on a full file system would
+        answer the first store through the mapping with SIGBUS, which kills
+        the daemon (and every hook that maps it) without a word; allocated,
+        a full disk is an OSError (ENOSPC) here and nothing is left."""
         size = ctypes.sizeof(cls.struct)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
         try:
             os.fchmod(fd, mode)  # explicit: the umask must not decide who may map it
-            os.ftruncate(fd, size)
+            os.posix_fallocate(fd, 0, size)
             mm = mmap.mmap(fd, size, mmap.MAP_SHARED)
             c = cls.struct.from_buffer(mm)
             fill(c)
@@ -922,6 +926,12 @@ class UsageBlock(_Mapping):
         at.store_u32(self._addr(slot, "pid"), 0)
         at.store_u32(state_addr, SLOT_FREE)
         return tuple(freed)
+
+    def swap_used(self, dev_index: int, expect: int, new: int) -> bool:
+        """Set a device's budget to ``new`` if it still holds ``expect``
+        (CAS: a hook that reserved or released meanwhile wins)."""
+        addr = self._addr(self._c.devices[_index(dev_index, MAX_DEVICES)], "used")
+        return bool(self._atomics.cas_u64(addr, expect, new))
 
     def reset_used(self, dev_index: int) -> int | None:
         """Zero a device's budget; only when no process of the vGPU lives

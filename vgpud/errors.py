@@ -3,10 +3,14 @@ machine-readable code; the message is the human detail."""
 
 from __future__ import annotations
 
+import errno
+
 
 class ApiError(Exception):
     status = 500
     code = "internal"
+    # The connection cannot be trusted for another request (a body cut short).
+    close_connection = False
 
     def __init__(self, detail: str) -> None:
         super().__init__(detail)
@@ -21,6 +25,12 @@ class BadRequest(ApiError):
 class NotFound(ApiError):
     status = 404
     code = "not_found"
+
+
+class RequestTimeout(ApiError):
+    status = 408
+    code = "request_timeout"
+    close_connection = True
 
 
 class Conflict(ApiError):
@@ -41,6 +51,22 @@ class Unprocessable(ApiError):
 class ServerError(ApiError):
     status = 500
     code = "internal"
+
+
+class InsufficientStorage(ApiError):
+    """The run dir or the state dir is full: nothing was changed."""
+
+    status = 507
+    code = "insufficient_storage"
+
+
+def storage_error(what: str, exc: OSError) -> ApiError:
+    """A failed write as the API answers it: a full file system (or quota)
+    is the operator's to fix (507), anything else is ours (500)."""
+    detail = f"{what}: {exc.strerror or exc}"
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return InsufficientStorage(detail)
+    return ServerError(detail)
 
 
 def for_status(status: int, detail: str) -> ApiError:

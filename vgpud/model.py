@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -9,6 +10,14 @@ from typing import Protocol
 from vgpud.units import MemoryAmount
 
 MODES = ("hard", "soft")
+# A vGPU's id names its directory in the run dir: nothing else may pass.
+ID_PATTERN = re.compile(r"vg-[0-9a-f]{8}")
+NAME_PATTERN = re.compile(r"[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?")
+
+
+def valid_name(name: str) -> bool:
+    """A DNS-label-like name that cannot be taken for an id."""
+    return bool(NAME_PATTERN.fullmatch(name)) and not ID_PATTERN.fullmatch(name)
 
 
 class GpuLike(Protocol):

@@ -88,7 +88,11 @@ class Service:
         self.sample: NvmlSample | None = None  # the sampler's latest
         self.track: TrackSnapshot | None = None  # the last scan
         self._views: tuple[TrackSnapshot | None, list[ProcessView]] = (None, [])
-        # Held while a worker thread reads the blocks, and to unmap one.
+        # Budgets the reaper set back to their slots' sum (usage.drift events).
+        self.drift_repairs = 0
+        self.drift_bytes = 0
+        # Held while the scan's thread reads the blocks: the tracker's own
+        # (standalone) blocks and a usage block's repair wait for it.
         self.blocks_lock = asyncio.Lock()
 
     # --- rules ------------------------------------------------------------------
@@ -125,10 +129,11 @@ class Service:
         return self.registry.update(key, req, self.devices(), self.rules())
 
     async def delete(self, key: str, force: bool) -> Vgpu:
+        # No wait for a running scan: the registry keeps the blocks mapped
+        # until the scan lets go of them (Registry.pin).
         self.refuse_standalone(key)
-        async with self.blocks_lock:
-            entry = self.registry.get(key)
-            return self.registry.delete(key, force=force, processes=self.process_count(entry))
+        entry = self.registry.get(key)
+        return self.registry.delete(key, force=force, processes=self.process_count(entry))
 
     # --- views ------------------------------------------------------------------
 

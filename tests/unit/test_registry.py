@@ -9,7 +9,7 @@ import pytest
 
 from tests.unit.fakes import GIB, gpus
 from vgpud.blocks import ArbiterBlock, Atomics, ControlBlock, UsageBlock
-from vgpud.errors import ServerError
+from vgpud.errors import InsufficientStorage
 from vgpud.events import EventLog
 from vgpud.model import CreateRequest, Limits
 from vgpud.placement import Rules
@@ -81,12 +81,12 @@ def test_vgpus_on_one_gpu_share_its_arbiter_block(tmp_path: Path) -> None:
     assert arbiter.stat().st_ino == inode
 
 
-def test_orphan_blocks_are_left_alone(tmp_path: Path) -> None:
-    orphan = tmp_path / "run" / "vg-0000abcd"
+def test_orphan_blocks_are_removed_at_adoption(tmp_path: Path) -> None:
+    orphan = tmp_path / "run" / "vg-0000abcd"  # a crash between making and recording
     orphan.mkdir(parents=True)
     (orphan / "usage").write_text("x")
     reg = make(tmp_path)
-    assert reg.entries == {} and (orphan / "usage").exists()
+    assert reg.entries == {} and not orphan.exists()
     reg.close()
 
 
@@ -99,7 +99,7 @@ def test_a_create_that_cannot_be_recorded_leaves_nothing(
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(reg.store, "save", disk_full)
-    with pytest.raises(ServerError, match="cannot record"):
+    with pytest.raises(InsufficientStorage, match="cannot record"):  # 507: the disk is full
         reg.create(CreateRequest(), LIMITS, gpus(1), Rules())
     # The GPU's arbiter block is the node's, shared by every vGPU on it: it stays.
     left = [p.name for p in (tmp_path / "run").iterdir()]

@@ -2,11 +2,14 @@
 
 Every error is JSON {"error": code, "detail": text} with its 4xx/5xx status,
 including aiohttp's own (unknown route 404, wrong method 405, body over
-max_request_bytes 413). Handlers are thin: parse, call the Service, answer.
+max_request_bytes 413) and a body that does not arrive within
+request_body_timeout (408, and the connection is closed). Handlers are
+thin: parse, call the Service, answer.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -17,7 +20,7 @@ import structlog
 from aiohttp import web
 
 from vgpud.api import schemas
-from vgpud.errors import ApiError, BadRequest, PayloadTooLarge, Unprocessable
+from vgpud.errors import ApiError, BadRequest, PayloadTooLarge, RequestTimeout, Unprocessable
 from vgpud.events import Event, EventLog
 from vgpud.metrics import CONTENT_TYPE, Metrics
 from vgpud.service import Service
@@ -79,7 +82,10 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except ApiError as exc:
-        return error_response(exc.status, exc.code, exc.detail)
+        response = error_response(exc.status, exc.code, exc.detail)
+        if exc.close_connection:
+            response.force_close()
+        return response
     except web.HTTPRequestEntityTooLarge:
         limit = request.app[SERVICE].config.max_request_bytes
         err = PayloadTooLarge(f"the body is over the {limit} bytes this daemon accepts")
@@ -114,7 +120,12 @@ async def _timing(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 
 async def _json_body(request: web.Request) -> object:
-    raw = await request.read()
+    limit = request.app[SERVICE].config.request_body_timeout
+    try:
+        async with asyncio.timeout(limit):
+            raw = await request.read()
+    except TimeoutError:
+        raise RequestTimeout(f"the body did not arrive within {limit:g} s") from None
     try:
         return json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
