@@ -317,6 +317,7 @@ class Daemon:
         self.steering.tick(
             service.registry.all(), standalone, track, service.sample, time.monotonic_ns()
         )
+        service.ticked()  # new quotas and counters: the API renders them anew
         interval = self.notifier.watchdog_interval
         if interval is not None and time.monotonic() - self.last_watchdog >= interval:
             self.notifier.watchdog()

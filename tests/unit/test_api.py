@@ -298,3 +298,25 @@ async def test_state_survives_and_is_readopted(tmp_path: Path) -> None:
         body = await r.json()
         assert body["id"] == vg["id"] and body["gpus"][0]["memory_limit"] == 3 * GIB
     assert os.stat(control).st_ino == inode  # adopted, not recreated
+
+
+async def test_a_read_is_rendered_once_per_state_and_a_change_is_seen_at_once(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    vg = await create(api, {"memory": "1g", "share": 20})
+    builds: list[int] = []
+    real = api.service.list_json
+
+    def counting(*args: str | None) -> list[dict[str, object]]:
+        builds.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(api.service, "list_json", counting)
+    for _ in range(5):
+        assert [v["share"] for v in await (await api.client.get("/v1/vgpus")).json()] == [20]
+    assert len(builds) == 1  # 64 clients do not rebuild it 64 times
+    await api.client.patch(f"/v1/vgpus/{vg['id']}", json={"share": 30})
+    assert [v["share"] for v in await (await api.client.get("/v1/vgpus")).json()] == [30]
+    api.service.ticked()  # a loop ran: counters are read again
+    await api.client.get("/v1/vgpus")
+    assert len(builds) == 3

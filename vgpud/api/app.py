@@ -133,11 +133,13 @@ async def _json_body(request: web.Request) -> object:
 
 
 async def health(request: web.Request) -> web.Response:
-    return web.json_response(request.app[SERVICE].health_json())
+    service = request.app[SERVICE]
+    return _json(service.rendered("health", service.health_json))
 
 
 async def devices(request: web.Request) -> web.Response:
-    return web.json_response(request.app[SERVICE].devices_json())
+    service = request.app[SERVICE]
+    return _json(service.rendered("devices", service.devices_json))
 
 
 async def list_vgpus(request: web.Request) -> web.Response:
@@ -146,7 +148,12 @@ async def list_vgpus(request: web.Request) -> web.Response:
     label = q.get("label")
     if label is not None:
         schemas.parse_label_query(label)
-    return web.json_response(service.list_json(q.get("gpu"), label, q.get("owner_pod")))
+    gpu, owner_pod = q.get("gpu"), q.get("owner_pod")
+    return _json(
+        service.rendered(
+            ("vgpus", gpu, label, owner_pod), lambda: service.list_json(gpu, label, owner_pod)
+        )
+    )
 
 
 async def create_vgpu(request: web.Request) -> web.Response:
@@ -157,7 +164,8 @@ async def create_vgpu(request: web.Request) -> web.Response:
 
 
 async def get_vgpu(request: web.Request) -> web.Response:
-    return web.json_response(request.app[SERVICE].find_json(request.match_info["id"]))
+    service, key = request.app[SERVICE], request.match_info["id"]
+    return _json(service.rendered(("vgpu", key), lambda: service.find_json(key)))
 
 
 async def update_vgpu(request: web.Request) -> web.Response:
@@ -179,7 +187,12 @@ async def delete_vgpu(request: web.Request) -> web.Response:
 
 
 async def processes(request: web.Request) -> web.Response:
-    return web.json_response([p.to_json() for p in request.app[SERVICE].processes])
+    service = request.app[SERVICE]
+    return _json(service.rendered("processes", lambda: [p.to_json() for p in service.processes]))
+
+
+def _json(body: bytes) -> web.Response:
+    return web.Response(body=body, content_type="application/json")
 
 
 async def events(request: web.Request) -> web.StreamResponse:
