@@ -45,6 +45,10 @@ from functools import cache
 from pathlib import Path
 from typing import Any, ClassVar
 
+import structlog
+
+log = structlog.get_logger("vgpud.blocks")
+
 # --- constants of vgpu_abi.h --------------------------------------------
 
 CONTROL_MAGIC = 0x544E4F4355504756  # "VGPUCONT" little-endian
@@ -72,6 +76,9 @@ SLOT_STATE_NAMES = {
 
 # A byte counter above 1 PiB is no real GPU's: the writer is broken or hostile.
 ABSURD_BYTES = 2**50
+# Tries of a seqlock read before it counts as unreadable: far more than a live
+# writer's few stores need, few enough that a stuck entry costs microseconds.
+SEQLOCK_TRIES = 64
 ATOMICS_LIBRARY = "libvgpu-atomics.so"
 DEFAULT_LIB_DIR = Path("/usr/lib/vgpud")
 
@@ -234,7 +241,7 @@ class Atomics:
         self.load_u64 = _bind(lib, "vgpu_atomic_load_u64", u64, vp)
         self.store_u64 = _bind(lib, "vgpu_atomic_store_u64", None, vp, u64)
         self.fetch_add_u64 = _bind(lib, "vgpu_atomic_fetch_add_u64", u64, vp, u64)
-        self.sub_clamp_u64 = _bind(lib, "vgpu_atomic_sub_clamp_u64", u64, vp, u64)
+        self.sub_clamp_u64 = _bind(lib, "vgpu_atomic_sub_clamp_u64", ctypes.c_int, vp, u64)
         self.cas_u64 = _bind(lib, "vgpu_atomic_cas_u64", ctypes.c_int, vp, u64, u64)
         self.load_u32 = _bind(lib, "vgpu_atomic_load_u32", u32, vp)
         self.store_u32 = _bind(lib, "vgpu_atomic_store_u32", None, vp, u32)
@@ -310,6 +317,10 @@ class Throttle:
     quota_ppm: int
     window_ns: int
     epoch: int
+
+
+# What an unreadable steer entry reads as: never steered (the API's 0).
+UNSTEERED = Throttle(quota_ppm=0, window_ns=0, epoch=0)
 
 
 @dataclass(frozen=True)
@@ -513,17 +524,23 @@ def _seqlock_write(atomics: Atomics, base: int, quota_ppm: int, window_ns: int) 
     atomics.futex_wake_all(seq_addr)
 
 
-def _seqlock_read(atomics: Atomics, base: int) -> Throttle:
+def _seqlock_read(atomics: Atomics, base: int) -> Throttle | None:
+    """Reader side, bounded: None when no consistent copy was seen in
+    SEQLOCK_TRIES tries. A writer holds seq odd for a handful of stores, so
+    only a writer that died mid-write, or a tenant that wrote an odd seq into
+    its own usage block, makes a read fail; an unbounded retry would let that
+    tenant stall whichever daemon thread reads (docs/security.md, "Trust")."""
     t = ThrottleC
-    while True:
+    for _ in range(SEQLOCK_TRIES):
         seq = atomics.load_u32(base + t.seq.offset)
         if seq & 1:
-            continue  # a writer is in the middle; it never sleeps there
+            continue  # a writer is in the middle (or died there)
         quota = atomics.load_u32(base + t.quota_ppm.offset)
         window = atomics.load_u64(base + t.window_ns.offset)
         epoch = atomics.load_u64(base + t.epoch.offset)
         if atomics.load_u32(base + t.seq.offset) == seq:
             return Throttle(quota, window, epoch)
+    return None
 
 
 def _check_ppm(value: int, what: str) -> None:
@@ -654,16 +671,25 @@ class ControlBlock(_Mapping):
         _check_ppm(quota_ppm, "quota_ppm")
         if self._published.get(dev_index) == (quota_ppm, window_ns):
             return False
-        current = self.read_throttle(dev_index)
-        if (current.quota_ppm, current.window_ns) != (quota_ppm, window_ns):
-            _seqlock_write(
-                self._atomics, self._addr(self._dev(dev_index), "throttle"), quota_ppm, window_ns
-            )
+        base = self._addr(self._dev(dev_index), "throttle")
+        current = _seqlock_read(self._atomics, base)
+        # Unreadable: a daemon died mid-write; writing makes the entry whole.
+        changed = current is None or (current.quota_ppm, current.window_ns) != (
+            quota_ppm,
+            window_ns,
+        )
+        if changed:
+            _seqlock_write(self._atomics, base, quota_ppm, window_ns)
         self._published[dev_index] = (quota_ppm, window_ns)
-        return (current.quota_ppm, current.window_ns) != (quota_ppm, window_ns)
+        return changed
 
     def read_throttle(self, dev_index: int) -> Throttle:
-        return _seqlock_read(self._atomics, self._addr(self._dev(dev_index), "throttle"))
+        """The entry as published. Only the daemon writes it, so one that
+        stays odd was left mid-write by a daemon that died: its fields are
+        then taken as they stand, and the next write_throttle repairs it."""
+        entry = self._dev(dev_index).throttle
+        read = _seqlock_read(self._atomics, ctypes.addressof(entry))
+        return read or Throttle(int(entry.quota_ppm), int(entry.window_ns), int(entry.epoch))
 
     def heartbeat(self, now_ns: int) -> None:
         self._atomics.store_u64(self._addr(self._c, "heartbeat_ns"), now_ns)
@@ -734,6 +760,7 @@ class UsageBlock(_Mapping):
         self._views: dict[int, tuple[list[int], SlotView]] = {}
         self._states: list[int] = []  # every slot's state at the last read
         self._in_use: list[int] = []  # the indices of the non-free ones
+        self._steer_unreadable_said = False  # warned once per block, not per scan
 
     @classmethod
     def create(
@@ -912,6 +939,8 @@ class UsageBlock(_Mapping):
             pdev = slot.dev[d]
             nbytes = int(at.load_u64(self._addr(pdev, "used")))
             if nbytes:
+                # Bounded (a tenant hammering the word): if it gives up, the
+                # bytes stay charged to this vGPU alone until reset_used.
                 at.sub_clamp_u64(self._addr(self._c.devices[d], "used"), nbytes)
             for field in ("used", "overhead", "gpu_time_ns", "launches", "throttled_ns"):
                 at.store_u64(self._addr(pdev, field), 0)
@@ -943,8 +972,22 @@ class UsageBlock(_Mapping):
         _seqlock_write(self._atomics, ctypes.addressof(entry), quota_ppm, window_ns)
 
     def read_steer(self, dev_index: int) -> Throttle:
+        """The quota last steered to, or UNSTEERED when the entry cannot be
+        read: its seq word is in the tenant's hands, and a tenant that keeps
+        it odd loses only the display of its own steering (the hooks' reader
+        gives up too, and keeps its last quota). Said once per block."""
         entry = self._c.steer.throttle[_index(dev_index, MAX_DEVICES)]
-        return _seqlock_read(self._atomics, ctypes.addressof(entry))
+        read = _seqlock_read(self._atomics, ctypes.addressof(entry))
+        if read is not None:
+            return read
+        if not self._steer_unreadable_said:
+            self._steer_unreadable_said = True
+            log.warning(
+                "usage block's steer entry unreadable (seq held odd): shown as never steered",
+                path=str(self.path),
+                device=dev_index,
+            )
+        return UNSTEERED
 
     def steer_heartbeat(self, now_ns: int) -> None:
         self._atomics.store_u64(self._addr(self._c.steer, "heartbeat_ns"), now_ns)
