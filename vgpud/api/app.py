@@ -30,6 +30,10 @@ EVENTS = web.AppKey("events", EventLog)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
+# No request of openapi.json nests deeper than 2 (an object of label objects);
+# 8 leaves room to grow and keeps a hostile body's walk short.
+MAX_JSON_DEPTH = 8
+
 
 def make_app(service: Service, metrics: Metrics) -> web.Application:
     app = web.Application(
@@ -114,11 +118,49 @@ async def _timing(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 
 async def _json_body(request: web.Request) -> object:
+    """The body as strict JSON (RFC 8259: no NaN or Infinity, no key given
+    twice), nested at most MAX_JSON_DEPTH deep; anything else is a 400.
+    Python's parser takes all of those, and a body nested thousands deep
+    ends in RecursionError: each must be the client's error, not a 500."""
     raw = await request.read()
     try:
-        return json.loads(raw)
+        body = json.loads(raw, parse_constant=_no_constant, object_pairs_hook=_unique_keys)
+    except RecursionError:
+        raise BadRequest(f"the body is nested deeper than {MAX_JSON_DEPTH} levels") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadRequest(f"the body is not valid JSON: {exc}") from None
+    if _depth(body) > MAX_JSON_DEPTH:
+        raise BadRequest(f"the body is nested deeper than {MAX_JSON_DEPTH} levels")
+    return body
+
+
+def _no_constant(name: str) -> object:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for key, value in pairs:
+        if key in out:  # which one counts would differ between parsers
+            raise ValueError(f"key {key!r} given twice")
+        out[key] = value
+    return out
+
+
+def _depth(value: object) -> int:
+    """How deep arrays and objects nest (a scalar is 0), without recursion."""
+    deepest = 0
+    stack = [(value, 1)]
+    while stack:
+        node, level = stack.pop()
+        children = (
+            node.values() if isinstance(node, dict) else node if isinstance(node, list) else None
+        )
+        if children is None:
+            continue
+        deepest = max(deepest, level)
+        stack.extend((child, level + 1) for child in children)
+    return deepest
 
 
 async def health(request: web.Request) -> web.Response:

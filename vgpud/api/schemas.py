@@ -7,16 +7,26 @@ number), values out of range. 422 with the field named.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from vgpud.errors import Unprocessable
 from vgpud.model import MODES, CreateRequest, UpdateRequest
-from vgpud.units import MemoryAmount, parse_memory
+from vgpud.units import (
+    MAX_VGPU_MEMORY,
+    MIN_VGPU_MEMORY,
+    MemoryAmount,
+    format_bytes,
+    parse_memory,
+)
 
 MAX_GPUS = 16
 MAX_LABELS = 64
 MAX_TEXT = 253
+# Query integers (event sequence numbers): what a signed 64-bit counter holds.
+MAX_QUERY_INT = 2**63 - 1
+_ASCII_DIGITS = re.compile(r"[0-9]{1,19}")
 
 CREATE_FIELDS = frozenset(
     {
@@ -81,11 +91,14 @@ def parse_bool_query(query: Mapping[str, str], key: str, default: bool = False) 
 
 
 def parse_int_query(query: Mapping[str, str], key: str, default: int) -> int:
+    """A non-negative integer of at most MAX_QUERY_INT, in ASCII digits
+    (str.isdigit alone takes "١٢٣" and "²", and int() of 5000 digits raises)."""
     value = query.get(key)
     if value is None:
         return default
-    if not value.isdigit():
-        raise Unprocessable(f"{key}: a non-negative integer, not {value!r}")
+    if not (_ASCII_DIGITS.fullmatch(value) and int(value) <= MAX_QUERY_INT):
+        shown = value if len(value) <= 40 else value[:40] + "..."
+        raise Unprocessable(f"{key}: an integer 0..{MAX_QUERY_INT}, not {shown!r}")
     return int(value)
 
 
@@ -146,10 +159,18 @@ def _text(key: str) -> Callable[[Any], str]:
 
 
 def _memory(value: Any) -> MemoryAmount:
+    """A memory limit; in bytes, MIN_VGPU_MEMORY..MAX_VGPU_MEMORY (a
+    percentage is checked against that range per GPU, at placement)."""
     try:
-        return parse_memory(value)
+        amount = parse_memory(value)
     except ValueError as exc:
         raise Unprocessable(f"memory: {exc}") from None
+    if amount.nbytes is not None and not MIN_VGPU_MEMORY <= amount.nbytes <= MAX_VGPU_MEMORY:
+        raise Unprocessable(
+            f"memory: {amount.nbytes} bytes is outside {format_bytes(MIN_VGPU_MEMORY)}.."
+            f"{format_bytes(MAX_VGPU_MEMORY)} (the smallest is one allocation granule)"
+        )
+    return amount
 
 
 def _mode(value: Any) -> str:

@@ -114,15 +114,21 @@ def add_limits(c: argparse.ArgumentParser, *, creating: bool) -> None:
         c.add_argument("--label", action="append", default=[], help="key=value (repeatable)")
 
 
+def _number_or_text(text: str) -> int | str:
+    """An ASCII number as an int, anything else as given for the daemon to
+    judge (int() would read Arabic-Indic digits, which the daemon refuses)."""
+    return int(text) if text.isascii() and text.isdigit() else text
+
+
 def limits_body(a: argparse.Namespace, *, creating: bool) -> dict[str, Any]:
     body: dict[str, Any] = {}
     if a.memory is not None:
-        body["memory"] = int(a.memory) if a.memory.isdigit() else a.memory
+        body["memory"] = _number_or_text(a.memory)
     for key in ("share", "mode", "weight"):
         if getattr(a, key) is not None:
             body[key] = getattr(a, key)
     if creating:
-        body["gpus"] = [int(g) if g.isdigit() else g for g in a.gpus.split(",") if g]
+        body["gpus"] = [_number_or_text(g) for g in a.gpus.split(",") if g]
         for key in ("name", "count"):
             if getattr(a, key) is not None:
                 body[key] = getattr(a, key)
