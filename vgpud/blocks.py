@@ -225,6 +225,26 @@ class BlockError(Exception):
     """A shared-memory block that cannot be used, with the reason why."""
 
 
+@dataclass(frozen=True)
+class Access:
+    """Who may open a block file: owner and group (-1: the daemon's own)
+    and mode."""
+
+    mode: int
+    uid: int = -1
+    gid: int = -1
+
+    def apply(self, fd: int) -> None:
+        os.fchown(fd, self.uid, self.gid)
+        os.fchmod(fd, self.mode)  # after the chown, which may clear mode bits
+
+
+# The daemon's alone (a usage block with no tenant yet).
+DAEMON_ONLY = Access(0o600)
+# Read by anyone who can reach it, written by the daemon (the control block).
+DAEMON_WRITES = Access(0o644)
+
+
 # --- atomics ----------------------------------------------------------------
 
 
@@ -454,14 +474,16 @@ class _Mapping:
 
     @classmethod
     def _create_file(
-        cls, path: Path, mode: int, fill: Callable[[ctypes.Structure], None]
+        cls, path: Path, access: Access, fill: Callable[[ctypes.Structure], None]
     ) -> mmap.mmap:
         """Write a new block beside ``path`` and rename it into place, so no
-        reader ever maps a half-written block."""
+        reader ever maps a half-written block. Its access is set first and
+        explicitly: the umask does not decide who may map it, and it has
+        its name only once it is its tenant's."""
         size = ctypes.sizeof(cls.struct)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
         try:
-            os.fchmod(fd, mode)  # explicit: the umask must not decide who may map it
+            access.apply(fd)
             os.ftruncate(fd, size)
             mm = mmap.mmap(fd, size, mmap.MAP_SHARED)
             c = cls.struct.from_buffer(mm)
@@ -596,7 +618,7 @@ class ControlBlock(_Mapping):
                 e.throttle.quota_ppm = d.share_ppm
                 e.throttle.epoch = 1
 
-        mm = cls._create_file(Path(path), 0o644, fill)
+        mm = cls._create_file(Path(path), DAEMON_WRITES, fill)
         return cls(Path(path), mm, atomics or Atomics.load())
 
     @classmethod
@@ -764,14 +786,29 @@ class UsageBlock(_Mapping):
 
     @classmethod
     def create(
-        cls, path: Path, *, device_count: int = MAX_DEVICES, atomics: Atomics | None = None
+        cls,
+        path: Path,
+        *,
+        device_count: int = MAX_DEVICES,
+        atomics: Atomics | None = None,
+        access: Access = DAEMON_ONLY,
     ) -> UsageBlock:
-        """An empty usage block for a daemon-owned vGPU. Mode 0666: the
-        processes of a container run as any uid and must be able to write it.
+        """An empty usage block for a daemon-owned vGPU, writable by its
+        tenant (``access``, which the registry gives) and root alone.
         ``device_count`` is how many device entries this daemon reads; the
         block's own device_count field stays 0 (it is standalone-only)."""
-        mm = cls._create_file(Path(path), 0o666, lambda c: None)
+        mm = cls._create_file(Path(path), access, lambda c: None)
         return cls(Path(path), mm, atomics or Atomics.load(), _check_count(device_count))
+
+    def set_access(self, access: Access) -> None:
+        """Give the block file (back) to its tenant: owner, group and mode
+        as recorded, whatever anyone changed (an adopted block of an older
+        daemon was 0666)."""
+        fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            access.apply(fd)
+        finally:
+            os.close(fd)
 
     @classmethod
     def open(
@@ -1030,12 +1067,13 @@ class ArbiterBlock(_Mapping):
     def ensure(cls, path: Path) -> bool:
         """Make the GPU's arbiter at ``path`` unless a valid one is there
         (processes may hold it mapped: never replace a good one). Returns
-        whether a new one was written. 0666 like the usage block: hooks in
-        containers of any user write it."""
+        whether a new one was written. 0666: hooks in containers of any
+        user write it (shared between tenants: the arbiter's redesign, issue
+        10 item 3, removes it)."""
         try:
             cls.open_checked(path)
             return False
         except BlockError:
             pass
-        cls._create_file(path, 0o666, lambda c: None).close()
+        cls._create_file(path, Access(0o666), lambda c: None).close()
         return True

@@ -18,6 +18,11 @@ class BadRequest(ApiError):
     code = "bad_request"
 
 
+class Forbidden(ApiError):
+    status = 403
+    code = "forbidden"
+
+
 class NotFound(ApiError):
     status = 404
     code = "not_found"
@@ -45,7 +50,7 @@ class ServerError(ApiError):
 
 def for_status(status: int, detail: str) -> ApiError:
     """The ApiError for a status (placement reports 409/422)."""
-    for cls in (BadRequest, NotFound, Conflict, PayloadTooLarge, Unprocessable):
+    for cls in (BadRequest, Forbidden, NotFound, Conflict, PayloadTooLarge, Unprocessable):
         if cls.status == status:
             return cls(detail)
     return ServerError(detail)

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from vgpud.model import Limits, Slice, Vgpu
+from vgpud.model import ROOT_USER, BlockUser, Limits, Slice, Vgpu
 from vgpud.units import parse_memory
 
 FORMAT_VERSION = 1
@@ -41,6 +41,7 @@ def vgpu_to_json(v: Vgpu) -> dict[str, Any]:
         "created_at": v.created_at,
         "labels": dict(v.labels),
         "owner": dict(v.owner),
+        "user": {"uid": v.user.uid, "gid": v.user.gid},
     }
 
 
@@ -62,7 +63,17 @@ def vgpu_from_json(d: dict[str, Any]) -> Vgpu:
         created_at=float(d["created_at"]),
         labels={str(k): str(v) for k, v in d["labels"].items()},
         owner={str(k): str(v) for k, v in d["owner"].items()},
+        user=_user_from_json(d.get("user")),
     )
+
+
+def _user_from_json(d: dict[str, Any] | None) -> BlockUser:
+    """A recorded user; a vGPU recorded before vGPUs had one is root's (its
+    usage block was 0666: adoption now gives it to root alone)."""
+    if d is None:
+        return ROOT_USER
+    gid = d["gid"]
+    return BlockUser(int(d["uid"]), None if gid is None else int(gid))
 
 
 class StateStore:

@@ -8,6 +8,9 @@ max_request_bytes 413). Handlers are thin: parse, call the Service, answer.
 from __future__ import annotations
 
 import json
+import os
+import socket
+import struct
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from importlib import resources
@@ -20,6 +23,7 @@ from vgpud.api import schemas
 from vgpud.errors import ApiError, BadRequest, PayloadTooLarge, Unprocessable
 from vgpud.events import Event, EventLog
 from vgpud.metrics import CONTENT_TYPE, Metrics
+from vgpud.model import Credentials
 from vgpud.service import Service
 
 log = structlog.get_logger("vgpud.api")
@@ -183,8 +187,22 @@ async def list_vgpus(request: web.Request) -> web.Response:
 async def create_vgpu(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
     req = schemas.parse_create(await _json_body(request))
-    entry = service.create(req)
+    entry = service.create(req, caller(request))
     return web.json_response(service.vgpu_json(entry), status=201)
+
+
+def caller(request: web.Request) -> Credentials:
+    """Who sent the request, as the kernel vouches for it: SO_PEERCRED of the
+    unix socket (a body cannot claim it). The API listens on that socket
+    alone (daemon.py); a TCP peer, which only tests use, has no credentials
+    and counts as the daemon's own user."""
+    transport = request.transport
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is None or sock.family != socket.AF_UNIX:
+        return Credentials(os.geteuid(), os.getegid())
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("iII"))
+    _pid, uid, gid = struct.unpack("iII", raw)
+    return Credentials(uid, gid)
 
 
 async def get_vgpu(request: web.Request) -> web.Response:
