@@ -235,8 +235,11 @@ class Access:
     gid: int = -1
 
     def apply(self, fd: int) -> None:
+        """Only a file's owner may chmod it, and the daemon's unit grants
+        CAP_CHOWN, not CAP_FOWNER: take the file, set its mode, give it away."""
+        os.fchown(fd, os.geteuid(), -1)
+        os.fchmod(fd, self.mode)
         os.fchown(fd, self.uid, self.gid)
-        os.fchmod(fd, self.mode)  # after the chown, which may clear mode bits
 
 
 # The daemon's alone (a usage block with no tenant yet).
