@@ -187,7 +187,7 @@ static int check_own(int fd, const char *kind, const char *path)
     }
     if (st.st_uid != geteuid()) {
         vgpu_error_set("%s block %s belongs to uid %u, not to this process (uid %u): "
-                       "another user made it; remove it or set VGPU_USAGE elsewhere",
+                       "another user made it; remove it",
                        kind, path, (unsigned)st.st_uid, (unsigned)geteuid());
         return -1;
     }
