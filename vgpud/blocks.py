@@ -13,12 +13,14 @@ Public interface (H4's tracker/reaper and H5's controller code against it):
   ``.heartbeat(now_ns)``, ``.set_slot_host_pid(slot, pid)``,
   ``.slot_host_pid(slot)``, ``.devices()``, ``.uuids``, ``.vgpu_id``,
   ``.flags``, ``.set_flags(flags)``, ``.close()``.
-- ``UsageBlock.create(path, device_count=0)`` / ``.open(path, device_count=None)``
-  / ``.open_fd(fd, name, device_count=None)``;
+- ``UsageBlock.create(path, device_count=0, access=DAEMON_ONLY)`` /
+  ``.open(path, device_count=None)`` / ``.open_fd(fd, name, device_count=None)``;
+  ``.set_access(access)`` (``Access``: owner, group and mode of the file);
   ``.devices() -> list[UsageDevice]``, ``.slots() -> list[SlotView]`` (non-FREE
   slots only), ``.reclaim_slot(index, expect) -> tuple[int, ...] | None``,
   ``.reset_used(dev)``, ``.write_steer(dev, quota_ppm, window_ns)``,
-  ``.steer_heartbeat(now_ns)``, ``.standalone_limits()``, ``.close()``.
+  ``.read_steer(dev)`` (UNSTEERED when unreadable), ``.steer_heartbeat(now_ns)``,
+  ``.standalone_limits()``, ``.close()``.
 - ``BlockError``: a block that is missing, not a regular file, foreign,
   of another layout version or size.
 
@@ -29,7 +31,9 @@ subtracting reclaimed bytes, the seqlock) goes through build/libvgpu-atomics.so.
 
 The usage block is written by untrusted containers: nothing read from it is
 believed blindly. Absurd figures are clamped and named in ``clamped`` so the
-caller can report them; a block never makes the daemon crash.
+caller can report them; a block never makes the daemon crash, and never
+makes it wait: every read of it is bounded (seqlock tries, CAS tries, the
+fixed slot and device counts).
 """
 
 from __future__ import annotations
@@ -554,7 +558,8 @@ def _seqlock_read(atomics: Atomics, base: int) -> Throttle | None:
     SEQLOCK_TRIES tries. A writer holds seq odd for a handful of stores, so
     only a writer that died mid-write, or a tenant that wrote an odd seq into
     its own usage block, makes a read fail; an unbounded retry would let that
-    tenant stall whichever daemon thread reads (docs/security.md, "Trust")."""
+    tenant stall whichever daemon thread reads (DESIGN.md, "Trust";
+    docs/security-perm.md)."""
     t = ThrottleC
     for _ in range(SEQLOCK_TRIES):
         seq = atomics.load_u32(base + t.seq.offset)
@@ -697,15 +702,13 @@ class ControlBlock(_Mapping):
         if self._published.get(dev_index) == (quota_ppm, window_ns):
             return False
         base = self._addr(self._dev(dev_index), "throttle")
+        wanted = (quota_ppm, window_ns)
         current = _seqlock_read(self._atomics, base)
-        # Unreadable: a daemon died mid-write; writing makes the entry whole.
-        changed = current is None or (current.quota_ppm, current.window_ns) != (
-            quota_ppm,
-            window_ns,
-        )
+        # None (unreadable): a daemon died mid-write; writing makes it whole.
+        changed = current is None or (current.quota_ppm, current.window_ns) != wanted
         if changed:
             _seqlock_write(self._atomics, base, quota_ppm, window_ns)
-        self._published[dev_index] = (quota_ppm, window_ns)
+        self._published[dev_index] = wanted
         return changed
 
     def read_throttle(self, dev_index: int) -> Throttle:
