@@ -30,12 +30,12 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from tests.conftest import sim_environment
+from tests.conftest import BUILD, sim_environment
 from tests.helpers.memprobe import MEMPROBE, hooked
 from tests.unit.apiclient import Api, running_api
 from tests.unit.fakes import FakeInventory, gpus
 from vgpud.api.app import make_app
-from vgpud.blocks import Atomics, UsageBlock, UsageC
+from vgpud.blocks import ArbiterBlock, Atomics, UsageBlock, UsageC
 from vgpud.config import Config
 from vgpud.events import EventLog
 from vgpud.metrics import Metrics
@@ -53,6 +53,7 @@ ATTACKER = 54321  # a local user with no vGPU
 TENANT = 54322  # the user a vGPU is made for
 TEAM = 54400  # a group that shares a vGPU
 USED = UsageC.devices.offset  # devices[0].used: the vGPU's budget in use
+SIM_GPU = "GPU-5117a000-0000-4000-8000-000000000000"  # the simulator's GPU 0
 
 # Run as another user: open the block for writing and set `used` to 2^62,
 # the attack of the issue. Prints what happened.
@@ -361,3 +362,34 @@ def test_the_hook_makes_and_reuses_its_own_private_block(
         assert returncode == 0, stderr
         assert [line["result"] for line in lines if line.get("op") == "alloc"] == ["CUDA_SUCCESS"]
     assert mode_and_owner(Path(f"/tmp/vgpud-{victim_uid}.usage")) == (0o600, victim_uid, victim_uid)
+
+
+def test_a_squatted_standalone_arbiter_in_tmp_is_not_used(
+    victim_env: dict[str, str], victim_uid: int
+) -> None:
+    """Without VGPU_ARBITER_DIR a paced standalone process takes turns through
+    /tmp/vgpud-<uid>.arbiter-<uuid>: one another user made is not its own."""
+    burn = BUILD / "vgpu-burn"
+    if not burn.exists():
+        pytest.skip("build/vgpu-burn is not built (run `make`)")
+    env = {k: v for k, v in victim_env.items() if k != "VGPU_ARBITER_DIR"}
+    env["CUDA_CORE_LIMIT"] = "30"  # paced: it looks for the GPU's arbiter
+    squatted = Path(f"/tmp/vgpud-{victim_uid}.arbiter-{SIM_GPU}")
+    try:
+        ArbiterBlock.ensure(squatted)
+        os.chown(squatted, ATTACKER, ATTACKER)
+        before = squatted.read_bytes()
+        done = subprocess.run(
+            [*setpriv(victim_uid), str(burn), "--seconds", "0.3"],
+            env=env,
+            cwd="/",
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        assert f"belongs to uid {ATTACKER}" in done.stderr and "not arbitrated" in done.stderr
+        assert squatted.read_bytes() == before  # no ticket taken in the squatter's file
+    finally:
+        squatted.unlink(missing_ok=True)
