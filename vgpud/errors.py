@@ -22,6 +22,11 @@ class BadRequest(ApiError):
     code = "bad_request"
 
 
+class Forbidden(ApiError):
+    status = 403
+    code = "forbidden"
+
+
 class NotFound(ApiError):
     status = 404
     code = "not_found"
@@ -71,7 +76,7 @@ def storage_error(what: str, exc: OSError) -> ApiError:
 
 def for_status(status: int, detail: str) -> ApiError:
     """The ApiError for a status (placement reports 409/422)."""
-    for cls in (BadRequest, NotFound, Conflict, PayloadTooLarge, Unprocessable):
+    for cls in (BadRequest, Forbidden, NotFound, Conflict, PayloadTooLarge, Unprocessable):
         if cls.status == status:
             return cls(detail)
     return ServerError(detail)

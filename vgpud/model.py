@@ -58,6 +58,34 @@ class Limits:
 
 
 @dataclass(frozen=True)
+class Credentials:
+    """A process's user and group, as the kernel vouches for them (the API
+    socket's SO_PEERCRED)."""
+
+    uid: int
+    gid: int
+
+
+@dataclass(frozen=True)
+class BlockUser:
+    """Who may write a vGPU's usage block besides the daemon: the host uid
+    its processes run as and, when given, a group that shares it. Nobody
+    else can open it for writing (docs/security-perm.md)."""
+
+    uid: int
+    gid: int | None = None  # None: the uid alone
+
+    @property
+    def mode(self) -> int:
+        """The usage block's permission bits: a group shares it only when named."""
+        return 0o660 if self.gid is not None else 0o600
+
+
+# The user of a vGPU recorded before blocks had one: root alone.
+ROOT_USER = BlockUser(0)
+
+
+@dataclass(frozen=True)
 class Vgpu:
     id: str
     name: str | None
@@ -68,6 +96,7 @@ class Vgpu:
     created_at: float
     labels: Mapping[str, str] = field(default_factory=dict)
     owner: Mapping[str, str] = field(default_factory=dict)
+    user: BlockUser = ROOT_USER
 
     @property
     def uuids(self) -> list[str]:
@@ -92,6 +121,7 @@ class CreateRequest:
     exclusive: bool = False
     labels: Mapping[str, str] = field(default_factory=dict)
     owner: Mapping[str, str] = field(default_factory=dict)
+    user: BlockUser | None = None  # None: the caller's own uid
 
 
 @dataclass(frozen=True)

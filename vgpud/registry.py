@@ -5,8 +5,12 @@ it made; an update is saved before it is applied to the control block, so a
 crash in between is repaired at the next start (the state file is the truth
 and adoption re-applies it).
 
-Run dir layout: <run_dir>/<vgpu_id>/control (0644) and usage (0666), the
-directory 0755; <run_dir>/gpus/<uuid> (0666): the arbiter block of each GPU
+Run dir layout (docs/security-perm.md): run_dir and each <run_dir>/<vgpu_id>/
+0711 (no one but root lists them); in it control (root, 0644: read-only for
+everyone) and usage, owned by the vGPU's user (mode 0600, 0660 when a group
+shares it): writable by its tenant and the daemon alone. Adoption gives a
+usage block back to its recorded user, whatever changed it.
+<run_dir>/gpus/<uuid> (0666): the arbiter block of each GPU
 a vGPU uses, shared by all vGPUs on it (made when a vGPU needs it, never
 replaced while valid). Adoption at start: each recorded vGPU's blocks are opened
 and validated, not recreated, so running processes do not notice; a missing
@@ -33,6 +37,7 @@ from vgpud import events as ev
 from vgpud.blocks import (
     FLAG_OVERSUBSCRIBE,
     PPM_FULL,
+    Access,
     ArbiterBlock,
     Atomics,
     BlockError,
@@ -52,6 +57,8 @@ from vgpud.errors import (
 from vgpud.events import EventLog
 from vgpud.model import (
     ID_PATTERN,
+    ROOT_USER,
+    BlockUser,
     CreateRequest,
     GpuLike,
     Limits,
@@ -67,6 +74,10 @@ from vgpud.units import format_bytes
 log = structlog.get_logger("vgpud.registry")
 
 ARBITER_DIR = "gpus"  # in run_dir: one arbiter block per GPU, named by UUID
+# run_dir and each vGPU's directory: anyone may pass through to a file whose
+# own mode lets them in (a host process opens its blocks by path), no one
+# but root may list or add.
+DIR_MODE = 0o711
 
 
 @dataclass
@@ -87,6 +98,11 @@ def device_slices(v: Vgpu) -> list[DeviceSlice]:
     share_ppm = v.limits.share * (PPM_FULL // 100)
     soft = v.limits.mode == "soft"
     return [DeviceSlice(s.gpu_uuid, s.memory, share_ppm, soft, v.limits.weight) for s in v.slices]
+
+
+def usage_access(user: BlockUser) -> Access:
+    """The usage block's owner, group and mode for a vGPU's user."""
+    return Access(user.mode, user.uid, -1 if user.gid is None else user.gid)
 
 
 def apply_limits(control: ControlBlock, v: Vgpu) -> None:
@@ -175,7 +191,8 @@ class Registry:
 
     def adopt(self) -> None:
         """Reload the recorded vGPUs and take over their blocks as they are."""
-        self.run_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+        self.run_dir.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+        os.chmod(self.run_dir, DIR_MODE)  # an older daemon made it 0755
         try:
             recorded = self.store.load()
         except StateError as exc:
@@ -199,7 +216,8 @@ class Registry:
 
     def _adopt_one(self, v: Vgpu) -> Entry:
         paths = self.paths(v.id)
-        paths.control.parent.mkdir(mode=0o755, exist_ok=True)
+        paths.control.parent.mkdir(mode=DIR_MODE, exist_ok=True)
+        os.chmod(paths.control.parent, DIR_MODE)
         try:
             control = ControlBlock.open(paths.control, atomics=self.atomics)
             if control.uuids != v.uuids or control.vgpu_id != v.id:
@@ -213,17 +231,23 @@ class Registry:
         # The state file is the truth: re-applying equal limits is invisible
         # to running processes, and repairs an update a crash interrupted.
         apply_limits(control, v)
+        access = usage_access(v.user)
         try:
             usage = UsageBlock.open(paths.usage, device_count=len(v.slices), atomics=self.atomics)
         except BlockError as exc:
             try:
                 usage = UsageBlock.create(
-                    paths.usage, device_count=len(v.slices), atomics=self.atomics
+                    paths.usage, device_count=len(v.slices), atomics=self.atomics, access=access
                 )
             except BaseException:
                 control.close()
                 raise
             self._repaired(v, "usage", str(exc))
+        else:
+            try:
+                usage.set_access(access)
+            except OSError as exc:  # not root: the block stays as it is
+                log.warning("cannot give the usage block to its user", vgpu=v.id, error=str(exc))
         try:
             self._ensure_arbiters(v, paths)
         except (OSError, BlockError) as exc:
@@ -252,6 +276,7 @@ class Registry:
                         entry.paths.usage,
                         device_count=len(entry.vgpu.slices),
                         atomics=self.atomics,
+                        access=usage_access(entry.vgpu.user),
                     )
                 except (OSError, BlockError) as exc:
                     # A full run dir: the lost block (zeros) stays until a scan can.
@@ -311,9 +336,11 @@ class Registry:
         gpus: Sequence[GpuLike],
         rules: Rules,
         distance: Distance | None = None,
+        user: BlockUser = ROOT_USER,
     ) -> Entry:
         """Admit, place, make the blocks, record. ``limits`` are the
-        request's with the configured defaults filled in."""
+        request's with the configured defaults filled in; ``user`` is who
+        may write the usage block (the Service decides it from the caller)."""
         if req.name is not None:
             self._check_name(req.name)
         if req.exclusive:
@@ -333,6 +360,7 @@ class Registry:
             created_at=self.clock(),
             labels=dict(req.labels),
             owner=dict(req.owner),
+            user=user,
         )
         entry = self._make_blocks(vgpu)
         try:
@@ -449,13 +477,18 @@ class Registry:
         directory = paths.control.parent
         control: ControlBlock | None = None
         try:
-            directory.mkdir(mode=0o755)
-            os.chmod(directory, 0o755)  # not the umask's choice: containers must reach usage
+            directory.mkdir(mode=DIR_MODE)
+            os.chmod(directory, DIR_MODE)  # not the umask's choice
             control = ControlBlock.create(
                 paths.control, v.id, device_slices(v), atomics=self.atomics
             )
             apply_limits(control, v)
-            usage = UsageBlock.create(paths.usage, device_count=len(v.slices), atomics=self.atomics)
+            usage = UsageBlock.create(
+                paths.usage,
+                device_count=len(v.slices),
+                atomics=self.atomics,
+                access=usage_access(v.user),
+            )
             self._ensure_arbiters(v, paths)
         except (OSError, BlockError) as exc:
             if control is not None:

@@ -17,9 +17,17 @@ from typing import Any, Protocol
 from vgpud import recipe
 from vgpud.blocks import SLOT_ACTIVE
 from vgpud.config import Config
-from vgpud.errors import Conflict, Unprocessable
+from vgpud.errors import Conflict, Forbidden, Unprocessable
 from vgpud.events import EventLog
-from vgpud.model import CreateRequest, GpuLike, Limits, UpdateRequest, Vgpu
+from vgpud.model import (
+    BlockUser,
+    CreateRequest,
+    Credentials,
+    GpuLike,
+    Limits,
+    UpdateRequest,
+    Vgpu,
+)
 from vgpud.nvml import NvmlSample
 from vgpud.placement import Rules
 from vgpud.registry import Entry, Registry
@@ -173,11 +181,16 @@ class Service:
 
     # --- changes ----------------------------------------------------------------
 
-    def create(self, req: CreateRequest) -> Entry:
+    def create(self, req: CreateRequest, caller: Credentials) -> Entry:
         if req.exclusive and (req.memory is not None or req.share not in (None, 100)):
             raise Unprocessable("exclusive: the vGPU gets whole GPUs; leave memory and share out")
         entry = self.registry.create(
-            req, self.limits_for(req), self.devices(), self.rules(), self.gpus.topology
+            req,
+            self.limits_for(req),
+            self.devices(),
+            self.rules(),
+            self.gpus.topology,
+            user=user_for(req.user, caller),
         )
         self.ticked()
         return entry
@@ -323,6 +336,7 @@ class Service:
             "exclusive": v.exclusive,
             "labels": dict(v.labels),
             "owner": dict(v.owner),
+            "user": {"uid": v.user.uid, "gid": v.user.gid},
             "gpus": gpus,
             "processes": self.process_count(entry),
             **self._recipe(entry),
@@ -400,6 +414,20 @@ class Service:
             "nvml": bool(getattr(self.gpus, "available", True)),
             "driver_version": getattr(self.gpus, "driver_version", None),
         }
+
+
+def user_for(asked: BlockUser | None, caller: Credentials) -> BlockUser:
+    """Who may write a new vGPU's usage block: the caller itself unless it
+    asks otherwise. Only root may name another uid or group: a member of the
+    socket group who could would hand a block to anyone (docs/api.md)."""
+    if asked is None:
+        return BlockUser(caller.uid)
+    if caller.uid != 0 and (asked.uid != caller.uid or asked.gid not in (None, caller.gid)):
+        raise Forbidden(
+            f"user: only root may make a vGPU for another user or group "
+            f"(you are uid {caller.uid}, gid {caller.gid})"
+        )
+    return asked
 
 
 def process_view(p: TrackedProcess) -> ProcessView:

@@ -29,7 +29,7 @@ from typing import Any
 from vgpud.api import schemas
 from vgpud.blocks import ABSURD_BYTES, MAX_DEVICES, UUID_LEN
 from vgpud.errors import Unprocessable
-from vgpud.model import ID_PATTERN, Limits, Slice, Vgpu, valid_name
+from vgpud.model import ID_PATTERN, ROOT_USER, Limits, Slice, Vgpu, valid_name
 from vgpud.placement import loads
 
 FORMAT_VERSION = 1
@@ -98,13 +98,14 @@ def vgpu_to_json(v: Vgpu) -> dict[str, Any]:
         "created_at": v.created_at,
         "labels": dict(v.labels),
         "owner": dict(v.owner),
+        "user": {"uid": v.user.uid, "gid": v.user.gid},
     }
 
 
 def vgpu_from_json(d: object) -> Vgpu:
     """One recorded vGPU, checked field by field; Unprocessable names the
     field at fault."""
-    obj = _fields(d, VGPU_FIELDS)
+    obj = _fields(d, VGPU_FIELDS, frozenset({"user"}))
     vid = obj["id"]
     if not isinstance(vid, str) or not ID_PATTERN.fullmatch(vid):
         raise Unprocessable(f"id: vg- and 8 hex digits, not {vid!r}")
@@ -139,14 +140,19 @@ def vgpu_from_json(d: object) -> Vgpu:
         created_at=float(created),
         labels=schemas._string_map(obj["labels"], "labels"),
         owner=schemas._string_map(obj["owner"], "owner"),
+        # A vGPU recorded before vGPUs had a user is root's (its usage block
+        # was 0666: adoption now gives it to root alone).
+        user=ROOT_USER if obj.get("user") is None else schemas._user(obj["user"]),
     )
 
 
-def _fields(d: object, allowed: frozenset[str]) -> dict[str, Any]:
-    """An object with exactly these keys (the API's unknown-field rule, and
-    none missing: the file is written whole, never partly)."""
-    obj = schemas._object(d, allowed)
-    missing = sorted(allowed - set(obj))
+def _fields(
+    d: object, required: frozenset[str], optional: frozenset[str] = frozenset()
+) -> dict[str, Any]:
+    """An object with these keys (the API's unknown-field rule, and none
+    required missing: the file is written whole, never partly)."""
+    obj = schemas._object(d, required | optional)
+    missing = sorted(required - set(obj))
     if missing:
         raise Unprocessable(f"missing field(s): {', '.join(missing)}")
     return obj

@@ -4,7 +4,8 @@
  *
  * Nothing here takes a lock another process could hold: slot ownership is a
  * CAS on slot.state, counters are atomics. A block we do not fully trust
- * (not a regular file, a symlink, wrong size, magic or version) is refused.
+ * (not a regular file, a symlink, wrong size, magic or version; a file of
+ * our own that another user made or may write) is refused.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -170,8 +171,37 @@ static void *await_shared(int fd, const char *path, const struct shared_kind *k)
     return hdr;
 }
 
-/* Map a writable block, creating it first when `create` and it is missing. */
-static void *map_shared(const char *path, bool create, const struct shared_kind *k)
+/*
+ * A block the hook makes for itself (the standalone usage block, the
+ * standalone arbiter) lies where another user may have put a file first:
+ * /tmp is everyone's. Only a file we would have made is ours: owned by our
+ * euid, with no group or other permission bit. Anything else is refused,
+ * not used: its owner could rewrite our budget at will (docs/hook.md).
+ */
+static int check_own(int fd, const char *kind, const char *path)
+{
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        vgpu_error_set("%s block %s: fstat: %s", kind, path, strerror(errno));
+        return -1;
+    }
+    if (st.st_uid != geteuid()) {
+        vgpu_error_set("%s block %s belongs to uid %u, not to this process (uid %u): "
+                       "another user made it; remove it",
+                       kind, path, (unsigned)st.st_uid, (unsigned)geteuid());
+        return -1;
+    }
+    if ((st.st_mode & 077) != 0) {
+        vgpu_error_set("%s block %s has mode %04o: others may write it; it must be 0600", kind,
+                       path, (unsigned)(st.st_mode & 07777));
+        return -1;
+    }
+    return 0;
+}
+
+/* Map a writable block, creating it first when `create` and it is missing;
+ * `own`: an existing file must pass check_own (one we create passes). */
+static void *map_shared(const char *path, bool create, bool own, const struct shared_kind *k)
 {
     void *block = NULL;
     int fd = -1;
@@ -189,7 +219,7 @@ static void *map_shared(const char *path, bool create, const struct shared_kind 
         }
     }
     fd = open_block(path, O_RDWR, k->name);
-    if (fd >= 0)
+    if (fd >= 0 && (!own || check_own(fd, k->name, path) == 0))
         block = await_shared(fd, path, k);
 done:
     if (fd >= 0)
@@ -200,7 +230,9 @@ done:
 int blocks_map_usage(const char *path, bool create, struct vgpu_usage **out)
 {
     static const struct shared_kind usage = {"usage", VGPU_USAGE_MAGIC, sizeof(struct vgpu_usage)};
-    *out = map_shared(path, create, &usage);
+    /* Created on demand only in standalone mode, where the file is the
+     * process's own; a vGPU's block is the daemon's, in its directory. */
+    *out = map_shared(path, create, create, &usage);
     return *out != NULL ? 0 : -1;
 }
 
@@ -208,7 +240,8 @@ int blocks_map_arbiter(const char *path, struct vgpu_arbiter **out)
 {
     static const struct shared_kind arbiter = {"arbiter", VGPU_ARBITER_MAGIC,
                                                sizeof(struct vgpu_arbiter)};
-    *out = map_shared(path, true, &arbiter);
+    /* Without VGPU_ARBITER_DIR the arbiter is a file of our own in /tmp. */
+    *out = map_shared(path, true, vgpu.env.arbiter_dir == NULL, &arbiter);
     return *out != NULL ? 0 : -1;
 }
 

@@ -81,7 +81,7 @@ def test_a_repair_that_cannot_be_made_skips_the_vgpu_with_one_line(
         assert [v["id"] for v in recorded] == [vgpu]
         with pytest.raises(ApiFailure) as refused:
             gpu = recorded[0]["slices"][0]["gpu_uuid"]
-            daemon.client.post("/v1/vgpus", {"gpus": [gpu], "memory": "1m", "share": 50})
+            daemon.client.post("/v1/vgpus", {"gpus": [gpu], "memory": "2m", "share": 50})
         assert refused.value.status == 409
         assert daemon.stop() == 0
         # Space comes back: the next start makes its blocks and serves it again.

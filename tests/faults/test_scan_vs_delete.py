@@ -71,7 +71,7 @@ def test_create_delete_churn_under_fast_scans_breaks_no_scan(
     daemon = Daemon(tmp_path, sim_env, config="scan_interval = 0.05\n").start()
     try:
         for _ in range(150):
-            vgpu = daemon.client.post("/v1/vgpus", {"memory": "1m", "share": 1})
+            vgpu = daemon.client.post("/v1/vgpus", {"memory": "2m", "share": 1})
             daemon.client.delete(f"/v1/vgpus/{vgpu['id']}")
         assert daemon.stop() == 0
         assert "loop iteration failed" not in daemon.log()

@@ -171,7 +171,8 @@ def test_a_block_someone_else_owns_is_never_adopted(tmp_path: Path) -> None:
     """A squatter's file (another uid, or open to others) is not the budget
     of the process that maps it."""
     block = tmp_path / "squatted.usage"
-    UsageBlock.create(block, device_count=1).close()  # mode 0666: open to everyone
+    UsageBlock.create(block, device_count=1).close()
+    block.chmod(0o666)  # open to everyone: anyone could have written it
     env = dict(os.environ, LD_PRELOAD=str(BUILD / "libvgpu-atomics.so"), CUDA_MEM_LIMIT="1g")
     p = subprocess.Popen(
         [sys.executable, "-c", MAPPER, str(block)], env=env, stdout=subprocess.PIPE, text=True

@@ -55,7 +55,7 @@ async def test_create_makes_blocks_with_the_limits_and_answers_the_recipe(api: A
     control = Path(vg["host_env"]["VGPU_CONTROL"])
     assert control.parent == api.tmp / "run" / vg["id"]
     assert mode_of(control) == 0o644
-    assert mode_of(Path(vg["host_env"]["VGPU_USAGE"])) == 0o666
+    assert mode_of(Path(vg["host_env"]["VGPU_USAGE"])) == 0o600  # the caller's alone
     block = ControlBlock.open(control)
     dev = block.devices()[0]
     assert (dev.mem_limit, dev.share_ppm, dev.weight, dev.soft) == (8 * GIB, 300_000, 5, False)

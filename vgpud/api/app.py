@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import socket
+import struct
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from importlib import resources
@@ -23,6 +26,7 @@ from vgpud.api import schemas
 from vgpud.errors import ApiError, BadRequest, PayloadTooLarge, RequestTimeout, Unprocessable
 from vgpud.events import Event, EventLog
 from vgpud.metrics import CONTENT_TYPE, Metrics
+from vgpud.model import Credentials
 from vgpud.service import Service
 
 log = structlog.get_logger("vgpud.api")
@@ -32,6 +36,10 @@ METRICS = web.AppKey("metrics", Metrics)
 EVENTS = web.AppKey("events", EventLog)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+# No request of openapi.json nests deeper than 2 (an object of label objects);
+# 8 leaves room to grow and keeps a hostile body's walk short.
+MAX_JSON_DEPTH = 8
 
 
 def make_app(service: Service, metrics: Metrics) -> web.Application:
@@ -120,6 +128,10 @@ async def _timing(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 
 async def _json_body(request: web.Request) -> object:
+    """The body as strict JSON (RFC 8259: no NaN or Infinity, no key given
+    twice), nested at most MAX_JSON_DEPTH deep; anything else is a 400.
+    Python's parser takes all of those, and a body nested thousands deep
+    ends in RecursionError: each must be the client's error, not a 500."""
     limit = request.app[SERVICE].config.request_body_timeout
     try:
         async with asyncio.timeout(limit):
@@ -127,9 +139,43 @@ async def _json_body(request: web.Request) -> object:
     except TimeoutError:
         raise RequestTimeout(f"the body did not arrive within {limit:g} s") from None
     try:
-        return json.loads(raw)
+        body = json.loads(raw, parse_constant=_no_constant, object_pairs_hook=_unique_keys)
+    except RecursionError:
+        raise BadRequest(f"the body is nested deeper than {MAX_JSON_DEPTH} levels") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadRequest(f"the body is not valid JSON: {exc}") from None
+    if _depth(body) > MAX_JSON_DEPTH:
+        raise BadRequest(f"the body is nested deeper than {MAX_JSON_DEPTH} levels")
+    return body
+
+
+def _no_constant(name: str) -> object:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for key, value in pairs:
+        if key in out:  # which one counts would differ between parsers
+            raise ValueError(f"key {key!r} given twice")
+        out[key] = value
+    return out
+
+
+def _depth(value: object) -> int:
+    """How deep arrays and objects nest (a scalar is 0), without recursion."""
+    deepest = 0
+    stack = [(value, 1)]
+    while stack:
+        node, level = stack.pop()
+        children = (
+            node.values() if isinstance(node, dict) else node if isinstance(node, list) else None
+        )
+        if children is None:
+            continue
+        deepest = max(deepest, level)
+        stack.extend((child, level + 1) for child in children)
+    return deepest
 
 
 async def health(request: web.Request) -> web.Response:
@@ -159,8 +205,22 @@ async def list_vgpus(request: web.Request) -> web.Response:
 async def create_vgpu(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
     req = schemas.parse_create(await _json_body(request))
-    entry = service.create(req)
+    entry = service.create(req, caller(request))
     return web.json_response(service.vgpu_json(entry), status=201)
+
+
+def caller(request: web.Request) -> Credentials:
+    """Who sent the request, as the kernel vouches for it: SO_PEERCRED of the
+    unix socket (a body cannot claim it). The API listens on that socket
+    alone (daemon.py); a TCP peer, which only tests use, has no credentials
+    and counts as the daemon's own user."""
+    transport = request.transport
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is None or sock.family != socket.AF_UNIX:
+        return Credentials(os.geteuid(), os.getegid())
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("iII"))
+    _pid, uid, gid = struct.unpack("iII", raw)
+    return Credentials(uid, gid)
 
 
 async def get_vgpu(request: web.Request) -> web.Response:
