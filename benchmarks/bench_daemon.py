@@ -7,7 +7,8 @@ periods, and API latency at 200 requests/s.
 What is real and what is simulated: the daemon is the real vgpud (default
 config periods: control 0.1 s, NVML sample 0.2 s, scan 1 s) on the
 simulated GPU (build/sim, 4 devices). The processes are real: 1000 sleeping
-processes, each given an ACTIVE slot in one vGPU's usage block with its real
+processes, each mapping one vGPU's usage block (as the hook does: the host's
+proof that the slot is its own) and given an ACTIVE slot there with its real
 identity (PID namespace, pid, start time), written the way the hook writes
 it, so the tracker maps, publishes host pids and checks liveness for each of
 them every scan. They make no CUDA calls, so NVML lists none of them and the
@@ -35,6 +36,9 @@ import time
 from multiprocessing import Process, Queue
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.fixtures.hook import MappedSleepers
 from vgpud import __version__
 from vgpud.blocks import SLOT_ACTIVE, UsageC
 from vgpud.ctl.client import Client, DaemonUnreachable
@@ -93,25 +97,31 @@ def make_vgpus(client: Client, n: int) -> list[dict[str, object]]:
     return out
 
 
-def give_slots(vgpus: list[dict[str, object]], pids: list[int]) -> None:
-    """Write an ACTIVE slot per process, as the hook would at its first CUDA call."""
+def give_slots(vgpus: list[dict[str, object]], procs: int) -> MappedSleepers:
+    """Start ``procs`` sleeping processes spread over the vGPUs, each mapping
+    its vGPU's usage block (the host's proof that a slot is its own), and
+    write an ACTIVE slot per process, as the hook would at its first CUDA call."""
     pidns = os.stat("/proc/self/ns/pid").st_ino
-    per_vgpu = -(-len(pids) // len(vgpus))
-    for n, v in enumerate(vgpus):
-        mine = pids[n * per_vgpu : (n + 1) * per_vgpu]
-        path = v["host_env"]["VGPU_USAGE"]  # type: ignore[index]
+    paths = [str(v["host_env"]["VGPU_USAGE"]) for v in vgpus]  # type: ignore[index]
+    counts = [len(range(n, procs, len(vgpus))) for n in range(len(vgpus))]
+    sleepers = MappedSleepers([(Path(p), c) for p, c in zip(paths, counts, strict=True)])
+    at = 0
+    for path, count in zip(paths, counts, strict=True):
         fd = os.open(path, os.O_RDWR)
         mm = mmap.mmap(fd, ctypes.sizeof(UsageC))
         os.close(fd)
         block = UsageC.from_buffer(mm)
-        for i, pid in enumerate(mine):
+        for i, pid in enumerate(sleepers.pids[at : at + count]):
             slot = block.slots[i]
             slot.pid, slot.pidns, slot.start_time = pid, pidns, start_time(pid)
             slot.dev[0].used = 1 << 20
             block.devices[0].used += 1 << 20
             slot.state = SLOT_ACTIVE
-        del slot, block
+            del slot  # no ctypes view may outlive the mapping
+        at += count
+        del block
         mm.close()
+    return sleepers
 
 
 def load(sock: str, paths: list[str], rate: float, seconds: float, out: Queue) -> None:  # type: ignore[type-arg]
@@ -189,14 +199,13 @@ def main() -> int:
 
     work = Path(tempfile.mkdtemp(prefix="vgb", dir="/tmp"))
     daemon, client, _ = start_daemon(work, a.vgpus)
-    sleepers: list[subprocess.Popen[bytes]] = []
+    sleepers: MappedSleepers | None = None
     try:
         idle_before = cpu_seconds(daemon.pid)
         time.sleep(5)
         idle = (cpu_seconds(daemon.pid) - idle_before) / 5 * 100
         vgpus = make_vgpus(client, a.vgpus)
-        sleepers = [subprocess.Popen(["sleep", "3600"]) for _ in range(a.procs)]
-        give_slots(vgpus, [s.pid for s in sleepers])
+        sleepers = give_slots(vgpus, a.procs)
         # Let the tracker see them all (first sight reads status and ns once).
         deadline = time.monotonic() + 60
         while len(client.get("/v1/processes")) < a.procs and time.monotonic() < deadline:
@@ -227,10 +236,8 @@ def main() -> int:
             client, ["/v1/vgpus/{id}", "/v1/health", "/v1/devices"], (0.001, 0.005)
         )
     finally:
-        for s in sleepers:
-            s.kill()
-        for s in sleepers:
-            s.wait()
+        if sleepers is not None:
+            sleepers.close()
         daemon.terminate()
         daemon.wait(30)
 

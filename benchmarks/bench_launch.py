@@ -63,9 +63,9 @@ def first_uuid(env: dict[str, str]) -> str:
 
 def configurations(base: dict[str, str], workdir: Path) -> dict[str, dict[str, str]]:
     """name -> environment of each way to run the program. Every hooked
-    configuration has an arbiter directory of its own, as vgpud gives each
-    vGPU one (an unpaced process then checks its GPU's pacing stamp at every
-    launch), and so that the paced one's stamp cannot make the others take
+    configuration has an arbiter directory of its own (standalone processes
+    take turns through it; a vGPU checks its control block's pacing stamp at
+    every launch), so that the paced one's stamp cannot make the others take
     turns."""
     control, usage = workdir / "control", workdir / "usage"
     ControlBlock.create(control, "bench", [DeviceSlice(first_uuid(base), 1 << 40, PPM_FULL)], 0)

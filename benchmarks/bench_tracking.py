@@ -1,7 +1,8 @@
 """Cost of one scan of the host: Tracker.scan + reaper + backstop decisions.
 
 Starts N real sleeping processes and V vGPUs whose usage blocks hold a slot
-for each process (identities read from /proc, as the hook writes them),
+for each process (identities read from /proc, as the hook writes them; each
+process maps its vGPU's usage block, as a hooked process does),
 then times scans in steady state (CPU time of this process). NVML is a
 fixed sample listing every process, as on a busy GPU node.
 
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.fixtures.hook import GPU_UUIDS, FakeVgpu
+from tests.fixtures.hook import GPU_UUIDS, FakeVgpu, MappedSleepers
 from vgpud.backstop import BackstopPolicy, BackstopState, decide
 from vgpud.nvml import GpuSample, NvmlSample
 from vgpud.procfs import ProcFS
@@ -35,24 +35,28 @@ def main() -> None:
     parser.add_argument("--scans", type=int, default=20)
     args = parser.parse_args()
     fs = ProcFS()
-    children = [subprocess.Popen(["sleep", "600"]) for _ in range(args.procs)]
     tmp = Path(tempfile.mkdtemp(prefix="bench-tracking-"))
     vgpus = [FakeVgpu(tmp / f"v{i}", f"v{i}", (8 << 30,)) for i in range(args.vgpus)]
+    # Each process maps its vGPU's usage block, as the hook does: the host's
+    # proof that its slot is its own (docs/tracking.md, "Evidence").
+    per_vgpu = [len(range(i, args.procs, args.vgpus)) for i in range(args.vgpus)]
+    sleepers = MappedSleepers([(v.usage.path, n) for v, n in zip(vgpus, per_vgpu, strict=True)])
     try:
-        for n, child in enumerate(children):
-            process = None
-            while process is None or process.comm != "sleep":  # until it has exec'd
-                process = fs.process(child.pid)
-            v = vgpus[n % args.vgpus]
-            v.hook.claim(
-                n // args.vgpus,
-                pid=process.ns_pid,
-                pidns=process.pidns,
-                start_time=process.start_time,
-                used={0: 1 << 20},
-            )
+        at = 0
+        for v, n in zip(vgpus, per_vgpu, strict=True):
+            for index, pid in enumerate(sleepers.pids[at : at + n]):
+                process = fs.process(pid)
+                assert process is not None
+                v.hook.claim(
+                    index,
+                    pid=process.ns_pid,
+                    pidns=process.pidns,
+                    start_time=process.start_time,
+                    used={0: 1 << 20},
+                )
+            at += n
         views = {f"v{i}": v.blocks for i, v in enumerate(vgpus)}
-        pids = {c.pid: 1 << 20 for c in children}
+        pids = dict.fromkeys(sleepers.pids, 1 << 20)
         gpu = GpuSample(GPU_UUIDS[0], 0, 50, sum(pids.values()), 80 << 30, pids, {})
         sample = NvmlSample(monotonic=0.0, gpus={GPU_UUIDS[0]: gpu})
         tracker = Tracker()
@@ -81,10 +85,7 @@ def main() -> None:
         print(f"reaper + backstop decisions: {decide_t / args.scans * 1000:.1f} ms CPU")
         print(f"at one scan per second: {per_scan * 100:.2f} % of a core")
     finally:
-        for child in children:
-            child.kill()
-        for child in children:
-            child.wait()
+        sleepers.close()
         for v in vgpus:
             v.close()
 

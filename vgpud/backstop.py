@@ -20,8 +20,9 @@ Public interface
 ``BackstopEvent``: frozen; ``kind`` is ``over_limit``, ``killed`` or
 ``kill_skipped``.
 
-The offender, on each GPU over its limit: an unmanaged process the tracker
-attributed to the vGPU (it shares the vGPU's container), the one with the
+The offender, on each GPU over its limit: a process the host puts in the
+vGPU (docs/tracking.md, "Evidence") that holds no slot the host confirms —
+no hook, a hook told to look elsewhere, a forged slot — the one with the
 most memory; else the process with the most memory the hook does not
 account for (NVML's figure minus its slot's bytes). A kill needs the
 violation to last ``confirm_scans`` scans in a row (one sample can be
@@ -150,10 +151,16 @@ def _unaccounted(p: TrackedProcess, uuid: str) -> int:
 def _offender(
     processes: Iterable[TrackedProcess], vgpu_id: str, uuid: str
 ) -> TrackedProcess | None:
-    mine = [p for p in processes if p.vgpu_id == vgpu_id and p.memory.get(uuid, 0) > 0]
-    unmanaged = [p for p in mine if p.kind is ProcessKind.UNMANAGED]
-    if unmanaged:
-        return max(unmanaged, key=lambda p: p.memory[uuid])
+    mine = [
+        p
+        for p in processes
+        if p.vgpu_id == vgpu_id and p.memory.get(uuid, 0) > 0 and p.kind is not ProcessKind.EXITED
+    ]
+    # Whoever holds no slot the host confirms bypassed the hook's budget,
+    # whatever its environment says (no hook, a stripped one, a forged slot).
+    unslotted = [p for p in mine if p.slot is None]
+    if unslotted:
+        return max(unslotted, key=lambda p: p.memory[uuid])
     worst = max(mine, key=lambda p: _unaccounted(p, uuid), default=None)
     return worst if worst is not None and _unaccounted(worst, uuid) > 0 else None
 

@@ -13,12 +13,14 @@ Public interface (H4's tracker/reaper and H5's controller code against it):
   ``.heartbeat(now_ns)``, ``.set_slot_host_pid(slot, pid)``,
   ``.slot_host_pid(slot)``, ``.devices()``, ``.uuids``, ``.vgpu_id``,
   ``.flags``, ``.set_flags(flags)``, ``.close()``.
-- ``UsageBlock.create(path, device_count=0)`` / ``.open(path, device_count=None)``
-  / ``.open_fd(fd, name, device_count=None)``;
+- ``UsageBlock.create(path, device_count=0, access=DAEMON_ONLY)`` /
+  ``.open(path, device_count=None)`` / ``.open_fd(fd, name, device_count=None)``;
+  ``.set_access(access)`` (``Access``: owner, group and mode of the file);
   ``.devices() -> list[UsageDevice]``, ``.slots() -> list[SlotView]`` (non-FREE
   slots only), ``.reclaim_slot(index, expect) -> tuple[int, ...] | None``,
   ``.reset_used(dev)``, ``.write_steer(dev, quota_ppm, window_ns)``,
-  ``.steer_heartbeat(now_ns)``, ``.standalone_limits()``, ``.close()``.
+  ``.read_steer(dev)`` (UNSTEERED when unreadable), ``.steer_heartbeat(now_ns)``,
+  ``.standalone_limits()``, ``.close()``.
 - ``BlockError``: a block that is missing, not a regular file, foreign,
   of another layout version or size.
 
@@ -29,7 +31,9 @@ subtracting reclaimed bytes, the seqlock) goes through build/libvgpu-atomics.so.
 
 The usage block is written by untrusted containers: nothing read from it is
 believed blindly. Absurd figures are clamped and named in ``clamped`` so the
-caller can report them; a block never makes the daemon crash.
+caller can report them; a block never makes the daemon crash, and never
+makes it wait: every read of it is bounded (seqlock tries, CAS tries, the
+fixed slot and device counts).
 """
 
 from __future__ import annotations
@@ -44,6 +48,10 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any, ClassVar
+
+import structlog
+
+log = structlog.get_logger("vgpud.blocks")
 
 # --- constants of vgpu_abi.h --------------------------------------------
 
@@ -72,6 +80,9 @@ SLOT_STATE_NAMES = {
 
 # A byte counter above 1 PiB is no real GPU's: the writer is broken or hostile.
 ABSURD_BYTES = 2**50
+# Tries of a seqlock read before it counts as unreadable: far more than a live
+# writer's few stores need, few enough that a stuck entry costs microseconds.
+SEQLOCK_TRIES = 64
 ATOMICS_LIBRARY = "libvgpu-atomics.so"
 DEFAULT_LIB_DIR = Path("/usr/lib/vgpud")
 
@@ -222,6 +233,29 @@ class BlockError(Exception):
     """A shared-memory block that cannot be used, with the reason why."""
 
 
+@dataclass(frozen=True)
+class Access:
+    """Who may open a block file: owner and group (-1: the daemon's own)
+    and mode."""
+
+    mode: int
+    uid: int = -1
+    gid: int = -1
+
+    def apply(self, fd: int) -> None:
+        """Only a file's owner may chmod it, and the daemon's unit grants
+        CAP_CHOWN, not CAP_FOWNER: take the file, set its mode, give it away."""
+        os.fchown(fd, os.geteuid(), -1)
+        os.fchmod(fd, self.mode)
+        os.fchown(fd, self.uid, self.gid)
+
+
+# The daemon's alone (a usage block with no tenant yet).
+DAEMON_ONLY = Access(0o600)
+# Read by anyone who can reach it, written by the daemon (the control block).
+DAEMON_WRITES = Access(0o644)
+
+
 # --- atomics ----------------------------------------------------------------
 
 
@@ -238,7 +272,7 @@ class Atomics:
         self.load_u64 = _bind(lib, "vgpu_atomic_load_u64", u64, vp)
         self.store_u64 = _bind(lib, "vgpu_atomic_store_u64", None, vp, u64)
         self.fetch_add_u64 = _bind(lib, "vgpu_atomic_fetch_add_u64", u64, vp, u64)
-        self.sub_clamp_u64 = _bind(lib, "vgpu_atomic_sub_clamp_u64", u64, vp, u64)
+        self.sub_clamp_u64 = _bind(lib, "vgpu_atomic_sub_clamp_u64", ctypes.c_int, vp, u64)
         self.cas_u64 = _bind(lib, "vgpu_atomic_cas_u64", ctypes.c_int, vp, u64, u64)
         self.load_u32 = _bind(lib, "vgpu_atomic_load_u32", u32, vp)
         self.store_u32 = _bind(lib, "vgpu_atomic_store_u32", None, vp, u32)
@@ -314,6 +348,10 @@ class Throttle:
     quota_ppm: int
     window_ns: int
     epoch: int
+
+
+# What an unreadable steer entry reads as: never steered (the API's 0).
+UNSTEERED = Throttle(quota_ppm=0, window_ns=0, epoch=0)
 
 
 @dataclass(frozen=True)
@@ -447,15 +485,21 @@ class _Mapping:
 
     @classmethod
     def _create_file(
-        cls, path: Path, mode: int, fill: Callable[[ctypes.Structure], None]
+        cls, path: Path, access: Access, fill: Callable[[ctypes.Structure], None]
     ) -> mmap.mmap:
         """Write a new block beside ``path`` and rename it into place, so no
-        reader ever maps a half-written block."""
+        reader ever maps a half-written block. Its access is set first and
+        explicitly: the umask does not decide who may map it, and it has
+        its name only once it is its tenant's. Its pages are allocated
+        before it is mapped: a sparse file on a full file system would
+        answer the first store through the mapping with SIGBUS, which kills
+        the daemon (and every hook that maps it) without a word; allocated,
+        a full disk is an OSError (ENOSPC) here and nothing is left."""
         size = ctypes.sizeof(cls.struct)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
         try:
-            os.fchmod(fd, mode)  # explicit: the umask must not decide who may map it
-            os.ftruncate(fd, size)
+            access.apply(fd)
+            os.posix_fallocate(fd, 0, size)
             mm = mmap.mmap(fd, size, mmap.MAP_SHARED)
             c = cls.struct.from_buffer(mm)
             fill(c)
@@ -517,17 +561,24 @@ def _seqlock_write(atomics: Atomics, base: int, quota_ppm: int, window_ns: int) 
     atomics.futex_wake_all(seq_addr)
 
 
-def _seqlock_read(atomics: Atomics, base: int) -> Throttle:
+def _seqlock_read(atomics: Atomics, base: int) -> Throttle | None:
+    """Reader side, bounded: None when no consistent copy was seen in
+    SEQLOCK_TRIES tries. A writer holds seq odd for a handful of stores, so
+    only a writer that died mid-write, or a tenant that wrote an odd seq into
+    its own usage block, makes a read fail; an unbounded retry would let that
+    tenant stall whichever daemon thread reads (DESIGN.md, "Trust";
+    docs/security-perm.md)."""
     t = ThrottleC
-    while True:
+    for _ in range(SEQLOCK_TRIES):
         seq = atomics.load_u32(base + t.seq.offset)
         if seq & 1:
-            continue  # a writer is in the middle; it never sleeps there
+            continue  # a writer is in the middle (or died there)
         quota = atomics.load_u32(base + t.quota_ppm.offset)
         window = atomics.load_u64(base + t.window_ns.offset)
         epoch = atomics.load_u64(base + t.epoch.offset)
         if atomics.load_u32(base + t.seq.offset) == seq:
             return Throttle(quota, window, epoch)
+    return None
 
 
 def _check_ppm(value: int, what: str) -> None:
@@ -583,7 +634,7 @@ class ControlBlock(_Mapping):
                 e.throttle.quota_ppm = d.share_ppm
                 e.throttle.epoch = 1
 
-        mm = cls._create_file(Path(path), 0o644, fill)
+        mm = cls._create_file(Path(path), DAEMON_WRITES, fill)
         return cls(Path(path), mm, atomics or Atomics.load())
 
     @classmethod
@@ -658,16 +709,23 @@ class ControlBlock(_Mapping):
         _check_ppm(quota_ppm, "quota_ppm")
         if self._published.get(dev_index) == (quota_ppm, window_ns):
             return False
-        current = self.read_throttle(dev_index)
-        if (current.quota_ppm, current.window_ns) != (quota_ppm, window_ns):
-            _seqlock_write(
-                self._atomics, self._addr(self._dev(dev_index), "throttle"), quota_ppm, window_ns
-            )
-        self._published[dev_index] = (quota_ppm, window_ns)
-        return (current.quota_ppm, current.window_ns) != (quota_ppm, window_ns)
+        base = self._addr(self._dev(dev_index), "throttle")
+        wanted = (quota_ppm, window_ns)
+        current = _seqlock_read(self._atomics, base)
+        # None (unreadable): a daemon died mid-write; writing makes it whole.
+        changed = current is None or (current.quota_ppm, current.window_ns) != wanted
+        if changed:
+            _seqlock_write(self._atomics, base, quota_ppm, window_ns)
+        self._published[dev_index] = wanted
+        return changed
 
     def read_throttle(self, dev_index: int) -> Throttle:
-        return _seqlock_read(self._atomics, self._addr(self._dev(dev_index), "throttle"))
+        """The entry as published. Only the daemon writes it, so one that
+        stays odd was left mid-write by a daemon that died: its fields are
+        then taken as they stand, and the next write_throttle repairs it."""
+        entry = self._dev(dev_index).throttle
+        read = _seqlock_read(self._atomics, ctypes.addressof(entry))
+        return read or Throttle(int(entry.quota_ppm), int(entry.window_ns), int(entry.epoch))
 
     def heartbeat(self, now_ns: int) -> None:
         self._atomics.store_u64(self._addr(self._c, "heartbeat_ns"), now_ns)
@@ -738,17 +796,33 @@ class UsageBlock(_Mapping):
         self._views: dict[int, tuple[list[int], SlotView]] = {}
         self._states: list[int] = []  # every slot's state at the last read
         self._in_use: list[int] = []  # the indices of the non-free ones
+        self._steer_unreadable_said = False  # warned once per block, not per scan
 
     @classmethod
     def create(
-        cls, path: Path, *, device_count: int = MAX_DEVICES, atomics: Atomics | None = None
+        cls,
+        path: Path,
+        *,
+        device_count: int = MAX_DEVICES,
+        atomics: Atomics | None = None,
+        access: Access = DAEMON_ONLY,
     ) -> UsageBlock:
-        """An empty usage block for a daemon-owned vGPU. Mode 0666: the
-        processes of a container run as any uid and must be able to write it.
+        """An empty usage block for a daemon-owned vGPU, writable by its
+        tenant (``access``, which the registry gives) and root alone.
         ``device_count`` is how many device entries this daemon reads; the
         block's own device_count field stays 0 (it is standalone-only)."""
-        mm = cls._create_file(Path(path), 0o666, lambda c: None)
+        mm = cls._create_file(Path(path), access, lambda c: None)
         return cls(Path(path), mm, atomics or Atomics.load(), _check_count(device_count))
+
+    def set_access(self, access: Access) -> None:
+        """Give the block file (back) to its tenant: owner, group and mode
+        as recorded, whatever anyone changed (an adopted block of an older
+        daemon was 0666)."""
+        fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            access.apply(fd)
+        finally:
+            os.close(fd)
 
     @classmethod
     def open(
@@ -916,6 +990,8 @@ class UsageBlock(_Mapping):
             pdev = slot.dev[d]
             nbytes = int(at.load_u64(self._addr(pdev, "used")))
             if nbytes:
+                # Bounded (a tenant hammering the word): if it gives up, the
+                # bytes stay charged to this vGPU alone until reset_used.
                 at.sub_clamp_u64(self._addr(self._c.devices[d], "used"), nbytes)
             for field in ("used", "overhead", "gpu_time_ns", "launches", "throttled_ns"):
                 at.store_u64(self._addr(pdev, field), 0)
@@ -926,6 +1002,12 @@ class UsageBlock(_Mapping):
         at.store_u32(self._addr(slot, "pid"), 0)
         at.store_u32(state_addr, SLOT_FREE)
         return tuple(freed)
+
+    def swap_used(self, dev_index: int, expect: int, new: int) -> bool:
+        """Set a device's budget to ``new`` if it still holds ``expect``
+        (CAS: a hook that reserved or released meanwhile wins)."""
+        addr = self._addr(self._c.devices[_index(dev_index, MAX_DEVICES)], "used")
+        return bool(self._atomics.cas_u64(addr, expect, new))
 
     def reset_used(self, dev_index: int) -> int | None:
         """Zero a device's budget; only when no process of the vGPU lives
@@ -947,8 +1029,22 @@ class UsageBlock(_Mapping):
         _seqlock_write(self._atomics, ctypes.addressof(entry), quota_ppm, window_ns)
 
     def read_steer(self, dev_index: int) -> Throttle:
+        """The quota last steered to, or UNSTEERED when the entry cannot be
+        read: its seq word is in the tenant's hands, and a tenant that keeps
+        it odd loses only the display of its own steering (the hooks' reader
+        gives up too, and keeps its last quota). Said once per block."""
         entry = self._c.steer.throttle[_index(dev_index, MAX_DEVICES)]
-        return _seqlock_read(self._atomics, ctypes.addressof(entry))
+        read = _seqlock_read(self._atomics, ctypes.addressof(entry))
+        if read is not None:
+            return read
+        if not self._steer_unreadable_said:
+            self._steer_unreadable_said = True
+            log.warning(
+                "usage block's steer entry unreadable (seq held odd): shown as never steered",
+                path=str(self.path),
+                device=dev_index,
+            )
+        return UNSTEERED
 
     def steer_heartbeat(self, now_ns: int) -> None:
         self._atomics.store_u64(self._addr(self._c.steer, "heartbeat_ns"), now_ns)

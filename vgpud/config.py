@@ -50,6 +50,8 @@ class Config:
     scan_interval: float = 1.0
     shutdown_timeout: float = 5.0
     max_request_bytes: int = 65536
+    request_header_timeout: float = 10.0
+    request_body_timeout: float = 10.0
     event_buffer: int = 10000
     proc_root: str = "/proc"
     cgroup_root: str = "/sys/fs/cgroup"
@@ -76,6 +78,8 @@ RESTART_KEYS = frozenset(
         "sim",
         "metrics_listen",
         "max_request_bytes",
+        "request_header_timeout",
+        "request_body_timeout",
         "event_buffer",
         "proc_root",
         "cgroup_root",
@@ -99,6 +103,8 @@ _RANGES: dict[str, tuple[float, float]] = {
     "scan_interval": (0.05, 600.0),
     "shutdown_timeout": (0.0, 600.0),
     "max_request_bytes": (1024, 1 << 26),
+    "request_header_timeout": (0.1, 3600.0),
+    "request_body_timeout": (0.1, 3600.0),
     "event_buffer": (10, 10_000_000),
 }
 _TYPES = {f.name: f.type for f in fields(Config)}
@@ -143,6 +149,10 @@ def load_config(
             file_values = tomllib.loads(Path(target).read_text())
         except OSError as exc:
             raise ConfigError(f"cannot read config {target}: {exc.strerror}") from exc
+        except UnicodeDecodeError as exc:
+            raise ConfigError(
+                f"config {target} is not UTF-8 text (byte {exc.start}: {exc.reason})"
+            ) from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config {target} is not valid TOML: {exc}") from exc
     return parse_config(file_values, env, flags or {})

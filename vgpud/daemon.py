@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import fcntl
 import grp
 import os
 import resource
@@ -31,7 +32,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,7 @@ from vgpud.tracker import Tracker
 from vgpud.watch import Watch
 
 EXIT_START_FAILED = 3
+LOCK_FILE = "vgpud.lock"  # in state_dir
 log = structlog.get_logger("vgpud")
 
 
@@ -130,6 +132,7 @@ class Daemon:
         self.node: Node | None = None
         self.socket_inode: int | None = None
         self.last_watchdog = 0.0
+        self.state_lock: int | None = None  # held for the process's life
 
     async def run(self) -> int:
         self._install_signals()
@@ -155,10 +158,12 @@ class Daemon:
         library = self._hook_library()
         self.gpus = await self._open_nvml()
         store = StateStore(Path(c.state_dir))
+        self.state_lock = _lock_state_dir(store.dir)
         self.registry = Registry(
             Path(c.run_dir), store, library, atomics, self.events, cdi=cdi.publisher(c.cdi_dir)
         )
         self.registry.adopt()
+        _warn_absent_gpus(self.registry, self.gpus.devices())
         service = Service(c, self.registry, self.gpus, self.events)
         _raise_fd_limit()
         tracker = Tracker(c.proc_root)
@@ -210,7 +215,17 @@ class Daemon:
         app = make_app(service, metrics)
         app.middlewares.insert(0, self._track_inflight)
         # shutdown_timeout is ours to handle (see _stop): aiohttp's must not wait again.
-        self.runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
+        # aiohttp's keep-alive timer runs from a connection's start and from each
+        # answer until a whole request head has arrived: our header timeout. After
+        # an answer to a request whose body never came whole (408), aiohttp
+        # lingers, reading, so the client can read the answer: bounded alike.
+        self.runner = web.AppRunner(
+            app,
+            access_log=None,
+            shutdown_timeout=0.1,
+            keepalive_timeout=self.config.request_header_timeout,
+            lingering_time=self.config.request_body_timeout,
+        )
         await self.runner.setup()
         path = self.config.socket
         _claim_socket_path(path)
@@ -224,7 +239,11 @@ class Daemon:
         self._set_socket_group(path)
         if self.config.metrics_listen:
             host, _, port = self.config.metrics_listen.rpartition(":")
-            self.metrics_runner = web.AppRunner(make_metrics_app(metrics), access_log=None)
+            self.metrics_runner = web.AppRunner(
+                make_metrics_app(metrics),
+                access_log=None,
+                keepalive_timeout=self.config.request_header_timeout,
+            )
             await self.metrics_runner.setup()
             await web.TCPSite(self.metrics_runner, host.strip("[]"), int(port)).start()
             log.info("metrics on TCP", address=self.config.metrics_listen)
@@ -298,6 +317,7 @@ class Daemon:
         self.steering.tick(
             service.registry.all(), standalone, track, service.sample, time.monotonic_ns()
         )
+        service.ticked()  # new quotas and counters: the API renders them anew
         interval = self.notifier.watchdog_interval
         if interval is not None and time.monotonic() - self.last_watchdog >= interval:
             self.notifier.watchdog()
@@ -413,6 +433,36 @@ class Daemon:
                 and os.stat(self.config.socket).st_ino == self.socket_inode
             ):
                 os.unlink(self.config.socket)
+
+
+def _lock_state_dir(state_dir: Path) -> int:
+    """One vgpud per state dir, taken before anything in it or in the run
+    dir is adopted or cleaned: a second daemon started by mistake would
+    otherwise take the first one's blocks still being made for leftovers.
+    The lock goes with the process (even at SIGKILL)."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(
+        state_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+    )
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise StartError(f"another vgpud uses {state_dir}") from None
+    return fd
+
+
+def _warn_absent_gpus(registry: Registry, present: Sequence[Any]) -> None:
+    """A recorded vGPU on a GPU that is not here now is kept as it is: the
+    GPU may come back (a driver reload, a reset), and its processes are
+    still bound by the blocks' limits. Nothing runs on it meanwhile; an
+    update is refused (409) until it returns, and nothing new is placed
+    on a GPU that is absent. Said once at start, per vGPU."""
+    uuids = {g.uuid for g in present}
+    for entry in registry.all():
+        absent = [u for u in entry.vgpu.uuids if u not in uuids]
+        if absent:
+            log.warning("vGPU kept on GPUs not present now", vgpu=entry.vgpu.id, gpus=absent)
 
 
 def _idle(service: Service) -> bool:

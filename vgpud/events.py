@@ -12,6 +12,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
 # Event types (the API documents them in openapi.json).
@@ -27,6 +28,7 @@ BACKSTOP = "backstop"
 SLOT_RECLAIMED = "slot.reclaimed"
 SLOT_STUCK = "slot.stuck"
 USAGE_RESET = "usage.reset"
+USAGE_DRIFT = "usage.drift"
 COUNTER_ABSURD = "counter.absurd"
 GPU_HEALTH = "gpu.health"
 BLOCK_REPAIRED = "block.repaired"
@@ -85,7 +87,11 @@ class EventLog:
         self._wakeup = asyncio.Event()
 
     def since(self, seq: int) -> list[Event]:
-        return [e for e in self._events if e.seq > seq]
+        """The kept events after ``seq``, oldest first. Numbers are
+        consecutive, so they are the last ``last_seq - seq`` kept: a
+        follower pays for what is new, not for the whole buffer."""
+        new = min(max(self._seq - seq, 0), len(self._events))
+        return list(islice(reversed(self._events), new))[::-1]
 
     async def follow(self, seq: int) -> AsyncIterator[Event]:
         """Events after ``seq``, then each new one as it comes, until close()."""

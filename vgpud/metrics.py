@@ -55,6 +55,20 @@ class _StateCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         yield from self._gpus()
         yield from self._vgpus()
+        yield from self._drift()
+
+    def _drift(self) -> Iterator[Metric]:
+        repairs = CounterMetricFamily(
+            "vgpud_usage_drift_repairs",
+            "vGPU budgets found apart from their live slots' sum and set back to it "
+            "(a process killed inside the hook's reservation window).",
+        )
+        repairs.add_metric([], self.service.drift_repairs)
+        moved = CounterMetricFamily(
+            "vgpud_usage_drift_bytes", "Bytes those repairs moved (either way)."
+        )
+        moved.add_metric([], self.service.drift_bytes)
+        yield from (repairs, moved)
 
     def _gpus(self) -> Iterator[Metric]:
         used = GaugeMetricFamily(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -9,6 +10,14 @@ from typing import Protocol
 from vgpud.units import MemoryAmount
 
 MODES = ("hard", "soft")
+# A vGPU's id names its directory in the run dir: nothing else may pass.
+ID_PATTERN = re.compile(r"vg-[0-9a-f]{8}")
+NAME_PATTERN = re.compile(r"[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?")
+
+
+def valid_name(name: str) -> bool:
+    """A DNS-label-like name that cannot be taken for an id."""
+    return bool(NAME_PATTERN.fullmatch(name)) and not ID_PATTERN.fullmatch(name)
 
 
 class GpuLike(Protocol):
@@ -49,6 +58,34 @@ class Limits:
 
 
 @dataclass(frozen=True)
+class Credentials:
+    """A process's user and group, as the kernel vouches for them (the API
+    socket's SO_PEERCRED)."""
+
+    uid: int
+    gid: int
+
+
+@dataclass(frozen=True)
+class BlockUser:
+    """Who may write a vGPU's usage block besides the daemon: the host uid
+    its processes run as and, when given, a group that shares it. Nobody
+    else can open it for writing (docs/security-perm.md)."""
+
+    uid: int
+    gid: int | None = None  # None: the uid alone
+
+    @property
+    def mode(self) -> int:
+        """The usage block's permission bits: a group shares it only when named."""
+        return 0o660 if self.gid is not None else 0o600
+
+
+# The user of a vGPU recorded before blocks had one: root alone.
+ROOT_USER = BlockUser(0)
+
+
+@dataclass(frozen=True)
 class Vgpu:
     id: str
     name: str | None
@@ -59,6 +96,7 @@ class Vgpu:
     created_at: float
     labels: Mapping[str, str] = field(default_factory=dict)
     owner: Mapping[str, str] = field(default_factory=dict)
+    user: BlockUser = ROOT_USER
 
     @property
     def uuids(self) -> list[str]:
@@ -83,6 +121,7 @@ class CreateRequest:
     exclusive: bool = False
     labels: Mapping[str, str] = field(default_factory=dict)
     owner: Mapping[str, str] = field(default_factory=dict)
+    user: BlockUser | None = None  # None: the caller's own uid
 
 
 @dataclass(frozen=True)

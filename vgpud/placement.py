@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from vgpud.model import GpuLike, Slice, Vgpu
-from vgpud.units import MemoryAmount, format_bytes
+from vgpud.units import MIN_VGPU_MEMORY, MemoryAmount, format_bytes
 
 # (uuid_a, uuid_b) -> NVML topology level (smaller = closer: NVLink/same
 # board first, across sockets last), None when unknown.
@@ -109,8 +109,11 @@ def fit(
             return 0, f"{name} already has {load.vgpus} vGPU(s); exclusive needs a whole GPU"
         return gpu.memory_total, None
     memory = ask.memory.resolve(gpu.memory_total)
-    if memory <= 0:
-        return 0, f"{ask.memory} of {name} is no memory at all"
+    if memory < MIN_VGPU_MEMORY:  # a tiny percentage ("0.0000001%")
+        return 0, (
+            f"{ask.memory} of {name} is {format_bytes(memory)}, below the "
+            f"{format_bytes(MIN_VGPU_MEMORY)} a vGPU needs at least"
+        )
     if load.exclusive:
         return memory, f"{name} is held whole by an exclusive vGPU"
     if load.vgpus >= rules.max_vgpus_per_gpu:

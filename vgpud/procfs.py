@@ -15,7 +15,10 @@ process is gone or unreadable:
     ``cgroup(pid) -> str | None``           text of /proc/<pid>/cgroup
     ``environ(pid) -> dict[str, str] | None`` only the variables in ``ENV_KEYS``
                                             or with a prefix in ``ENV_PREFIXES``
-    ``maps(pid) -> list[MappedFile] | None`` file-backed mappings
+    ``maps(pid, limit) -> Maps | None``      file-backed mappings, at most
+                                            ``limit`` bytes of the file read
+    ``mountinfo(pid) -> list[Mount] | None`` its mount namespace's mounts
+    ``mntns(pid) -> int | None``            inode of its mount namespace
     ``open_mapped(pid, mapping, write) -> int`` an fd on the mapped object
 ``ProcessTable(procfs)`` — the incremental scan the tracker uses:
     ``refresh(watch=()) -> dict[int, Process]``  every live process by host pid
@@ -41,6 +44,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,7 +56,13 @@ ENV_PREFIXES = ("VGPU_", "CUDA_MEM_LIMIT", "CUDA_CORE_")
 # Errors that mean the process is gone or not ours to read.
 _VANISHED = frozenset({errno.ENOENT, errno.ESRCH, errno.EACCES, errno.EPERM})
 _ENVIRON_MAX = 1 << 20  # the kernel caps argv+env far below this in practice
+# A process chooses how many mappings it has: 60,000 of them make a 5 MB
+# maps file that costs the daemon tens of milliseconds to read (docs/security.md,
+# "Bounded reads"). Past these sizes the rest is not read.
+MAPS_LIMIT = 2 << 20
+_MOUNTINFO_LIMIT = 1 << 20
 _SMALL_FILE = 8192
+_PRUNE_MIN = 1024
 
 
 Identity = tuple[int, int]  # (host pid, start time): one process, never a reused pid
@@ -128,6 +138,26 @@ class MappedFile:
         """The entry name in /proc/<pid>/map_files (hex without padding)."""
         return f"{self.start:x}-{self.end:x}"
 
+    @property
+    def file_key(self) -> tuple[int, int]:
+        """(st_dev, st_ino) of the mapped file, as os.stat would give them."""
+        return (self.dev, self.inode)
+
+
+@dataclass(frozen=True)
+class Maps:
+    files: tuple[MappedFile, ...]
+    complete: bool  # False: the file was longer than the limit; ``files`` is its start
+
+
+@dataclass(frozen=True)
+class Mount:
+    """One line of /proc/<pid>/mountinfo."""
+
+    dev: int  # os.makedev(major, minor) of the mounted filesystem
+    root: str  # the path inside that filesystem that is mounted (a bind mount's source)
+    point: str  # where, as the process sees it: the tenant's choice, informational only
+
 
 class ProcFS:
     def __init__(self, root: str | os.PathLike[str] = "/proc") -> None:
@@ -182,9 +212,26 @@ class ProcFS:
         data = self._read(pid, "environ", _ENVIRON_MAX)
         return None if data is None else parse_environ(data)
 
-    def maps(self, pid: int) -> list[MappedFile] | None:
-        data = self._read(pid, "maps", None)
-        return None if data is None else parse_maps(data.decode(errors="surrogateescape"))
+    def maps(self, pid: int, limit: int = MAPS_LIMIT) -> Maps | None:
+        data = self._read(pid, "maps", limit + 1)
+        if data is None:
+            return None
+        complete = len(data) <= limit
+        if not complete:  # drop the line the limit cut
+            data = data[: data.rfind(b"\n", 0, limit) + 1]
+        return Maps(tuple(parse_maps(data.decode(errors="surrogateescape"))), complete)
+
+    def mountinfo(self, pid: int) -> list[Mount] | None:
+        data = self._read(pid, "mountinfo", _MOUNTINFO_LIMIT)
+        return None if data is None else parse_mountinfo(data.decode(errors="surrogateescape"))
+
+    def mntns(self, pid: int) -> int | None:
+        try:
+            link = os.readlink(f"{self._prefix}/{pid}/ns/mnt")
+        except OSError as err:
+            _raise_unless_vanished(err)
+            return None
+        return parse_ns_link(link)
 
     def open_mapped(self, pid: int, mapping: MappedFile, *, write: bool) -> int:
         """An fd on the object behind a mapping, never by its path in the container.
@@ -230,6 +277,10 @@ class ProcessTable:
     def __init__(self, procfs: ProcFS) -> None:
         self.procfs = procfs
         self._known: dict[int, tuple[int, Process]] = {}  # pid -> (dir inode, process)
+        # lookup() adds what it reads and nothing else removes it until the
+        # next refresh (which may not come for hours): past this size the
+        # entries whose /proc directory is gone are dropped (amortised O(1)).
+        self._prune_at = _PRUNE_MIN
 
     def refresh(self, watch: Collection[int] = ()) -> dict[int, Process]:
         seen: dict[int, tuple[int, Process]] = {}
@@ -267,7 +318,15 @@ class ProcessTable:
         if process is None:
             return None
         self._known[pid] = (inode, process)  # the next refresh need not read it again
+        if len(self._known) > self._prune_at:
+            self._known = {
+                p: known for p, known in self._known.items() if self.procfs.dir_inode(p) == known[0]
+            }
+            self._prune_at = 2 * len(self._known) + _PRUNE_MIN
         return None if process.exited else process
+
+    def __len__(self) -> int:
+        return len(self._known)
 
 
 def _with_stat(known: Process, stat: ProcStat) -> Process:
@@ -373,6 +432,32 @@ def parse_maps(text: str) -> list[MappedFile]:
         except ValueError:
             continue
     return mappings
+
+
+def parse_mountinfo(text: str) -> list[Mount]:
+    """(device, root) of each mount in /proc/<pid>/mountinfo.
+
+    ``36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw``: the
+    third field is the device, the fourth the mounted path inside it, with
+    space, tab, newline and backslash written as octal escapes.
+    """
+    mounts: list[Mount] = []
+    for line in text.splitlines():
+        fields = line.split(maxsplit=4)
+        if len(fields) < 5:
+            continue
+        major, _, minor = fields[2].partition(":")
+        try:
+            dev = os.makedev(int(major), int(minor))
+        except ValueError:
+            continue
+        point = fields[4].split(maxsplit=1)[0]
+        mounts.append(Mount(dev, _unescape_mount_path(fields[3]), _unescape_mount_path(point)))
+    return mounts
+
+
+def _unescape_mount_path(path: str) -> str:
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), path)
 
 
 def _read_all(fd: int, limit: int | None) -> bytes:

@@ -2,7 +2,7 @@
 
 Public interface
 ----------------
-``reap(snapshot, vgpus, state, policy=ReaperPolicy()) -> (events, state)``
+``reap(snapshot, vgpus, state, policy=ReaperPolicy(), halted=...) -> (events, state)``
     Called once per tick after ``Tracker.scan``; ``vgpus`` is what the
     tracker was given (daemon-owned vGPUs); the standalone vGPUs the
     tracker adopted come from the snapshot. Start with ``ReaperState()``.
@@ -10,12 +10,13 @@ Public interface
     The pure decision (no block touched); ``apply(actions, views) -> events``
     carries it out. ``reap`` is the two in a row.
 ``ReaperEvent``: frozen; ``kind`` is one of ``slot_reclaimed``,
-``usage_reset``, ``slot_stuck``, ``counter_absurd``.
+``usage_reset``, ``usage_drift``, ``slot_stuck``, ``counter_absurd``.
 
 Rules
 -----
-- A slot whose identity no live process has (``SlotState.host_pid is
-  None``) is reclaimed at once when ACTIVE, through
+- A slot that no live process may hold (``SlotState.held`` false: its
+  identity is dead, or names a process the host shows outside the vGPU)
+  is reclaimed at once when ACTIVE, through
   ``UsageBlock.reclaim_slot`` with the identity the tracker saw: if the slot
   changed hands meanwhile nothing is touched.
 - A CLAIMING slot may be a process filling it in right now; it is reclaimed
@@ -26,6 +27,19 @@ Rules
 - A vGPU with no live process has its device totals reset to 0 (by CAS:
   a process that starts meanwhile keeps its reservation); this also repairs
   any leak, e.g. bytes of a slot stuck in RECLAIMING.
+- A vGPU whose processes live: a process killed inside the hook's
+  two-step window (docs/hook.md, "The budget") leaves its call's bytes in
+  the total and in no slot. When every slot is ACTIVE with a live holder and
+  the totals differ from the sum of the slots, unchanged (totals and every
+  slot's words, heartbeat included) for ``stuck_scans`` scans in a row, no
+  hook is between its two steps (a step takes instructions, not seconds),
+  and each total is set to the sum of its slots, by CAS, after checking
+  that the slots are still what the scan saw: ``usage_drift`` (the bytes
+  given back per device; negative: added, for a total found below its
+  slots, which the protocol never leaves but a process halted inside the
+  window and resumed after a repair would). A vGPU with a holder that is
+  halted (``halted(host_pid)``: stopped, or in a frozen cgroup) is left
+  alone: it may be inside the window however long nothing changes.
 - Absurd counters (the hook's total above the vGPU's limit, or above 16 x
   the physical memory) are reported once per episode; the totals are the
   container's word, the reset above is the repair.
@@ -35,7 +49,7 @@ Rules
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from vgpud.blocks import SLOT_ACTIVE, SLOT_CLAIMING, SLOT_RECLAIMING, SlotView, UsageBlock
@@ -79,13 +93,28 @@ class Reset:
 
 
 @dataclass(frozen=True)
+class Realign:
+    """Set each device total to the sum of the slots, if the slots are
+    still exactly ``slots`` (all ACTIVE, all held by live processes)."""
+
+    vgpu_id: str
+    slots: tuple[SlotView, ...]
+    holders: tuple[int, ...]  # their host pids
+
+
+# What a drifted vGPU looked like: its totals and its slots.
+DriftKey = tuple[tuple[int, ...], tuple[SlotView, ...]]
+
+
+@dataclass(frozen=True)
 class ReaperState:
     # (vgpu, slot index, state, pid, pidns, start_time) -> scans seen in a row
     stuck: Mapping[tuple[str, int, int, int, int, int], int] = field(default_factory=dict)
     absurd: frozenset[tuple[str, str]] = frozenset()  # (vgpu, gpu uuid) reported
+    drift: Mapping[str, tuple[DriftKey, int]] = field(default_factory=dict)  # -> scans unchanged
 
 
-Action = Reclaim | Reset
+Action = Reclaim | Reset | Realign
 
 
 def plan(
@@ -100,7 +129,7 @@ def plan(
         for s in snapshot.slots:
             if s.slot.state == SLOT_RECLAIMING:
                 reclaiming.setdefault(s.vgpu_id, set()).add(s.slot.index)
-            if s.slot.state == SLOT_ACTIVE and s.host_pid is None:
+            if s.slot.state == SLOT_ACTIVE and not s.held:
                 actions.append(Reclaim(s.vgpu_id, s.slot))
             elif s.slot.state in (SLOT_CLAIMING, SLOT_RECLAIMING):
                 key = _stuck_key(s)
@@ -119,16 +148,32 @@ def plan(
             and any(gpu.hooked_used for gpu in use.gpus.values())
             and reclaiming.get(vgpu_id, set()) <= settled.get(vgpu_id, set())
         ]
+    drift = _drift(snapshot, state) if snapshot.sees_all_pids else {}
+    actions += [
+        Realign(vgpu_id, key[1], _holders(snapshot, vgpu_id))
+        for vgpu_id, (key, scans) in drift.items()
+        if scans >= policy.stuck_scans
+    ]
     absurd = _absurd(snapshot, policy)
     events += [
         ReaperEvent("counter_absurd", vgpu_id, detail)
         for (vgpu_id, uuid), detail in absurd.items()
         if (vgpu_id, uuid) not in state.absurd
     ]
-    return actions, events, ReaperState(stuck=stuck, absurd=frozenset(absurd))
+    return actions, events, ReaperState(stuck=stuck, absurd=frozenset(absurd), drift=drift)
 
 
-def apply(actions: list[Action], views: Mapping[str, VgpuView]) -> list[ReaperEvent]:
+def _never(pid: int) -> bool:
+    return False
+
+
+def apply(
+    actions: list[Action],
+    views: Mapping[str, VgpuView],
+    halted: Callable[[int], bool] = _never,
+) -> list[ReaperEvent]:
+    """``halted(host_pid)``: is that process stopped or frozen now (a realign
+    waits for it)."""
     events: list[ReaperEvent] = []
     for action in actions:
         view = views.get(action.vgpu_id)
@@ -136,8 +181,12 @@ def apply(actions: list[Action], views: Mapping[str, VgpuView]) -> list[ReaperEv
             continue  # deleted since the scan
         if isinstance(action, Reclaim):
             event = _reclaim(action, view.usage)
-        else:
+        elif isinstance(action, Reset):
             event = _reset(action, view.usage)
+        elif not any(halted(pid) for pid in action.holders):
+            event = _realign(action, view.usage)
+        else:
+            event = None
         if event is not None:
             log.info("vGPU %s: %s", event.vgpu_id, event.detail)
             events.append(event)
@@ -149,10 +198,11 @@ def reap(
     vgpus: Mapping[str, VgpuView],
     state: ReaperState,
     policy: ReaperPolicy = ReaperPolicy(),
+    halted: Callable[[int], bool] = _never,
 ) -> tuple[list[ReaperEvent], ReaperState]:
     actions, events, state = plan(snapshot, state, policy)
     views: dict[str, VgpuView] = {**vgpus, **snapshot.standalone}
-    return events + apply(actions, views), state
+    return events + apply(actions, views, halted), state
 
 
 def _stuck_key(s: SlotState) -> tuple[str, int, int, int, int, int]:
@@ -164,11 +214,44 @@ def _unstick(
     s: SlotState, scans: int, policy: ReaperPolicy
 ) -> tuple[Action | None, ReaperEvent | None]:
     slot = s.slot
-    if slot.state == SLOT_CLAIMING and s.host_pid is None:
+    if slot.state == SLOT_CLAIMING and not s.held:
         return Reclaim(s.vgpu_id, slot), None
-    holder = "a live process" if s.host_pid is not None else "no live process"
+    holder = "a live process" if s.held else "no live process"
     detail = f"slot {slot.index} {slot.state_name} for {scans} scans, held by {holder}; left alone"
     return None, ReaperEvent("slot_stuck", s.vgpu_id, detail, slot.index, slot.pid)
+
+
+def _drift(snapshot: TrackSnapshot, state: ReaperState) -> dict[str, tuple[DriftKey, int]]:
+    """The vGPUs whose totals differ from their live slots' sum, each with
+    how many scans in a row it has looked exactly so."""
+    slots: dict[str, list[SlotState]] = {}
+    for s in snapshot.slots:
+        slots.setdefault(s.vgpu_id, []).append(s)
+    out: dict[str, tuple[DriftKey, int]] = {}
+    for vgpu_id, use in snapshot.vgpus.items():
+        mine = slots.get(vgpu_id, [])
+        if not mine or any(
+            s.slot.state != SLOT_ACTIVE
+            or s.host_pid is None
+            # Every device named (a standalone hook may leave one unnamed,
+            # and then its total is not in the snapshot to compare).
+            or len(s.slot.devices) != len(use.gpus)
+            for s in mine
+        ):
+            continue
+        totals = tuple(g.hooked_used for g in use.gpus.values())
+        if sum(totals) == sum(s.slot.used for s in mine):
+            continue
+        key = (totals, tuple(s.slot for s in mine))
+        before = state.drift.get(vgpu_id)
+        out[vgpu_id] = (key, before[1] + 1 if before is not None and before[0] == key else 1)
+    return out
+
+
+def _holders(snapshot: TrackSnapshot, vgpu_id: str) -> tuple[int, ...]:
+    return tuple(
+        s.host_pid for s in snapshot.slots if s.vgpu_id == vgpu_id and s.host_pid is not None
+    )
 
 
 def _absurd(snapshot: TrackSnapshot, policy: ReaperPolicy) -> dict[tuple[str, str], str]:
@@ -221,4 +304,24 @@ def _reset(action: Reset, usage: UsageBlock) -> ReaperEvent | None:
         action.vgpu_id,
         f"no live process: budgets reset ({sum(h or 0 for h in held)} bytes were held)",
         freed=tuple(h or 0 for h in held),
+    )
+
+
+def _realign(action: Realign, usage: UsageBlock) -> ReaperEvent | None:
+    slots = tuple(usage.slots())
+    if slots != action.slots:
+        return None  # a slot moved since the scan: a hook is at work, not a leak
+    moved = []
+    for d, dev in enumerate(usage.devices()):
+        held = sum(s.devices[d].used for s in slots)
+        swapped = dev.used != held and usage.swap_used(d, dev.used, held)
+        moved.append(dev.used - held if swapped else 0)
+    if not any(moved):
+        return None
+    return ReaperEvent(
+        "usage_drift",
+        action.vgpu_id,
+        f"totals did not match the live slots for several scans: set to their sum "
+        f"({sum(moved)} bytes given back; a process killed between its two steps)",
+        freed=tuple(moved),
     )

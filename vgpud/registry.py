@@ -5,25 +5,29 @@ it made; an update is saved before it is applied to the control block, so a
 crash in between is repaired at the next start (the state file is the truth
 and adoption re-applies it).
 
-Run dir layout: <run_dir>/<vgpu_id>/control (0644) and usage (0666), the
-directory 0755; no file is shared by two vGPUs. Every vGPU's blocks are
-entered in the turn broker (``TurnBroker``), which grants each GPU's turn to
-one vGPU at a time through the control blocks. Adoption at start: each
-recorded vGPU's blocks are opened and validated, not recreated, so running
-processes do not notice; a missing or corrupt block is recreated and
-reported. Directories in run_dir with no state entry are reported and left
-alone: a process may still map them, and removing a file it maps would not
-free anything anyway.
+Run dir layout (docs/security-perm.md): run_dir and each
+<run_dir>/<vgpu_id>/ 0711 (no one but root lists them); in it control (root,
+0644: read-only for everyone) and usage, owned by the vGPU's user (mode
+0600, 0660 when a group shares it): writable by its tenant and the daemon
+alone. Adoption gives a usage block back to its recorded user, whatever
+changed it. No file is shared by two vGPUs: every vGPU's blocks are entered
+in the turn broker (``TurnBroker``), which grants each GPU's turn to one
+vGPU at a time through the control blocks (docs/security-arbiter.md).
+Adoption at start: each recorded vGPU's blocks are opened and validated, not
+recreated, so running processes do not notice; a missing or corrupt block is
+recreated and reported. What a crash left is removed and logged: directories
+in run_dir named like a vGPU with no state entry, and temporary files of
+unfinished writes (a process that maps a removed file keeps its mapping).
 """
 
 from __future__ import annotations
 
 import os
-import re
 import secrets
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -33,6 +37,7 @@ from vgpud import events as ev
 from vgpud.blocks import (
     FLAG_OVERSUBSCRIBE,
     PPM_FULL,
+    Access,
     Atomics,
     BlockError,
     ControlBlock,
@@ -41,18 +46,37 @@ from vgpud.blocks import (
     UsageBlock,
 )
 from vgpud.cdi import NullPublisher, SpecPublisher
-from vgpud.errors import Conflict, NotFound, ServerError, Unprocessable, for_status
+from vgpud.errors import (
+    Conflict,
+    NotFound,
+    ServerError,
+    Unprocessable,
+    for_status,
+    storage_error,
+)
 from vgpud.events import EventLog
-from vgpud.model import CreateRequest, GpuLike, Limits, UpdateRequest, Vgpu
+from vgpud.model import (
+    ID_PATTERN,
+    ROOT_USER,
+    BlockUser,
+    CreateRequest,
+    GpuLike,
+    Limits,
+    UpdateRequest,
+    Vgpu,
+    valid_name,
+)
 from vgpud.placement import Ask, Distance, PlacementError, Rules, check_update, place
 from vgpud.recipe import Paths
-from vgpud.state import StateError, StateStore
+from vgpud.state import StateError, StateStore, remove_temps
 from vgpud.units import format_bytes
 
 log = structlog.get_logger("vgpud.registry")
 
-ID_PATTERN = re.compile(r"vg-[0-9a-f]{8}")
-NAME_PATTERN = re.compile(r"[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?")
+# run_dir and each vGPU's directory: anyone may pass through to a file whose
+# own mode lets them in (a host process opens its blocks by path), no one
+# but root may list or add.
+DIR_MODE = 0o711
 
 
 @dataclass
@@ -74,6 +98,11 @@ def device_slices(v: Vgpu) -> list[DeviceSlice]:
     share_ppm = v.limits.share * (PPM_FULL // 100)
     soft = v.limits.mode == "soft"
     return [DeviceSlice(s.gpu_uuid, s.memory, share_ppm, soft, v.limits.weight) for s in v.slices]
+
+
+def usage_access(user: BlockUser) -> Access:
+    """The usage block's owner, group and mode for a vGPU's user."""
+    return Access(user.mode, user.uid, -1 if user.gid is None else user.gid)
 
 
 def apply_limits(control: ControlBlock, v: Vgpu) -> None:
@@ -104,6 +133,13 @@ class Registry:
         self.clock = clock
         self.entries: dict[str, Entry] = {}
         self.cdi = cdi or NullPublisher()  # CDI specs follow every change
+        # Blocks let go of (a deleted vGPU's, a replaced usage block) while a
+        # reader holds a pin: unmapped when the last pin goes (see ``pin``).
+        self._pins = 0
+        self._retired: list[ControlBlock | UsageBlock] = []
+        # Recorded vGPUs whose blocks could not be made at start (a full run
+        # dir): kept in the state file and in admission's sums, not served.
+        self.skipped: dict[str, Vgpu] = {}
         self.broker = TurnBroker(atomics)
 
     # --- lookup ----------------------------------------------------------
@@ -120,48 +156,100 @@ class Registry:
             raise NotFound(f"no vGPU {key!r}")
         return entry
 
+    # --- who may unmap a block, and when ----------------------------------------
+
+    def pin(self) -> None:
+        """Keep every block mapped that is mapped now, until ``unpin``: a
+        scan reads the blocks of the vGPUs it was given on a thread and
+        then on the loop, and a vGPU deleted meanwhile must still be
+        readable there (its files are gone; reading them harms nothing)."""
+        self._pins += 1
+
+    def unpin(self) -> None:
+        self._pins -= 1
+        if self._pins == 0:
+            retired, self._retired = self._retired, []
+            for block in retired:
+                block.close()
+
+    @contextmanager
+    def pinned(self) -> Iterator[None]:
+        self.pin()
+        try:
+            yield
+        finally:
+            self.unpin()
+
+    def _retire(self, *blocks: ControlBlock | UsageBlock) -> None:
+        """Unmap now, or when the last reader lets go."""
+        if self._pins:
+            self._retired.extend(blocks)
+        else:
+            for block in blocks:
+                block.close()
+
     # --- start --------------------------------------------------------------
 
     def adopt(self) -> None:
         """Reload the recorded vGPUs and take over their blocks as they are."""
-        self.run_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+        self.run_dir.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+        os.chmod(self.run_dir, DIR_MODE)  # an older daemon made it 0755
         try:
             recorded = self.store.load()
         except StateError as exc:
             raise ServerError(str(exc)) from exc
         for v in recorded:
-            entry = self._adopt_one(v)
-            self._enter(entry)
+            try:
+                entry = self._adopt_one(v)
+            except (OSError, BlockError) as exc:
+                log.error(
+                    "vGPU skipped: its blocks cannot be made (it stays recorded and counted; "
+                    "the next start tries again)",
+                    vgpu=v.id,
+                    error=str(exc),
+                )
+                self.skipped[v.id] = v
+                continue
             self.entries[v.id] = entry
+            self._enter(entry)
             self.events.publish(ev.VGPU_ADOPTED, vgpu=v.id, name=v.name)
-        for orphan in sorted(self._orphans()):
-            log.warning(
-                "blocks with no vGPU in the state file: left alone",
-                path=str(self.run_dir / orphan),
-            )
+        self._clean_leftovers()
         self.cdi.sync((e.vgpu, e.paths) for e in self.all())
 
     def _adopt_one(self, v: Vgpu) -> Entry:
         paths = self.paths(v.id)
-        paths.control.parent.mkdir(mode=0o755, exist_ok=True)
+        paths.control.parent.mkdir(mode=DIR_MODE, exist_ok=True)
+        os.chmod(paths.control.parent, DIR_MODE)
         try:
             control = ControlBlock.open(paths.control, atomics=self.atomics)
             if control.uuids != v.uuids or control.vgpu_id != v.id:
                 control.close()
                 raise BlockError(f"control block {paths.control} belongs to another vGPU")
         except BlockError as exc:
-            self._repaired(v, "control", str(exc))
             control = ControlBlock.create(
                 paths.control, v.id, device_slices(v), atomics=self.atomics
             )
+            self._repaired(v, "control", str(exc))
         # The state file is the truth: re-applying equal limits is invisible
         # to running processes, and repairs an update a crash interrupted.
         apply_limits(control, v)
+        access = usage_access(v.user)
         try:
             usage = UsageBlock.open(paths.usage, device_count=len(v.slices), atomics=self.atomics)
         except BlockError as exc:
+            try:
+                usage = UsageBlock.create(
+                    paths.usage, device_count=len(v.slices), atomics=self.atomics, access=access
+                )
+            except BaseException:
+                control.close()
+                raise
             self._repaired(v, "usage", str(exc))
-            usage = UsageBlock.create(paths.usage, device_count=len(v.slices), atomics=self.atomics)
+        else:
+            try:
+                usage.set_access(access)
+            except OSError as exc:  # not root: the block stays as it is
+                log.warning("cannot give the usage block to its user", vgpu=v.id, error=str(exc))
         return Entry(v, control, usage, paths)
 
     def _enter(self, entry: Entry) -> None:
@@ -176,7 +264,8 @@ class Registry:
                 log.warning("no GPU turn for the vGPU", vgpu=entry.vgpu.id, error=str(exc))
 
     def _leave(self, entry: Entry) -> None:
-        """Out of the turn broker, before the blocks are unmapped."""
+        """Out of the turn broker, before its blocks are let go of (the
+        broker's thread reads them while entered)."""
         for handle in entry.turns:
             self.broker.remove(handle)
         entry.turns.clear()
@@ -189,11 +278,22 @@ class Registry:
         repaired = []
         for entry in self.entries.values():
             if entry.usage.lost:
+                try:
+                    usage = UsageBlock.create(
+                        entry.paths.usage,
+                        device_count=len(entry.vgpu.slices),
+                        atomics=self.atomics,
+                        access=usage_access(entry.vgpu.user),
+                    )
+                except (OSError, BlockError) as exc:
+                    # A full run dir: the lost block (zeros) stays until a scan can.
+                    log.warning(
+                        "cannot recreate a lost usage block", vgpu=entry.vgpu.id, error=str(exc)
+                    )
+                    continue
                 self._leave(entry)
-                entry.usage.close()
-                entry.usage = UsageBlock.create(
-                    entry.paths.usage, device_count=len(entry.vgpu.slices), atomics=self.atomics
-                )
+                self._retire(entry.usage)
+                entry.usage = usage
                 self._enter(entry)
                 self._repaired(entry.vgpu, "usage", "truncated under the daemon's mapping")
                 repaired.append(entry.vgpu.id)
@@ -203,12 +303,38 @@ class Registry:
         log.warning("block missing or corrupt: recreated", vgpu=v.id, block=which, reason=why)
         self.events.publish(ev.BLOCK_REPAIRED, vgpu=v.id, block=which, reason=why)
 
-    def _orphans(self) -> set[str]:
+    def _clean_leftovers(self) -> None:
+        """What a crash leaves: the blocks of a vGPU made but not recorded
+        (or recorded deleted but not yet removed), and temporary files of
+        writes never renamed into place. Only names vgpud makes, only real
+        directories and files (never through a symlink). A process that
+        still maps a removed block keeps its mapping; nothing is freed
+        under it."""
+        for orphan in self._orphans():
+            try:
+                shutil.rmtree(orphan)
+            except OSError as exc:
+                log.warning("cannot remove blocks of no vGPU", path=str(orphan), error=str(exc))
+                continue
+            log.warning("removed blocks of no vGPU in the state file", path=str(orphan))
+        dirs = [e.paths.control.parent for e in self.all()]
+        for directory in [self.store.dir, *dirs]:
+            for temp in remove_temps(directory):
+                log.warning("removed a temporary file a crash left", path=str(temp))
+
+    def _orphans(self) -> list[Path]:
         try:
-            names = {p.name for p in self.run_dir.iterdir() if p.is_dir() and not p.is_symlink()}
+            entries = sorted(os.scandir(self.run_dir), key=lambda e: e.name)
         except OSError:
-            return set()
-        return {n for n in names if ID_PATTERN.fullmatch(n)} - set(self.entries)
+            return []
+        return [
+            Path(e.path)
+            for e in entries
+            if ID_PATTERN.fullmatch(e.name)
+            and e.name not in self.entries
+            and e.name not in self.skipped
+            and e.is_dir(follow_symlinks=False)
+        ]
 
     # --- changes --------------------------------------------------------------
 
@@ -219,9 +345,11 @@ class Registry:
         gpus: Sequence[GpuLike],
         rules: Rules,
         distance: Distance | None = None,
+        user: BlockUser = ROOT_USER,
     ) -> Entry:
         """Admit, place, make the blocks, record. ``limits`` are the
-        request's with the configured defaults filled in."""
+        request's with the configured defaults filled in; ``user`` is who
+        may write the usage block (the Service decides it from the caller)."""
         if req.name is not None:
             self._check_name(req.name)
         if req.exclusive:
@@ -241,6 +369,7 @@ class Registry:
             created_at=self.clock(),
             labels=dict(req.labels),
             owner=dict(req.owner),
+            user=user,
         )
         entry = self._make_blocks(vgpu)
         try:
@@ -248,7 +377,7 @@ class Registry:
         except OSError as exc:
             entry.close()
             shutil.rmtree(entry.paths.control.parent, ignore_errors=True)
-            raise ServerError(f"cannot record the vGPU: {exc}") from exc
+            raise storage_error("cannot record the vGPU", exc) from exc
         self.entries[vgpu.id] = entry
         self._enter(entry)
         self.cdi.publish(vgpu, entry.paths)
@@ -282,7 +411,7 @@ class Registry:
         try:
             self.store.save([new if v.id == new.id else v for v in self._vgpus()])
         except OSError as exc:
-            raise ServerError(f"cannot record the change: {exc}") from exc
+            raise storage_error("cannot record the change", exc) from exc
         apply_limits(entry.control, new)
         entry.vgpu = new
         self.cdi.publish(new, entry.paths)
@@ -301,10 +430,10 @@ class Registry:
         try:
             self.store.save(remaining)
         except OSError as exc:
-            raise ServerError(f"cannot record the deletion: {exc}") from exc
+            raise storage_error("cannot record the deletion", exc) from exc
         del self.entries[entry.vgpu.id]
         self._leave(entry)
-        entry.close()
+        self._retire(entry.control, entry.usage)
         shutil.rmtree(entry.paths.control.parent, ignore_errors=True)
         self.cdi.withdraw(entry.vgpu.id)
         self.events.publish(ev.VGPU_DELETED, vgpu=entry.vgpu.id, forced=bool(processes))
@@ -312,10 +441,14 @@ class Registry:
         return entry.vgpu
 
     def close(self) -> None:
+        """At shutdown, after every reader has stopped."""
         for entry in self.entries.values():
             self._leave(entry)
             entry.close()
         self.entries.clear()
+        for block in self._retired:
+            block.close()
+        self._retired.clear()
         self.broker.stop()
 
     # --- helpers --------------------------------------------------------------
@@ -329,21 +462,26 @@ class Registry:
         )
 
     def _vgpus(self) -> list[Vgpu]:
-        return [e.vgpu for e in self.all()]
+        """Every recorded vGPU: what admission counts and what is saved."""
+        return [e.vgpu for e in self.all()] + list(self.skipped.values())
 
     def _new_id(self) -> str:
         while True:
             vid = f"vg-{secrets.token_hex(4)}"
-            if vid not in self.entries and not (self.run_dir / vid).exists():
+            if (
+                vid not in self.entries
+                and vid not in self.skipped
+                and not (self.run_dir / vid).exists()
+            ):
                 return vid
 
     def _check_name(self, name: str) -> None:
-        if not NAME_PATTERN.fullmatch(name) or ID_PATTERN.fullmatch(name):
+        if not valid_name(name):
             raise Unprocessable(
                 f"name {name!r}: use 1-63 lower-case letters, digits, '-' or '.', "
                 "starting and ending with a letter or digit, not shaped like an id (vg-xxxxxxxx)"
             )
-        if any(e.vgpu.name == name for e in self.entries.values()):
+        if any(v.name == name for v in self._vgpus()):
             raise Conflict(f"a vGPU named {name!r} exists")
 
     def _make_blocks(self, v: Vgpu) -> Entry:
@@ -351,18 +489,26 @@ class Registry:
         directory = paths.control.parent
         control: ControlBlock | None = None
         try:
-            directory.mkdir(mode=0o755)
-            os.chmod(directory, 0o755)  # not the umask's choice: containers must reach usage
+            directory.mkdir(mode=DIR_MODE)
+            os.chmod(directory, DIR_MODE)  # not the umask's choice
             control = ControlBlock.create(
                 paths.control, v.id, device_slices(v), atomics=self.atomics
             )
             apply_limits(control, v)
-            usage = UsageBlock.create(paths.usage, device_count=len(v.slices), atomics=self.atomics)
+            usage = UsageBlock.create(
+                paths.usage,
+                device_count=len(v.slices),
+                atomics=self.atomics,
+                access=usage_access(v.user),
+            )
         except (OSError, BlockError) as exc:
             if control is not None:
                 control.close()
             shutil.rmtree(directory, ignore_errors=True)
-            raise ServerError(f"cannot create the blocks in {directory}: {exc}") from exc
+            what = f"cannot create the blocks in {directory}"
+            if isinstance(exc, OSError):
+                raise storage_error(what, exc) from exc
+            raise ServerError(f"{what}: {exc}") from exc
         return Entry(v, control, usage, paths)
 
     def _below_use(self, entry: Entry) -> list[str]:

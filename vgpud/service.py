@@ -8,17 +8,26 @@ and nothing global.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from vgpud import recipe
 from vgpud.blocks import SLOT_ACTIVE
 from vgpud.config import Config
-from vgpud.errors import Conflict, Unprocessable
+from vgpud.errors import Conflict, Forbidden, Unprocessable
 from vgpud.events import EventLog
-from vgpud.model import CreateRequest, GpuLike, Limits, UpdateRequest, Vgpu
+from vgpud.model import (
+    BlockUser,
+    CreateRequest,
+    Credentials,
+    GpuLike,
+    Limits,
+    UpdateRequest,
+    Vgpu,
+)
 from vgpud.nvml import NvmlSample
 from vgpud.placement import Rules
 from vgpud.registry import Entry, Registry
@@ -26,6 +35,7 @@ from vgpud.tracker import TrackedProcess, TrackSnapshot, VgpuUse
 from vgpud.units import parse_memory
 
 PPM_PER_PERCENT = 10_000
+RENDERED_MAX = 256  # rendered answers kept (one per route and query string)
 STANDALONE_READ_ONLY = "standalone vGPU: its limits come from the container's environment"
 
 
@@ -44,7 +54,7 @@ class ProcessView:
     container_pid: int  # the pid it sees for itself
     vgpu: str | None
     slot: int | None
-    kind: str  # vgpu | standalone | hooked | unmanaged
+    kind: str  # vgpu | standalone | hooked | unmanaged | exited (tracker.ProcessKind)
     comm: str
     memory: dict[str, int]  # GPU uuid -> bytes (NVML)
     hooked: dict[str, int]  # GPU uuid -> bytes its slot holds (the hook's word)
@@ -84,12 +94,70 @@ class Service:
         self.gpus = gpus
         self.events = events
         self.started = time.time()
-        self.figures: dict[str, GpuFigures] = {}  # by GPU uuid, from the sampler
-        self.sample: NvmlSample | None = None  # the sampler's latest
-        self.track: TrackSnapshot | None = None  # the last scan
+        # The read routes render the daemon's state once per state, not once
+        # per request (64 clients listing 100 vGPUs must not rebuild it 64
+        # times): a new sample, scan or control tick, or a change through
+        # the API, starts a new state (``ticked``).
+        self._state = 0
+        self._rendered: dict[Hashable, tuple[int, bytes]] = {}
+        self._recipes: dict[str, tuple[Vgpu, recipe.Paths, dict[str, Any], dict[str, str]]] = {}
+        self._figures: dict[str, GpuFigures] = {}  # by GPU uuid, from the sampler
+        self._sample: NvmlSample | None = None  # the sampler's latest
+        self._track: TrackSnapshot | None = None  # the last scan
         self._views: tuple[TrackSnapshot | None, list[ProcessView]] = (None, [])
-        # Held while a worker thread reads the blocks, and to unmap one.
+        # Budgets the reaper set back to their slots' sum (usage.drift events).
+        self.drift_repairs = 0
+        self.drift_bytes = 0
+        # Held while the scan's thread reads the blocks: the tracker's own
+        # (standalone) blocks and a usage block's repair wait for it.
         self.blocks_lock = asyncio.Lock()
+
+    # --- the state the answers are rendered from -------------------------------
+
+    @property
+    def figures(self) -> dict[str, GpuFigures]:
+        return self._figures
+
+    @figures.setter
+    def figures(self, value: dict[str, GpuFigures]) -> None:
+        self._figures = value
+        self.ticked()
+
+    @property
+    def sample(self) -> NvmlSample | None:
+        return self._sample
+
+    @sample.setter
+    def sample(self, value: NvmlSample | None) -> None:
+        self._sample = value
+        self.ticked()
+
+    @property
+    def track(self) -> TrackSnapshot | None:
+        return self._track
+
+    @track.setter
+    def track(self, value: TrackSnapshot | None) -> None:
+        self._track = value
+        self.ticked()
+
+    def ticked(self) -> None:
+        """The state changed (a loop ran, a vGPU changed): answers rendered
+        before are stale. The blocks' counters are read when an answer is
+        rendered, so they are as fresh as the last tick (the control loop's,
+        every ``control_interval``)."""
+        self._state += 1
+
+    def rendered(self, key: Hashable, build: Callable[[], object]) -> bytes:
+        """The JSON body of a read route, built at most once per state."""
+        hit = self._rendered.get(key)
+        if hit is not None and hit[0] == self._state:
+            return hit[1]
+        body = json.dumps(build()).encode()
+        if len(self._rendered) >= RENDERED_MAX:  # keys carry query strings: bounded
+            self._rendered.clear()
+        self._rendered[key] = (self._state, body)
+        return body
 
     # --- rules ------------------------------------------------------------------
 
@@ -113,22 +181,36 @@ class Service:
 
     # --- changes ----------------------------------------------------------------
 
-    def create(self, req: CreateRequest) -> Entry:
+    def create(self, req: CreateRequest, caller: Credentials) -> Entry:
         if req.exclusive and (req.memory is not None or req.share not in (None, 100)):
             raise Unprocessable("exclusive: the vGPU gets whole GPUs; leave memory and share out")
-        return self.registry.create(
-            req, self.limits_for(req), self.devices(), self.rules(), self.gpus.topology
+        entry = self.registry.create(
+            req,
+            self.limits_for(req),
+            self.devices(),
+            self.rules(),
+            self.gpus.topology,
+            user=user_for(req.user, caller),
         )
+        self.ticked()
+        return entry
 
     def update(self, key: str, req: UpdateRequest) -> tuple[Entry, list[str]]:
         self.refuse_standalone(key)
-        return self.registry.update(key, req, self.devices(), self.rules())
+        try:
+            return self.registry.update(key, req, self.devices(), self.rules())
+        finally:
+            self.ticked()
 
     async def delete(self, key: str, force: bool) -> Vgpu:
+        # No wait for a running scan: the registry keeps the blocks mapped
+        # until the scan lets go of them (Registry.pin).
         self.refuse_standalone(key)
-        async with self.blocks_lock:
-            entry = self.registry.get(key)
+        entry = self.registry.get(key)
+        try:
             return self.registry.delete(key, force=force, processes=self.process_count(entry))
+        finally:
+            self.ticked()
 
     # --- views ------------------------------------------------------------------
 
@@ -254,11 +336,26 @@ class Service:
             "exclusive": v.exclusive,
             "labels": dict(v.labels),
             "owner": dict(v.owner),
+            "user": {"uid": v.user.uid, "gid": v.user.gid},
             "gpus": gpus,
             "processes": self.process_count(entry),
-            "recipe": recipe.container_recipe(v, entry.paths),
-            "host_env": recipe.host_env(v, entry.paths),
+            **self._recipe(entry),
         }
+
+    def _recipe(self, entry: Entry) -> dict[str, Any]:
+        """The vGPU's recipes, built once while its definition and paths stay."""
+        known = self._recipes.get(entry.vgpu.id)
+        if known is None or known[0] is not entry.vgpu or known[1] is not entry.paths:
+            v = entry.vgpu
+            known = (
+                v,
+                entry.paths,
+                recipe.container_recipe(v, entry.paths),
+                recipe.host_env(v, entry.paths),
+            )
+            self._recipes = {i: r for i, r in self._recipes.items() if i in self.registry.entries}
+            self._recipes[v.id] = known
+        return {"recipe": known[2], "host_env": known[3]}
 
     def vgpu_utilization(self, vgpu_id: str, uuid: str) -> float | None:
         figures = self.figures.get(uuid)
@@ -317,6 +414,20 @@ class Service:
             "nvml": bool(getattr(self.gpus, "available", True)),
             "driver_version": getattr(self.gpus, "driver_version", None),
         }
+
+
+def user_for(asked: BlockUser | None, caller: Credentials) -> BlockUser:
+    """Who may write a new vGPU's usage block: the caller itself unless it
+    asks otherwise. Only root may name another uid or group: a member of the
+    socket group who could would hand a block to anyone (docs/api.md)."""
+    if asked is None:
+        return BlockUser(caller.uid)
+    if caller.uid != 0 and (asked.uid != caller.uid or asked.gid not in (None, caller.gid)):
+        raise Forbidden(
+            f"user: only root may make a vGPU for another user or group "
+            f"(you are uid {caller.uid}, gid {caller.gid})"
+        )
+    return asked
 
 
 def process_view(p: TrackedProcess) -> ProcessView:

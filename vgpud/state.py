@@ -3,22 +3,79 @@
 Written atomically (temporary file, fsync, rename, fsync of the directory)
 so that a crash at any instant leaves either the old or the new file, never
 a torn one. The format is versioned: {"version": 1, "vgpus": [...]}.
+
+Read back as strictly as the API reads a request, with the API's own field
+rules (``vgpud.api.schemas``) and admission's sums (``placement.loads``):
+the file is the truth the limits are written from, so a field out of range
+(a memory of -1 would be a limit of 2^64-1), an id that is not ours (it
+names a directory), two vGPUs with one id or one name, or hard shares over
+100 % of a GPU refuse the start, with the field named, rather than run a
+node whose limits nobody chose. What the file cannot know is not checked
+here: whether its GPUs are present now (see ``Daemon._warn_absent_gpus``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import os
+import re
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from vgpud.model import Limits, Slice, Vgpu
-from vgpud.units import parse_memory
+from vgpud.api import schemas
+from vgpud.blocks import ABSURD_BYTES, MAX_DEVICES, UUID_LEN
+from vgpud.errors import Unprocessable
+from vgpud.model import ID_PATTERN, ROOT_USER, Limits, Slice, Vgpu, valid_name
+from vgpud.placement import loads
 
 FORMAT_VERSION = 1
 STATE_FILE = "vgpus.json"
+DOC_FIELDS = frozenset({"version", "vgpus"})
+VGPU_FIELDS = frozenset(
+    {
+        "id",
+        "name",
+        "slices",
+        "memory",
+        "share",
+        "mode",
+        "weight",
+        "oversubscribe",
+        "exclusive",
+        "created_at",
+        "labels",
+        "owner",
+    }
+)
+SLICE_FIELDS = frozenset({"gpu_uuid", "gpu_index", "memory"})
+MAX_GPU_INDEX = 1023  # as the API accepts GPU indices
+
+
+# What tempfile.mkstemp(prefix=".<final name>.") makes: the atomic writes of
+# this file and of the blocks (blocks._create_file) both write beside their
+# target under such a name, and a crash before the rename leaves it there.
+TEMP_PATTERN = re.compile(r"\..+\.[a-z0-9_]{8}")
+
+
+def remove_temps(directory: Path) -> list[Path]:
+    """Remove the temporary files a crash left in ``directory``: regular
+    files named like ours, never a symlink or what it points to. Returns
+    what was removed; the caller logs it."""
+    removed = []
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return []
+    for entry in entries:
+        if TEMP_PATTERN.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(entry.path)
+                removed.append(Path(entry.path))
+    return removed
 
 
 class StateError(Exception):
@@ -41,28 +98,103 @@ def vgpu_to_json(v: Vgpu) -> dict[str, Any]:
         "created_at": v.created_at,
         "labels": dict(v.labels),
         "owner": dict(v.owner),
+        "user": {"uid": v.user.uid, "gid": v.user.gid},
     }
 
 
-def vgpu_from_json(d: dict[str, Any]) -> Vgpu:
+def vgpu_from_json(d: object) -> Vgpu:
+    """One recorded vGPU, checked field by field; Unprocessable names the
+    field at fault."""
+    obj = _fields(d, VGPU_FIELDS, frozenset({"user"}))
+    vid = obj["id"]
+    if not isinstance(vid, str) or not ID_PATTERN.fullmatch(vid):
+        raise Unprocessable(f"id: vg- and 8 hex digits, not {vid!r}")
+    name = obj["name"]
+    if name is not None and not (isinstance(name, str) and valid_name(name)):
+        raise Unprocessable(f"name: {name!r} is not a vGPU name")
+    raw = obj["slices"]
+    if not isinstance(raw, list) or not 1 <= len(raw) <= MAX_DEVICES:
+        raise Unprocessable(f"slices: a list of 1..{MAX_DEVICES} GPUs")
+    slices = tuple(_slice(s, i) for i, s in enumerate(raw))
+    if len({s.gpu_uuid for s in slices}) != len(slices):
+        raise Unprocessable("slices: the same GPU twice")
+    created = obj["created_at"]
+    if (
+        isinstance(created, bool)
+        or not isinstance(created, int | float)
+        or not (math.isfinite(created) and created >= 0)
+    ):
+        raise Unprocessable(f"created_at: a time in seconds, not {created!r}")
     return Vgpu(
-        id=str(d["id"]),
-        name=d["name"],
-        slices=tuple(
-            Slice(str(s["gpu_uuid"]), int(s["gpu_index"]), int(s["memory"])) for s in d["slices"]
-        ),
+        id=vid,
+        name=name,
+        slices=slices,
         limits=Limits(
-            memory=parse_memory(d["memory"]),
-            share=int(d["share"]),
-            mode=str(d["mode"]),
-            weight=int(d["weight"]),
+            memory=schemas._memory(obj["memory"]),
+            share=schemas._int(obj, "share", 1, 100, default=0),
+            mode=schemas._mode(obj["mode"]),
+            weight=schemas._int(obj, "weight", 1, 1000, default=0),
         ),
-        oversubscribe=bool(d["oversubscribe"]),
-        exclusive=bool(d["exclusive"]),
-        created_at=float(d["created_at"]),
-        labels={str(k): str(v) for k, v in d["labels"].items()},
-        owner={str(k): str(v) for k, v in d["owner"].items()},
+        oversubscribe=schemas._bool(obj, "oversubscribe"),
+        exclusive=schemas._bool(obj, "exclusive"),
+        created_at=float(created),
+        labels=schemas._string_map(obj["labels"], "labels"),
+        owner=schemas._string_map(obj["owner"], "owner"),
+        # A vGPU recorded before vGPUs had a user is root's (its usage block
+        # was 0666: adoption now gives it to root alone).
+        user=ROOT_USER if obj.get("user") is None else schemas._user(obj["user"]),
     )
+
+
+def _fields(
+    d: object, required: frozenset[str], optional: frozenset[str] = frozenset()
+) -> dict[str, Any]:
+    """An object with these keys (the API's unknown-field rule, and none
+    required missing: the file is written whole, never partly)."""
+    obj = schemas._object(d, required | optional)
+    missing = sorted(required - set(obj))
+    if missing:
+        raise Unprocessable(f"missing field(s): {', '.join(missing)}")
+    return obj
+
+
+def _slice(d: object, i: int) -> Slice:
+    try:
+        obj = _fields(d, SLICE_FIELDS)
+        uuid = schemas._text("gpu_uuid")(obj["gpu_uuid"])
+        if len(uuid.encode()) >= UUID_LEN:
+            raise Unprocessable(f"gpu_uuid: longer than a block holds ({UUID_LEN - 1} bytes)")
+        index = schemas._int(obj, "gpu_index", 0, MAX_GPU_INDEX, default=0)
+        # The limit the hooks obey: bounded like every byte figure of a block.
+        memory = schemas._int(obj, "memory", 1, ABSURD_BYTES, default=0)
+    except Unprocessable as exc:
+        raise Unprocessable(f"slices[{i}]: {exc.detail}") from None
+    return Slice(uuid, index, memory)
+
+
+def check_node(vgpus: list[Vgpu]) -> None:
+    """What no single vGPU shows: ids and names are unique, and every GPU
+    holds what admission would have let it hold (hard shares at most 100,
+    an exclusive vGPU alone). Memory is not summed: that needs the GPUs'
+    sizes, which the file does not record."""
+    seen_ids: dict[str, int] = {}
+    seen_names: dict[str, int] = {}
+    for i, v in enumerate(vgpus):
+        if v.id in seen_ids:
+            raise StateError(f"vgpus[{i}].id: {v.id} is also vgpus[{seen_ids[v.id]}]")
+        seen_ids[v.id] = i
+        if v.name is not None and v.name in seen_names:
+            raise StateError(f"vgpus[{i}].name: {v.name!r} is also vgpus[{seen_names[v.name]}]")
+        if v.name is not None:
+            seen_names[v.name] = i
+    for uuid, load in loads(vgpus).items():
+        on = [v.id for v in vgpus if v.on_gpu(uuid) is not None]
+        if load.hard_share > 100:
+            raise StateError(
+                f"share: hard shares on GPU {uuid} sum to {load.hard_share}% ({', '.join(on)})"
+            )
+        if load.exclusive and load.vgpus > 1:
+            raise StateError(f"exclusive: GPU {uuid} is held whole but shared ({', '.join(on)})")
 
 
 class StateStore:
@@ -71,25 +203,42 @@ class StateStore:
         self.path = self.dir / STATE_FILE
 
     def load(self) -> list[Vgpu]:
-        """The recorded vGPUs; none when there is no file yet."""
+        """The recorded vGPUs; none when there is no file yet. StateError
+        names what is wrong, never a traceback."""
         try:
-            text = self.path.read_text()
+            raw = self.path.read_bytes()
         except FileNotFoundError:
             return []
         except OSError as exc:
             raise StateError(f"cannot read {self.path}: {exc.strerror}") from exc
         try:
-            doc = json.loads(text)
-            if doc.get("version") != FORMAT_VERSION:
-                raise StateError(
-                    f"{self.path} has format version {doc.get('version')!r}, "
-                    f"this vgpud reads {FORMAT_VERSION}"
-                )
-            return [vgpu_from_json(v) for v in doc["vgpus"]]
-        except StateError:
-            raise
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise StateError(f"{self.path} is corrupt: {exc!r}") from exc
+            doc = json.loads(raw.decode())
+        except UnicodeDecodeError as exc:
+            raise StateError(f"{self.path} is corrupt: not UTF-8 (byte {exc.start})") from None
+        except (ValueError, RecursionError) as exc:
+            raise StateError(f"{self.path} is corrupt: not JSON ({exc})") from None
+        if isinstance(doc, dict) and doc.get("version") != FORMAT_VERSION:
+            raise StateError(
+                f"{self.path} has format version {doc.get('version')!r}, "
+                f"this vgpud reads {FORMAT_VERSION}"
+            )
+        try:
+            vgpus = _fields(doc, DOC_FIELDS)["vgpus"]
+            if not isinstance(vgpus, list):
+                raise Unprocessable("vgpus: a list")
+        except Unprocessable as exc:
+            raise StateError(f"{self.path} is corrupt: {exc.detail}") from None
+        out = []
+        for i, d in enumerate(vgpus):
+            try:
+                out.append(vgpu_from_json(d))
+            except Unprocessable as exc:
+                raise StateError(f"{self.path} is corrupt: vgpus[{i}]: {exc.detail}") from None
+        try:
+            check_node(out)
+        except StateError as exc:
+            raise StateError(f"{self.path} is corrupt: {exc}") from None
+        return out
 
     def save(self, vgpus: Iterable[Vgpu]) -> None:
         doc = {"version": FORMAT_VERSION, "vgpus": [vgpu_to_json(v) for v in vgpus]}

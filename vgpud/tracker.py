@@ -18,31 +18,47 @@ no live process has its identity: what the reaper acts on),
 
 How a process is mapped (docs/tracking.md has the long form)
 -------------------------------------------------------------
+A usage block is the tenant's word; what the daemon charges, kills or names
+rests on what the host shows (``evidence.py``; docs/security.md,
+"Attribution").
+
 1. Every slot of every vGPU's usage block names its process by (PID
    namespace inode, pid inside that namespace, start time). The slots are
    read BEFORE /proc: a process seen in a slot existed before the /proc
    scan began, so missing from it means dead, never "too new".
 2. /proc gives each live host process's PID namespace inode and NSpid
-   chain; the slot's process is the one with the same namespace, the same
-   innermost NSpid and the same start time (PID reuse cannot alias it).
-   The host pid is written to ``control.slot_host_pid[slot]`` (0 when gone)
-   so hooks in PID namespaces can filter NVML's host-pid process lists.
-   An identity is looked for once, when a slot first shows it: directly
-   (a process of the /proc mount's own namespace: its pid is the host pid),
-   else in one listing of /proc for the scan. The process found is then
-   watched (exitwatch.py: a pidfd, or its stat file where pidfds cannot be
-   had) and no /proc file of it is read again until it ends: a scan of
-   unchanged slots reads the blocks and one epoll set, not /proc. What is
-   known of a process (comm, uid, container) is what /proc said then.
-3. Processes NVML lists but no slot holds: with libvgpu in LD_PRELOAD, seed
-   limits in the env and no VGPU_CONTROL, the hook runs standalone; its
-   usage block (a shared mapping of exactly the block's size) is opened
-   through /proc/<pid>/map_files and validated, and the processes sharing
-   one block (same st_dev, st_ino) become one standalone vGPU
-   ``sa-<dev>-<ino>``. Other hooked processes are ``HOOKED`` (seen, not
-   adoptable); the rest are ``UNMANAGED`` and are attributed to a vGPU
-   when they share its container (see ``attributable``) — the backstop
-   counts their memory against that vGPU.
+   chain; the slot's candidate is the process with the same namespace, the
+   same innermost NSpid and the same start time (PID reuse cannot alias
+   it). An identity is looked for once, when a slot first shows it, and the
+   process found is then watched (exitwatch.py) until it ends.
+3. The candidate holds the slot only if /proc/<pid>/maps shows it mapping
+   this vGPU's usage block file (same device and inode): then, and only
+   then, it is charged to the vGPU by its slot and its host pid is written
+   to ``control.slot_host_pid[slot]`` (so hooks in PID namespaces can
+   filter NVML's host-pid process lists). A daemon-owned vGPU's proof wins
+   over an adopted standalone block's.
+4. Membership without a slot: a process is in a daemon-owned vGPU if that
+   vGPU's block files are bind-mounted into its mount namespace (what CDI
+   and ``vgpuctl env --docker`` do), else in the one vGPU whose proven slot
+   holders share its workload cgroup (see ``attributable``).
+5. A slot whose candidate does not map the block (its maps file was read
+   whole) and is not a member by point 4 names nobody the vGPU may claim:
+   like a dead identity it is reclaimed, so a right guess of another
+   tenant's identity and a wrong one look the same. A candidate whose maps
+   could not be read yet (budget, or cut at the limit) keeps its slot,
+   unproven.
+6. Processes NVML lists that hold no proven slot: a member of a
+   daemon-owned vGPU is charged to it whatever its environment says
+   (``HOOKED`` with libvgpu in LD_PRELOAD, else ``UNMANAGED``), and the
+   backstop counts its memory. Otherwise, with libvgpu in LD_PRELOAD, seed
+   limits in the env and no VGPU_CONTROL, the hook runs standalone: its
+   usage block (a shared mapping of exactly the block's size, owned by the
+   process's uid and closed to others) is opened through
+   /proc/<pid>/map_files and validated, and the processes sharing one block
+   (same st_dev, st_ino) become one standalone vGPU ``sa-<dev>-<ino>``.
+7. A pid NVML still lists after its process exited (a fork child keeps the
+   memory through inherited descriptors) stays charged, as ``EXITED``, to
+   the vGPU it was in.
 """
 
 from __future__ import annotations
@@ -52,8 +68,8 @@ import logging
 import mmap
 import os
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Protocol
 
@@ -69,6 +85,7 @@ from vgpud.blocks import (
     UsageDevice,
 )
 from vgpud.cgroups import ContainerRef, Runtime, classify, parse_cgroup_file
+from vgpud.evidence import BlockFile, Evidence, FileKey, proves
 from vgpud.exitwatch import ExitWatch
 from vgpud.nvml import NvmlSample
 from vgpud.procfs import Identity, MappedFile, Process, ProcessTable, ProcFS
@@ -76,6 +93,8 @@ from vgpud.procfs import Identity, MappedFile, Process, ProcessTable, ProcFS
 log = logging.getLogger(__name__)
 
 HOOK_LIBRARY = "libvgpu"
+ADOPT_TRIES = 4  # distinct block-sized files opened per process and scan, at most
+STANDALONE_BUDGET = ""  # the evidence budget of processes no vGPU names yet
 SEED_LIMIT_PREFIXES = ("CUDA_MEM_LIMIT", "CUDA_CORE_LIMIT", "CUDA_CORE_SOFT_LIMIT")
 # A usage block is mapped whole: its mapping is the block size in pages.
 USAGE_MAPPING_SIZE = -(-ctypes.sizeof(UsageC) // mmap.PAGESIZE) * mmap.PAGESIZE
@@ -100,8 +119,9 @@ class VgpuBlocks:
 class ProcessKind(StrEnum):
     VGPU = "vgpu"  # holds a slot of a daemon-owned vGPU
     STANDALONE = "standalone"  # holds a slot of an adopted standalone block
-    HOOKED = "hooked"  # the hook is preloaded but no slot or block was found
+    HOOKED = "hooked"  # the hook is preloaded but holds no slot the host confirms
     UNMANAGED = "unmanaged"  # on the GPU without the hook
+    EXITED = "exited"  # gone, but NVML still lists memory under its pid (a fork child holds it)
 
 
 @dataclass(frozen=True)
@@ -129,7 +149,12 @@ class TrackedProcess:
 class SlotState:
     vgpu_id: str
     slot: SlotView
-    host_pid: int | None  # None: no live process has the slot's identity
+    host_pid: int | None  # the live process the host shows holding it; None: not proven
+    # A live process has the slot's identity and may hold its bytes: it is
+    # shown mapping the block, or could not be read (yet), or the host puts
+    # it in this vGPU anyway. False: nobody the slot may name is alive — a
+    # dead process's slot, or one naming another tenant's process.
+    held: bool = False
 
 
 @dataclass(frozen=True)
@@ -218,6 +243,66 @@ class _Devices:
 class _Adopted:
     vgpu_id: str
     blocks: VgpuBlocks
+    key: FileKey  # the block file's (st_dev, st_ino)
+
+
+@dataclass(frozen=True)
+class _VgpuFiles:
+    """A vGPU's block files as the host names them: what /proc/<pid>/maps
+    and mountinfo are compared with."""
+
+    usage: BlockFile | None
+    control: BlockFile | None
+
+    @property
+    def usage_key(self) -> FileKey | None:
+        return None if self.usage is None else self.usage.key
+
+    def mount_keys(self) -> list[tuple[int, str]]:
+        return [
+            (f.key[0], f.fs_path)
+            for f in (self.usage, self.control)
+            if f is not None and f.fs_path is not None
+        ]
+
+
+class _Membership:
+    """Which vGPU the host puts a process in, by facts a tenant cannot forge:
+    a daemon-owned vGPU's block file mounted into its mount namespace, else
+    a workload cgroup whose proven members are all of one vGPU."""
+
+    def __init__(
+        self,
+        evidence: Evidence,
+        container: Callable[[Process], ContainerRef],
+        *,
+        mounted: Mapping[tuple[int, str], str],
+        owners: Mapping[str, set[str]],
+    ) -> None:
+        self._evidence = evidence
+        self._container = container
+        self._mounted = mounted
+        self._owners = owners
+
+    def of(self, process: Process) -> str | None:
+        if self._mounted:
+            found = {
+                vgpu_id
+                for m in self._evidence.mounts(process)
+                if (vgpu_id := self._mounted.get((m.dev, m.root))) is not None
+            }
+            if found:  # two vGPUs' blocks in one container: nobody to charge
+                return found.pop() if len(found) == 1 else None
+        ref = self._container(process)
+        owners = self._owners.get(ref.key, set()) if attributable(ref) else set()
+        return next(iter(owners)) if len(owners) == 1 else None
+
+
+def _owners(pairs: Iterable[tuple[str, ContainerRef]]) -> dict[str, set[str]]:
+    owners: dict[str, set[str]] = {}
+    for vgpu_id, ref in pairs:
+        owners.setdefault(ref.key, set()).add(vgpu_id)
+    return owners
 
 
 @dataclass
@@ -255,6 +340,9 @@ class Tracker:
                 "vgpud is not in the host PID namespace: it cannot tell dead processes "
                 "from invisible ones, so no slot will be reported dead (run it with hostPID)"
             )
+        self._evidence = Evidence(self.procfs)
+        self._files: dict[str, tuple[UsageBlock, ControlBlock | None, _VgpuFiles]] = {}
+        self._ghosts: dict[int, TrackedProcess] = {}  # exited pids NVML still lists
         self._exits = ExitWatch(
             self.procfs, pidfds=_is_own_proc(proc_root) if pidfds is None else pidfds
         )
@@ -279,6 +367,9 @@ class Tracker:
 
     def scan(self, vgpus: Mapping[str, VgpuView], nvml: NvmlSample | None) -> TrackSnapshot:
         self._drop_idle_standalone()
+        self._evidence.begin_scan()
+        # Daemon-owned vGPUs first: a process proven in one of them is never
+        # an adopted standalone block's, whatever that block's slots say.
         views: dict[str, VgpuView] = dict(vgpus)
         views.update({a.vgpu_id: a.blocks for a in self._adopted.values()})
         # Slots first, /proc second: see the module docstring, point 1.
@@ -287,21 +378,38 @@ class Tracker:
         search = _SlotSearch(ended=self._exits.ended())
 
         devices = {vgpu_id: self._devices_of(vgpu_id, view) for vgpu_id, view in views.items()}
-        slot_states: list[SlotState] = []
+        files = {vgpu_id: self._files_of(vgpu_id, view) for vgpu_id, view in views.items()}
+        named: list[tuple[str, SlotView, Process | None, bool | None]] = []
         claimed: dict[int, tuple[str, SlotView, Process]] = {}  # host pid -> vGPU, slot, process
         for vgpu_id, vgpu_slots in slots.items():
             for slot in vgpu_slots:
                 holder = self._holder(slot, search)
+                proof = None
                 if holder is not None:
-                    claimed[holder.pid] = (vgpu_id, slot, holder)
-                if holder is not None or self.sees_all_pids:
-                    slot_states.append(
-                        SlotState(vgpu_id, slot, None if holder is None else holder.pid)
-                    )
+                    facts = self._evidence.maps(holder, vgpu_id)
+                    proof = proves(facts, files[vgpu_id].usage_key)
+                    if proof and holder.pid not in claimed:
+                        claimed[holder.pid] = (vgpu_id, slot, holder)
+                named.append((vgpu_id, slot, holder, proof))
         self._forget_slots(search.seen)
         self._publish_host_pids(views, claimed)
         for gone in set(self._devices) - set(views):
             del self._devices[gone]
+        for gone in set(self._files) - set(views):
+            del self._files[gone]
+
+        membership = _Membership(
+            self._evidence,
+            self._container,
+            mounted={key: vgpu_id for vgpu_id in vgpus for key in files[vgpu_id].mount_keys()},
+            owners=_owners((vgpu_id, self._container(p)) for vgpu_id, _, p in claimed.values()),
+        )
+        slot_states: list[SlotState] = []
+        for vgpu_id, slot, holder, proof in named:
+            held = holder is not None and (proof is not False or membership.of(holder) == vgpu_id)
+            if held or self.sees_all_pids:
+                host_pid = holder.pid if holder is not None and proof else None
+                slot_states.append(SlotState(vgpu_id, slot, host_pid, held))
 
         tracked: dict[int, TrackedProcess] = {}
         standalone_ids = {a.vgpu_id for a in self._adopted.values()}
@@ -315,13 +423,24 @@ class Tracker:
         for pid in sorted(gpu_pids - set(claimed)):
             unslotted = self._table.lookup(pid)
             if unslotted is not None:
-                tracked[pid] = self._unslotted(unslotted, nvml)
-        tracked = _attribute_unmanaged(tracked)
+                member = membership.of(unslotted)
+                tracked[pid] = self._unslotted(unslotted, nvml, member, member in vgpus)
+            elif (ghost := self._ghost(pid, nvml)) is not None:
+                tracked[pid] = ghost
 
         current = {p.identity: p for p in tracked.values()}
         self._forget_gone(current)
-        arrivals = tuple(p for i, p in current.items() if i not in self._previous)
-        exits = tuple(p for i, p in self._previous.items() if i not in current)
+        arrivals = tuple(
+            p
+            for i, p in current.items()
+            if i not in self._previous and p.kind is not ProcessKind.EXITED
+        )
+        exits = tuple(
+            p
+            for i, p in self._previous.items()
+            if p.kind is not ProcessKind.EXITED
+            and (i not in current or current[i].kind is ProcessKind.EXITED)
+        )
         self._previous = current
         standalone = {a.vgpu_id: a.blocks for a in self._adopted.values()}
         all_views: dict[str, VgpuView] = {**vgpus, **standalone}
@@ -330,7 +449,7 @@ class Tracker:
             members.setdefault(p.vgpu_id, []).append(p)
         live_slots: dict[str, int] = {}
         for s in slot_states:
-            if s.host_pid is not None:
+            if s.held:
                 live_slots[s.vgpu_id] = live_slots.get(s.vgpu_id, 0) + 1
         return TrackSnapshot(
             monotonic=time.monotonic(),
@@ -433,6 +552,22 @@ class Tracker:
         self._devices[vgpu_id] = devices
         return devices
 
+    def _files_of(self, vgpu_id: str, view: VgpuView) -> _VgpuFiles:
+        """The vGPU's block files, stat()ed once per mapping the registry
+        holds (a usage block replaced after a truncation is a new file)."""
+        adopted = next((a for a in self._adopted.values() if a.vgpu_id == vgpu_id), None)
+        if adopted is not None:
+            return _VgpuFiles(BlockFile(adopted.key, None), None)
+        known = self._files.get(vgpu_id)
+        if known is not None and known[0] is view.usage and known[1] is view.control:
+            return known[2]
+        files = _VgpuFiles(
+            BlockFile.of(view.usage.path),
+            None if view.control is None else BlockFile.of(view.control.path),
+        )
+        self._files[vgpu_id] = (view.usage, view.control, files)
+        return files
+
     def _holder_tracked(
         self,
         process: Process,
@@ -466,15 +601,24 @@ class Tracker:
 
     # processes no slot holds
 
-    def _unslotted(self, process: Process, nvml: NvmlSample | None) -> TrackedProcess:
+    def _unslotted(
+        self, process: Process, nvml: NvmlSample | None, member: str | None, managed: bool
+    ) -> TrackedProcess:
+        """A GPU process that holds no slot the host confirms. ``member``:
+        the vGPU the host puts it in (``managed``: a daemon-owned one)."""
         env = self._environ(process)
-        if env is None or HOOK_LIBRARY not in env.get("LD_PRELOAD", ""):
-            return self._tracked(process, ProcessKind.UNMANAGED, None, None, nvml)
-        if "VGPU_CONTROL" in env or not any(k.startswith(SEED_LIMIT_PREFIXES) for k in env):
-            return self._tracked(process, ProcessKind.HOOKED, None, None, nvml)
+        hooked = env is not None and HOOK_LIBRARY in env.get("LD_PRELOAD", "")
+        kind = ProcessKind.HOOKED if hooked else ProcessKind.UNMANAGED
+        # In a daemon-owned vGPU's container its memory is that vGPU's,
+        # whatever its environment says: no standalone block of its own
+        # (``env -u VGPU_CONTROL CUDA_CORE_LIMIT=100``) takes it out.
+        if managed or env is None or not hooked or "VGPU_CONTROL" in env:
+            return self._tracked(process, kind, member, None, nvml)
+        if not any(k.startswith(SEED_LIMIT_PREFIXES) for k in env):
+            return self._tracked(process, kind, member, None, nvml)
         adopted = self._adopt(process)
         if adopted is None:
-            return self._tracked(process, ProcessKind.HOOKED, None, None, nvml)
+            return self._tracked(process, kind, member, None, nvml)
         slot = next(
             (
                 s
@@ -486,16 +630,40 @@ class Tracker:
         )
         if slot is None:
             return self._tracked(process, ProcessKind.STANDALONE, adopted.vgpu_id, None, nvml)
-        hooked = _Devices.of(adopted.blocks).per_uuid([d.used for d in slot.devices])
+        hooked_bytes = _Devices.of(adopted.blocks).per_uuid([d.used for d in slot.devices])
         return self._tracked(
-            process, ProcessKind.STANDALONE, adopted.vgpu_id, slot.index, nvml, hooked
+            process, ProcessKind.STANDALONE, adopted.vgpu_id, slot.index, nvml, hooked_bytes
         )
 
+    def _ghost(self, pid: int, nvml: NvmlSample | None) -> TrackedProcess | None:
+        """An exited process NVML still lists memory under: a child it
+        forked keeps that memory through inherited driver descriptors. It
+        stays charged to the vGPU it was in while NVML lists it."""
+        known = self._ghosts.get(pid) or next(
+            (p for p in self._previous.values() if p.pid == pid and p.vgpu_id is not None), None
+        )
+        if known is None or nvml is None:
+            return None
+        ghost = replace(known, kind=ProcessKind.EXITED, slot=None, hooked={})
+        ghost = replace(ghost, memory=nvml.memory_of(pid), sm_util={})
+        self._ghosts[pid] = ghost
+        return ghost
+
     def _adopt(self, process: Process) -> _Adopted | None:
-        """The standalone usage block this process maps, adopted once per file."""
-        for mapping in self.procfs.maps(process.pid) or ():
-            if not _may_be_usage_block(mapping):
+        """The standalone usage block this process maps, adopted once per file.
+
+        Only a file the process's own user owns, with no permission for
+        anyone else (what the hook creates): another user's file is not
+        this process's budget (docs/security.md, "Standalone blocks")."""
+        facts = self._evidence.maps(process, STANDALONE_BUDGET)
+        managed = {f[2].usage_key for f in self._files.values()}
+        tried: set[FileKey] = set()
+        for mapping in facts.candidates if facts is not None else ():
+            if not _may_be_usage_block(mapping) or mapping.file_key in managed | tried:
                 continue
+            if len(tried) == ADOPT_TRIES:  # a process chooses how many files it maps
+                break
+            tried.add(mapping.file_key)
             name = f"/proc/{process.pid}/map_files/{mapping.range_name}"
             try:
                 fd = self.procfs.open_mapped(process.pid, mapping, write=True)
@@ -507,13 +675,22 @@ class Tracker:
                 key = (st.st_dev, st.st_ino)
                 if key in self._adopted:
                     return self._adopted[key]
+                if st.st_uid != process.uid or st.st_mode & 0o077:
+                    log.debug(
+                        "%s: owner %d mode %o, not pid %d's own",
+                        name,
+                        st.st_uid,
+                        st.st_mode & 0o777,
+                        process.pid,
+                    )
+                    continue
                 usage = UsageBlock.open_fd(fd, name)
             except (BlockError, OSError) as err:
                 log.debug("%s is not a usage block: %s", name, err)
                 continue
             finally:
                 os.close(fd)
-            adopted = _Adopted(f"sa-{key[0]:x}-{key[1]}", VgpuBlocks(usage))
+            adopted = _Adopted(f"sa-{key[0]:x}-{key[1]}", VgpuBlocks(usage), key)
             self._adopted[key] = adopted
             log.info(
                 "adopted standalone vGPU %s (block mapped by pid %d)", adopted.vgpu_id, process.pid
@@ -581,9 +758,12 @@ class Tracker:
         return self._envs[identity]
 
     def _forget_gone(self, current: Mapping[Identity, TrackedProcess]) -> None:
+        keep = set(current) | {p.identity for p in self._holders.values()}
         for cache in (self._containers, self._envs):
-            for identity in [i for i in cache if i not in current]:
+            for identity in [i for i in cache if i not in keep]:
                 del cache[identity]
+        self._evidence.keep(keep)
+        self._ghosts = {pid: g for pid, g in self._ghosts.items() if g.identity in current}
 
 
 def _is_own_proc(proc_root: str | os.PathLike[str]) -> bool:
@@ -597,42 +777,6 @@ def _is_own_proc(proc_root: str | os.PathLike[str]) -> bool:
 
 def _may_be_usage_block(mapping: MappedFile) -> bool:
     return mapping.shared and mapping.offset == 0 and mapping.size == USAGE_MAPPING_SIZE
-
-
-def _attribute_unmanaged(tracked: dict[int, TrackedProcess]) -> dict[int, TrackedProcess]:
-    """Charge unmanaged processes to the one vGPU whose container they share."""
-    if not any(p.kind is ProcessKind.UNMANAGED for p in tracked.values()):
-        return tracked
-    owners: dict[str, set[str]] = {}
-    for p in tracked.values():
-        if p.vgpu_id is not None and p.kind is not ProcessKind.UNMANAGED:
-            owners.setdefault(p.container.key, set()).add(p.vgpu_id)
-    result = dict(tracked)
-    for pid, p in tracked.items():
-        if p.kind is not ProcessKind.UNMANAGED or not attributable(p.container):
-            continue
-        vgpu_ids = owners.get(p.container.key, set())
-        if len(vgpu_ids) == 1:  # two vGPUs in one container: nobody to charge
-            result[pid] = _with_vgpu(p, next(iter(vgpu_ids)))
-    return result
-
-
-def _with_vgpu(p: TrackedProcess, vgpu_id: str) -> TrackedProcess:
-    return TrackedProcess(
-        pid=p.pid,
-        ns_pid=p.ns_pid,
-        pidns=p.pidns,
-        start_time=p.start_time,
-        comm=p.comm,
-        uid=p.uid,
-        container=p.container,
-        kind=p.kind,
-        vgpu_id=vgpu_id,
-        slot=p.slot,
-        memory=p.memory,
-        sm_util=p.sm_util,
-        hooked=p.hooked,
-    )
 
 
 def _usage(

@@ -2,7 +2,8 @@
 
 Suffixes are binary multiples (k = 1024), one letter, any case, optionally
 followed by "i" and/or "b" ("8Gi", "8GiB", "8gb" all mean 8 x 2**30), so the
-seed's CUDA_MEM_LIMIT style and Kubernetes-like spellings both work.
+seed's CUDA_MEM_LIMIT style and Kubernetes-like spellings both work. Numbers
+are ASCII digits only (at most 16; a percentage at most 6 decimals).
 """
 
 from __future__ import annotations
@@ -11,8 +12,18 @@ import re
 from dataclasses import dataclass
 
 _SUFFIX = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-_BYTES = re.compile(r"(\d+)\s*([kmgt]?)(?:ib?|b)?", re.IGNORECASE)
-_PERCENT = re.compile(r"(\d+(?:\.\d+)?)\s*%")
+# ASCII digits only (re.ASCII: \d would take "١٢٣" too), and few of them: 16
+# digits hold any byte count a GPU has, and int() never sees a huge string.
+_BYTES = re.compile(r"([0-9]{1,16})\s*([kmgt]?)(?:ib?|b)?", re.IGNORECASE | re.ASCII)
+_PERCENT = re.compile(r"([0-9]{1,3}(?:\.[0-9]{1,6})?)\s*%", re.ASCII)
+
+# The smallest vGPU: NVIDIA's allocation granularity (the 2 MiB large page,
+# cuMemGetAllocationGranularity's minimum on every current GPU). A smaller
+# limit cannot hold a single physical allocation: it is a typo or a probe.
+MIN_VGPU_MEMORY = 2 << 20
+# The largest: 1 PiB, above any GPU's memory even oversubscribed, and far
+# below the 2^64 of the control block's field (no wrap-around).
+MAX_VGPU_MEMORY = 1 << 50
 
 
 @dataclass(frozen=True)

@@ -5,9 +5,12 @@ snapshot for the API and the controller, publishes arrivals and exits, OOMs
 (growth of a device's oom_count) and throttling (a vGPU that starts or
 stops waiting in the pacer), then runs the reaper and the backstop hook.
 
-The tracker's thread reads the blocks; ``Service.blocks_lock`` is held until
-that thread has finished (even if the scan is cancelled), and deleting a
-vGPU takes the same lock, so no block is unmapped under a reader.
+The tracker's thread reads the blocks, and the loop reads them again after
+it (events, reaper): the registry is pinned for the whole scan and for the
+thread's life (even if the scan is cancelled), so a vGPU deleted meanwhile
+keeps its blocks mapped until both let go (``Registry.pin``).
+``Service.blocks_lock`` is held while the thread runs: the tracker's own
+(standalone) blocks and a usage block's repair wait for it.
 """
 
 from __future__ import annotations
@@ -15,11 +18,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 from vgpud import backstop, reaper
 from vgpud import events as ev
 from vgpud.events import EventLog
+from vgpud.procfs import ProcFS
 from vgpud.registry import Entry
 from vgpud.service import Service
 from vgpud.tracker import Tracker, TrackSnapshot, VgpuBlocks
@@ -29,6 +34,7 @@ T = TypeVar("T")
 REAPER_EVENTS = {
     "slot_reclaimed": ev.SLOT_RECLAIMED,
     "usage_reset": ev.USAGE_RESET,
+    "usage_drift": ev.USAGE_DRIFT,
     "slot_stuck": ev.SLOT_STUCK,
     "counter_absurd": ev.COUNTER_ABSURD,
 }
@@ -49,8 +55,15 @@ class Watch:
         self.throttled: set[str] = set()
         self.reaper_state = reaper.ReaperState()
         self.backstop_state = backstop.BackstopState()
+        self.procfs = ProcFS(service.config.proc_root)
 
     async def scan(self) -> TrackSnapshot:
+        # Every block this scan reads stays mapped until it ends, whatever
+        # is deleted meanwhile (a delete does not wait for a scan).
+        with self.service.registry.pinned():
+            return await self._scan()
+
+    async def _scan(self) -> TrackSnapshot:
         entries = self.service.registry.all()
         views = {e.vgpu.id: VgpuBlocks(e.usage, e.control) for e in entries}
         snapshot = await self.in_thread(self.tracker.scan, views, self.service.sample)
@@ -82,9 +95,16 @@ class Watch:
         """Dead processes' bytes back to their vGPUs (within this scan)."""
         memory = {g.uuid: g.memory_total for g in self.service.devices()}
         found, self.reaper_state = reaper.reap(
-            snapshot, views, self.reaper_state, reaper.ReaperPolicy(physical_memory=memory)
+            snapshot,
+            views,
+            self.reaper_state,
+            reaper.ReaperPolicy(physical_memory=memory),
+            halted=lambda pid: self._halted(snapshot, pid),
         )
         for e in found:
+            if e.kind == "usage_drift":
+                self.service.drift_repairs += 1
+                self.service.drift_bytes += sum(abs(b) for b in e.freed)
             self.events.publish(
                 REAPER_EVENTS.get(e.kind, e.kind),
                 vgpu=e.vgpu_id,
@@ -113,17 +133,48 @@ class Watch:
                 message=e.detail,
             )
 
+    def _halted(self, snapshot: TrackSnapshot, pid: int) -> bool:
+        """Stopped (SIGSTOP, a debugger) or frozen (a paused container's
+        cgroup v2 freezer): such a process may sit between the hook's two
+        steps for any time. Asked only of the holders of a vGPU whose
+        budget is about to be realigned; what cannot be read counts as
+        halted (the repair waits)."""
+        try:
+            stat = self.procfs.stat(pid)
+        except OSError:
+            return True
+        if stat is None or stat.state in ("T", "t"):
+            return True
+        process = snapshot.processes.get(pid)
+        if process is None:
+            return True
+        config = self.service.config
+        cgroup = process.container.cgroup_path.lstrip("/")
+        try:
+            events = (Path(config.cgroup_root) / cgroup / "cgroup.events").read_text()
+        except OSError:
+            return False  # no cgroup v2 freezer here
+        return "frozen 1" in events.splitlines()
+
     async def in_thread(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn`` on a worker thread while holding the blocks lock until
-        the thread is done, whatever happens to the awaiting task."""
+        """Run ``fn`` on a worker thread while holding the blocks lock and a
+        registry pin until the thread is done, whatever happens to the
+        awaiting task."""
         lock = self.service.blocks_lock
+        registry = self.service.registry
         await lock.acquire()
+        registry.pin()  # the thread's own: a cancelled scan lets go of its pin early
+
+        def done(_: object) -> None:
+            registry.unpin()
+            lock.release()
+
         try:
             future = asyncio.ensure_future(asyncio.to_thread(fn, *args))
         except BaseException:
-            lock.release()
+            done(None)
             raise
-        future.add_done_callback(lambda _: lock.release())
+        future.add_done_callback(done)
         return await asyncio.shield(future)
 
     def _counter_events(self, entry: Entry) -> None:

@@ -17,7 +17,7 @@
 VGPU_ATOMICS_API uint64_t vgpu_atomic_load_u64(_Atomic uint64_t *p);
 VGPU_ATOMICS_API void vgpu_atomic_store_u64(_Atomic uint64_t *p, uint64_t v);
 VGPU_ATOMICS_API uint64_t vgpu_atomic_fetch_add_u64(_Atomic uint64_t *p, uint64_t v);
-VGPU_ATOMICS_API uint64_t vgpu_atomic_sub_clamp_u64(_Atomic uint64_t *p, uint64_t v);
+VGPU_ATOMICS_API int vgpu_atomic_sub_clamp_u64(_Atomic uint64_t *p, uint64_t v);
 VGPU_ATOMICS_API int vgpu_atomic_cas_u64(_Atomic uint64_t *p, uint64_t expected, uint64_t desired);
 VGPU_ATOMICS_API uint32_t vgpu_atomic_load_u32(_Atomic uint32_t *p);
 VGPU_ATOMICS_API void vgpu_atomic_store_u32(_Atomic uint32_t *p, uint32_t v);
@@ -28,16 +28,24 @@ uint64_t vgpu_atomic_load_u64(_Atomic uint64_t *p) { return atomic_load(p); }
 void vgpu_atomic_store_u64(_Atomic uint64_t *p, uint64_t v) { atomic_store(p, v); }
 uint64_t vgpu_atomic_fetch_add_u64(_Atomic uint64_t *p, uint64_t v) { return atomic_fetch_add(p, v); }
 
-/* Subtract without wrapping below zero; returns the value after. A budget
- * that a buggy or hostile writer left too small must not wrap to 2^64. */
-uint64_t vgpu_atomic_sub_clamp_u64(_Atomic uint64_t *p, uint64_t v)
+/* Tries before a subtraction gives up: a live hook's concurrent update
+ * fails our CAS a few times at most. */
+#define SUB_CLAMP_TRIES 1024
+
+/* Subtract without wrapping below zero (a budget that a buggy or hostile
+ * writer left too small must not wrap to 2^64); 1 when done. The word is in
+ * a tenant-writable block, and a tenant storing to it in a loop could fail
+ * the CAS for ever: after SUB_CLAMP_TRIES the daemon moves on (0) and the
+ * bytes stay charged to that tenant's own budget. */
+int vgpu_atomic_sub_clamp_u64(_Atomic uint64_t *p, uint64_t v)
 {
     uint64_t cur = atomic_load(p);
-    uint64_t next;
-    do {
-        next = cur > v ? cur - v : 0;
-    } while (!atomic_compare_exchange_weak(p, &cur, next));
-    return next;
+    for (int tries = 0; tries < SUB_CLAMP_TRIES; tries++) {
+        uint64_t next = cur > v ? cur - v : 0;
+        if (atomic_compare_exchange_weak(p, &cur, next))
+            return 1;
+    }
+    return 0;
 }
 
 int vgpu_atomic_cas_u64(_Atomic uint64_t *p, uint64_t expected, uint64_t desired)

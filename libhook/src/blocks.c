@@ -4,7 +4,8 @@
  *
  * Nothing here takes a lock another process could hold: slot ownership is a
  * CAS on slot.state, counters are atomics. A block we do not fully trust
- * (not a regular file, a symlink, wrong size, magic or version) is refused.
+ * (not a regular file, a symlink, wrong size, magic or version; a file of
+ * our own that another user made or may write) is refused.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -127,27 +128,7 @@ struct shared_kind {
     const char *name;
     uint64_t magic;
     size_t size;
-    bool owner_only; /* refused unless the caller owns it and no one else may open it */
 };
-
-/* A file another user made (or may open) is not ours to share: with the
- * arbiter, whoever can write it steers our turns. */
-static int check_owner(int fd, const char *path, const struct shared_kind *k)
-{
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        vgpu_error_set("%s block %s: fstat: %s", k->name, path, strerror(errno));
-        return -1;
-    }
-    if (st.st_uid != geteuid() || (st.st_mode & 0077) != 0) {
-        vgpu_error_set("%s block %s: owned by uid %u with mode %04o, not this user's alone "
-                       "(uid %u, 0600): refused",
-                       k->name, path, (unsigned)st.st_uid, (unsigned)(st.st_mode & 07777),
-                       (unsigned)geteuid());
-        return -1;
-    }
-    return 0;
-}
 
 /* We won the O_EXCL race: size the file, zero is a valid empty block, and
  * the magic goes in last so nobody trusts a half-made block. */
@@ -190,8 +171,37 @@ static void *await_shared(int fd, const char *path, const struct shared_kind *k)
     return hdr;
 }
 
-/* Map a writable block, creating it first when `create` and it is missing. */
-static void *map_shared(const char *path, bool create, const struct shared_kind *k)
+/*
+ * A block the hook makes for itself (the standalone usage block, the
+ * standalone arbiter) lies where another user may have put a file first:
+ * /tmp is everyone's. Only a file we would have made is ours: owned by our
+ * euid, with no group or other permission bit. Anything else is refused,
+ * not used: its owner could rewrite our budget at will (docs/hook.md).
+ */
+static int check_own(int fd, const char *kind, const char *path)
+{
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        vgpu_error_set("%s block %s: fstat: %s", kind, path, strerror(errno));
+        return -1;
+    }
+    if (st.st_uid != geteuid()) {
+        vgpu_error_set("%s block %s belongs to uid %u, not to this process (uid %u): "
+                       "another user made it; remove it",
+                       kind, path, (unsigned)st.st_uid, (unsigned)geteuid());
+        return -1;
+    }
+    if ((st.st_mode & 077) != 0) {
+        vgpu_error_set("%s block %s has mode %04o: others may write it; it must be 0600", kind,
+                       path, (unsigned)(st.st_mode & 07777));
+        return -1;
+    }
+    return 0;
+}
+
+/* Map a writable block, creating it first when `create` and it is missing;
+ * `own`: an existing file must pass check_own (one we create passes). */
+static void *map_shared(const char *path, bool create, bool own, const struct shared_kind *k)
 {
     void *block = NULL;
     int fd = -1;
@@ -209,7 +219,7 @@ static void *map_shared(const char *path, bool create, const struct shared_kind 
         }
     }
     fd = open_block(path, O_RDWR, k->name);
-    if (fd >= 0 && (!k->owner_only || check_owner(fd, path, k) == 0))
+    if (fd >= 0 && (!own || check_own(fd, k->name, path) == 0))
         block = await_shared(fd, path, k);
 done:
     if (fd >= 0)
@@ -219,17 +229,21 @@ done:
 
 int blocks_map_usage(const char *path, bool create, struct vgpu_usage **out)
 {
-    static const struct shared_kind usage = {"usage", VGPU_USAGE_MAGIC, sizeof(struct vgpu_usage),
-                                             false};
-    *out = map_shared(path, create, &usage);
+    static const struct shared_kind usage = {"usage", VGPU_USAGE_MAGIC, sizeof(struct vgpu_usage)};
+    /* Created on demand only in standalone mode, where the file is the
+     * process's own; a vGPU's block is the daemon's, in its directory. */
+    *out = map_shared(path, create, create, &usage);
     return *out != NULL ? 0 : -1;
 }
 
 int blocks_map_arbiter(const char *path, struct vgpu_arbiter **out)
 {
     static const struct shared_kind arbiter = {"arbiter", VGPU_ARBITER_MAGIC,
-                                               sizeof(struct vgpu_arbiter), true};
-    *out = map_shared(path, true, &arbiter);
+                                               sizeof(struct vgpu_arbiter)};
+    /* Standalone processes' turn, in /tmp or VGPU_ARBITER_DIR: whoever can
+     * write it steers our turns, so it is this user's alone wherever it is
+     * (vGPUs take turns through their own blocks and the broker). */
+    *out = map_shared(path, true, true, &arbiter);
     return *out != NULL ? 0 : -1;
 }
 

@@ -202,8 +202,9 @@ static void atfork_child(void)
 static bool may_be_paced(void)
 {
     if (vgpu.mode == VGPU_MODE_VGPU) {
+        uint64_t now = now_ns(); /* a soft quota depends on the daemon's heartbeat */
         for (int i = 0; i < gt.checked_devs; i++) {
-            struct pacer_quota q = pacer_quota_now(&gt.devs[i].pacer, 0);
+            struct pacer_quota q = pacer_quota_now(&gt.devs[i].pacer, now);
             if (!pacer_quota_full(&q))
                 return true;
         }

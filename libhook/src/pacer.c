@@ -42,6 +42,7 @@ void pacer_dev_init(struct pacer_dev *pd, int index, const struct vgpu_control *
 {
     *pd = (struct pacer_dev){
         .control = control != NULL ? &control->devices[index] : NULL,
+        .heartbeat = control != NULL ? &control->heartbeat_ns : NULL,
         .steer = control == NULL ? &usage->steer : NULL,
         .index = index,
         .bucket = &usage->devices[index],
@@ -92,17 +93,28 @@ static struct pacer_quota normalise(struct pacer_quota q, uint32_t fallback_ppm)
     return q;
 }
 
-static struct pacer_quota vgpu_quota(struct pacer_dev *pd)
+/* Has the daemon stopped beating? (0: it never has, on this block.) */
+static bool heartbeat_stale(const struct pacer_dev *pd, uint64_t now)
 {
+    uint64_t beat = atomic_load_explicit(pd->heartbeat, memory_order_acquire);
+    return beat == 0 || now < beat || now - beat > PACER_HEARTBEAT_FRESH_NS;
+}
+
+static struct pacer_quota vgpu_quota(struct pacer_dev *pd, uint64_t now)
+{
+    uint32_t share = atomic_load_explicit(&pd->control->share_ppm, memory_order_relaxed);
     struct pacer_quota q;
     if (pacer_read_throttle(&pd->control->throttle, &q) != 0)
-        return (struct pacer_quota){
+        q = (struct pacer_quota){
             atomic_load_explicit(&pd->last_ppm, memory_order_relaxed),
             atomic_load_explicit(&pd->last_window_ns, memory_order_relaxed),
         };
-    /* A block fresh from the daemon, before its first tick: the share. */
-    uint32_t share = atomic_load_explicit(&pd->control->share_ppm, memory_order_relaxed);
-    return normalise(q, share);
+    else
+        q = normalise(q, share); /* before the daemon's first tick (0): the share */
+    uint32_t flags = atomic_load_explicit(&pd->control->flags, memory_order_relaxed);
+    if ((flags & VGPU_DEV_SOFT) && share != 0 && heartbeat_stale(pd, now))
+        q.ppm = share < VGPU_PPM_FULL ? share : VGPU_PPM_FULL;
+    return q;
 }
 
 static struct pacer_quota standalone_quota(struct pacer_dev *pd, uint64_t now)
@@ -127,7 +139,7 @@ static struct pacer_quota standalone_quota(struct pacer_dev *pd, uint64_t now)
 
 struct pacer_quota pacer_quota_now(struct pacer_dev *pd, uint64_t now)
 {
-    struct pacer_quota q = pd->control != NULL ? vgpu_quota(pd) : standalone_quota(pd, now);
+    struct pacer_quota q = pd->control != NULL ? vgpu_quota(pd, now) : standalone_quota(pd, now);
     atomic_store_explicit(&pd->last_ppm, q.ppm, memory_order_relaxed);
     atomic_store_explicit(&pd->last_window_ns, q.window_ns, memory_order_relaxed);
     return q;

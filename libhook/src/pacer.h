@@ -42,6 +42,11 @@
 /* The steering area of an adopted standalone process counts while the
  * daemon's heartbeat there is younger than this. */
 #define PACER_STEER_FRESH_NS 2000000000ull
+/* A vGPU's control block says the daemon lives while its heartbeat is
+ * younger than this (the daemon beats every control_interval, 0.1 s by
+ * default: 2 s is 20 missed ticks, so a busy daemon is not taken for a
+ * dead one). Only soft quotas depend on it (see pacer_quota_now). */
+#define PACER_HEARTBEAT_FRESH_NS 2000000000ull
 
 struct pacer_quota {
     uint32_t ppm;       /* VGPU_PPM_FULL: no pacing */
@@ -55,6 +60,7 @@ struct pacer_quota {
  */
 struct pacer_dev {
     const struct vgpu_control_device *control;
+    const _Atomic uint64_t *heartbeat; /* vGPU mode: the daemon's, in the control block */
     struct vgpu_steer *steer;
     const _Atomic uint64_t *steer_heartbeat;
     int index;                       /* device index in the blocks */
@@ -84,8 +90,12 @@ void pacer_dev_init(struct pacer_dev *pd, int index, const struct vgpu_control *
  */
 int pacer_read_throttle(const struct vgpu_throttle *t, struct pacer_quota *out);
 
-/* The quota in force now; remembered in pd->last_*. Fail static: a stopped daemon
- * leaves the table as it was and we keep obeying it. */
+/* The quota in force now (`now`: CLOCK_MONOTONIC ns); remembered in
+ * pd->last_*. Fail static: a stopped daemon leaves the table as it was and
+ * we keep obeying it, for hard shares. A soft vGPU's quota may be above its
+ * share (idle time the controller lent it) and nobody takes that back while
+ * the daemon is gone: with a stale heartbeat a soft vGPU runs at its share,
+ * the part of the GPU that is guaranteed to it. */
 struct pacer_quota pacer_quota_now(struct pacer_dev *pd, uint64_t now);
 
 static inline bool pacer_quota_full(const struct pacer_quota *q)

@@ -181,6 +181,45 @@ static void test_vgpu_quota_from_the_table(void)
     free(u);
 }
 
+/* Fail static is exact for hard shares only: a soft vGPU boosted above its
+ * share (idle time lent) drops to its share once the daemon's heartbeat is
+ * stale, so that a hard vGPU that starts meanwhile gets all of its own. */
+static void test_soft_quota_falls_back_to_its_share_when_the_daemon_is_gone(void)
+{
+    struct vgpu_control *c = new_control(PPM(30), 0);
+    atomic_store(&c->devices[0].flags, VGPU_DEV_SOFT);
+    struct vgpu_usage *u = new_usage(0);
+    struct pacer_dev pd;
+    pacer_dev_init(&pd, 0, c, u, NULL);
+    uint64_t now = 100000 * MS;
+
+    write_throttle(&c->devices[0].throttle, VGPU_PPM_FULL, 50 * MS);
+    atomic_store(&c->heartbeat_ns, now - 100 * MS);
+    CHECK(pacer_quota_now(&pd, now).ppm == VGPU_PPM_FULL); /* boosted, daemon alive */
+    CHECK(pacer_quota_now(&pd, now - 100 * MS + PACER_HEARTBEAT_FRESH_NS).ppm == VGPU_PPM_FULL);
+    struct pacer_quota q = pacer_quota_now(&pd, now - 99 * MS + PACER_HEARTBEAT_FRESH_NS);
+    CHECK(q.ppm == PPM(30)); /* stale: the guaranteed share, the table's window */
+    CHECK(q.window_ns == 50 * MS);
+    /* Also from the remembered quota (a writer that died mid-write). */
+    atomic_fetch_add(&c->devices[0].throttle.seq, 1);
+    CHECK(pacer_quota_now(&pd, now + 3600000 * MS).ppm == PPM(30));
+    atomic_fetch_add(&c->devices[0].throttle.seq, 1);
+    /* A clock behind the beat, or no beat ever: not proof of a live daemon. */
+    CHECK(pacer_quota_now(&pd, now - 200 * MS).ppm == PPM(30));
+    atomic_store(&c->heartbeat_ns, 0);
+    CHECK(pacer_quota_now(&pd, now).ppm == PPM(30));
+    /* The daemon is back: the table again. */
+    atomic_store(&c->heartbeat_ns, now);
+    CHECK(pacer_quota_now(&pd, now).ppm == VGPU_PPM_FULL);
+
+    /* A hard vGPU keeps its last quota however stale the heartbeat (fail static). */
+    atomic_store(&c->devices[0].flags, 0);
+    write_throttle(&c->devices[0].throttle, PPM(25), 0);
+    CHECK(pacer_quota_now(&pd, now + 3600000 * MS).ppm == PPM(25));
+    free(c);
+    free(u);
+}
+
 static void test_vgpu_no_share_no_quota_is_unlimited(void)
 {
     struct vgpu_control *c = new_control(0, 0);
@@ -357,6 +396,7 @@ int main(void)
     test_full_quota_never_waits();
     test_vgpu_quota_from_the_table();
     test_vgpu_no_share_no_quota_is_unlimited();
+    test_soft_quota_falls_back_to_its_share_when_the_daemon_is_gone();
     test_standalone_steer_can_only_lower();
     test_live_change_wakes_a_sleeping_thread();
     test_real_wait_is_woken_by_a_write();

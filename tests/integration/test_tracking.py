@@ -211,6 +211,7 @@ sys.stdin.read()
 def test_standalone_process_is_adopted_through_map_files(tmp_path: Path) -> None:
     block = tmp_path / "standalone.usage"
     UsageBlock.create(block, device_count=1).close()
+    block.chmod(0o600)  # as the hook makes it: its user's alone
     recorder = FakeHook(block)
     recorder.standalone([GPU0], [GIB])  # what the hook's env parsing records
     recorder.close()

@@ -7,23 +7,19 @@ gateway loads build/sim/libnvidia-ml.so.1 by explicit path (as ``vgpud
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT, SIM_LIB_DIR
+from tests.conftest import ROOT
 from tests.fixtures.cgroup import Cgroup
 from tests.fixtures.hook import FakeVgpu
+from tests.fixtures.simgpu import BYPASS, SCAN, SIM_CUDA, SIM_GPU0, SIM_NVML, run_json
 
-SIM_NVML = SIM_LIB_DIR / "libnvidia-ml.so.1"
-SIM_CUDA = SIM_LIB_DIR / "libcuda.so.1"
 GIB = 1 << 30
-SIM_GPU0 = "GPU-5117a000-0000-4000-8000-000000000000"  # the simulator's default UUIDs
 SIM_GPU1 = "GPU-5117a000-0000-4000-8000-000000000001"
 
 pytestmark = pytest.mark.skipif(
@@ -59,58 +55,6 @@ async def main():
 asyncio.run(main())
 """
 
-# A process on the simulated GPU WITHOUT the hook: it allocates, says so,
-# and holds the memory until killed.
-BYPASS = f"""
-import ctypes, sys
-cu = ctypes.CDLL({str(SIM_CUDA)!r})
-dev, ctx, ptr = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_uint64()
-assert cu.cuInit(0) == 0 and cu.cuDeviceGet(ctypes.byref(dev), 0) == 0
-assert cu.cuCtxCreate_v2(ctypes.byref(ctx), 0, dev) == 0
-assert cu.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(int(sys.argv[1]))) == 0
-print("allocated", flush=True)
-sys.stdin.read()
-"""
-
-# The daemon's scan, reduced to its H4 part: sample NVML, track, backstop.
-SCAN = f"""
-import asyncio, json, sys
-from pathlib import Path
-from vgpud.backstop import BackstopPolicy, BackstopState, check
-from vgpud.blocks import ControlBlock, UsageBlock
-from vgpud.nvml import open_nvml
-from vgpud.tracker import Tracker, VgpuBlocks
-async def main():
-    d = Path(sys.argv[1])
-    views = {{"v1": VgpuBlocks(UsageBlock.open(d / "usage", device_count=1),
-                               ControlBlock.open(d / "control"))}}
-    gw = await open_nvml({str(SIM_NVML)!r})
-    tracker, state = Tracker(), BackstopState()
-    policy = BackstopPolicy(sys.argv[2], tolerance=64 << 20, confirm_scans=2)
-    for _ in range(int(sys.argv[3])):
-        snap = tracker.scan(views, await gw.sample())
-        events, state = check(snap, policy, state)
-        gpu = snap.vgpus["v1"].gpus[{SIM_GPU0!r}]
-        print(json.dumps({{"nvml_used": gpu.nvml_used, "hooked": gpu.hooked_used,
-                          "pids": list(snap.vgpus["v1"].pids),
-                          "events": [[e.kind, e.pid] for e in events]}}), flush=True)
-    await gw.close()
-asyncio.run(main())
-"""
-
-
-def run_json(code: str, env: dict[str, str], *args: str) -> list[Any]:
-    result = subprocess.run(
-        [sys.executable, "-c", code, *args],
-        env=dict(env, PYTHONPATH=str(ROOT)),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr
-    return [json.loads(line) for line in result.stdout.splitlines()]
-
 
 def test_gateway_on_the_simulator_inventory_and_health(sim_env: dict[str, str]) -> None:
     (out,) = run_json(HEALTH, sim_env)
@@ -131,7 +75,8 @@ def test_gateway_on_the_simulator_inventory_and_health(sim_env: dict[str, str]) 
 HOLDER = """
 import sys
 from tests.fixtures.hook import FakeHook
-FakeHook(sys.argv[1]).claim_self(0, {0: int(sys.argv[2])})
+hook = FakeHook(sys.argv[1])  # kept mapped, as the hook keeps its block
+hook.claim_self(0, {0: int(sys.argv[2])})
 print("claimed", flush=True)
 sys.stdin.read()
 """

@@ -55,7 +55,7 @@ async def test_create_makes_blocks_with_the_limits_and_answers_the_recipe(api: A
     control = Path(vg["host_env"]["VGPU_CONTROL"])
     assert control.parent == api.tmp / "run" / vg["id"]
     assert mode_of(control) == 0o644
-    assert mode_of(Path(vg["host_env"]["VGPU_USAGE"])) == 0o666
+    assert mode_of(Path(vg["host_env"]["VGPU_USAGE"])) == 0o600  # the caller's alone
     block = ControlBlock.open(control)
     dev = block.devices()[0]
     assert (dev.mem_limit, dev.share_ppm, dev.weight, dev.soft) == (8 * GIB, 300_000, 5, False)
@@ -266,6 +266,16 @@ async def test_events_follow_streams_new_events(api: Api) -> None:
     r.close()
 
 
+async def test_a_follower_without_since_starts_from_now(api: Api) -> None:
+    for _ in range(3):
+        await create(api, {"memory": "64m"})
+    r = await api.client.get("/v1/events")
+    await api.client.delete(f"/v1/vgpus/{(await create(api, {'memory': '64m'}))['id']}")
+    first = json.loads(await r.content.readline())
+    assert first["type"] == "vgpu.created" and first["seq"] == 4  # not the 3 before it
+    r.close()
+
+
 async def test_processes_metrics_and_openapi_routes(api: Api) -> None:
     r = await api.client.get("/v1/processes")
     body = await r.json()
@@ -286,3 +296,25 @@ async def test_state_survives_and_is_readopted(tmp_path: Path) -> None:
         body = await r.json()
         assert body["id"] == vg["id"] and body["gpus"][0]["memory_limit"] == 3 * GIB
     assert os.stat(control).st_ino == inode  # adopted, not recreated
+
+
+async def test_a_read_is_rendered_once_per_state_and_a_change_is_seen_at_once(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    vg = await create(api, {"memory": "1g", "share": 20})
+    builds: list[int] = []
+    real = api.service.list_json
+
+    def counting(*args: str | None) -> list[dict[str, object]]:
+        builds.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(api.service, "list_json", counting)
+    for _ in range(5):
+        assert [v["share"] for v in await (await api.client.get("/v1/vgpus")).json()] == [20]
+    assert len(builds) == 1  # 64 clients do not rebuild it 64 times
+    await api.client.patch(f"/v1/vgpus/{vg['id']}", json={"share": 30})
+    assert [v["share"] for v in await (await api.client.get("/v1/vgpus")).json()] == [30]
+    api.service.ticked()  # a loop ran: counters are read again
+    await api.client.get("/v1/vgpus")
+    assert len(builds) == 3

@@ -32,8 +32,10 @@ def proc(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def vgpu(tmp_path: Path) -> Iterator[FakeVgpu]:
+def vgpu(tmp_path: Path, proc: Path) -> Iterator[FakeVgpu]:
+    """A vGPU whose blocks the container's first process (4100) maps."""
     v = FakeVgpu(tmp_path / "v1", "v1", (4 * GIB,))
+    v.mapped_by(proc, 4100)
     yield v
     v.close()
 

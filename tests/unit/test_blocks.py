@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from vgpud import blocks
-from vgpud.blocks import BlockError, ControlBlock, DeviceSlice, UsageBlock
+from vgpud.blocks import Access, BlockError, ControlBlock, DeviceSlice, UsageBlock
 
 UUID0 = "GPU-00000000-1111-2222-3333-444444444444"
 UUID1 = "GPU-99999999-1111-2222-3333-444444444444"
@@ -74,15 +74,19 @@ def test_control_block_reads_back_what_was_created(control: ControlBlock) -> Non
     reopened.close()
 
 
-def test_blocks_have_the_modes_containers_need_whatever_the_umask(tmp_path: Path) -> None:
-    old = os.umask(0o077)
+def test_blocks_have_the_modes_their_readers_need_whatever_the_umask(tmp_path: Path) -> None:
+    old = os.umask(0o777)
     try:
         ControlBlock.create(tmp_path / "c", "x", [DeviceSlice(UUID0, GIB)]).close()
         UsageBlock.create(tmp_path / "u").close()
+        me = Access(0o660, os.geteuid(), os.getegid())  # giving it away needs root
+        UsageBlock.create(tmp_path / "shared", access=me).close()
     finally:
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "c").stat().st_mode) == 0o644
-    assert stat.S_IMODE((tmp_path / "u").stat().st_mode) == 0o666
+    assert stat.S_IMODE((tmp_path / "u").stat().st_mode) == 0o600  # no tenant: the daemon's
+    shared = (tmp_path / "shared").stat()
+    assert (stat.S_IMODE(shared.st_mode), shared.st_uid, shared.st_gid) == (0o660, me.uid, me.gid)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
 

@@ -137,3 +137,24 @@ def test_create_arguments_become_the_api_body() -> None:
     }
     update = parser().parse_args(["update", "x", "--memory", "2g"])
     assert limits_body(update, creating=False) == {"memory": "2g"}
+
+
+@pytest.mark.parametrize(
+    ("flag", "user"), [("1000", {"uid": 1000}), ("1000:2000", {"uid": 1000, "gid": 2000})]
+)
+def test_create_user_becomes_the_api_user(flag: str, user: dict[str, int]) -> None:
+    args = parser().parse_args(["create", "--user", flag])
+    assert limits_body(args, creating=True)["user"] == user
+
+
+@pytest.mark.parametrize("flag", ["", "x", "1000:", ":1000", "-1", "1000:g", "\u0661"])
+def test_a_malformed_user_is_bad_usage(flag: str) -> None:
+    with pytest.raises(SystemExit) as exc:
+        parser().parse_args(["create", "--user", flag])
+    assert exc.value.code == 2
+
+
+def test_non_ascii_digits_go_to_the_daemon_as_text() -> None:
+    args = parser().parse_args(["create", "--memory", "\u0661\u0662\u0663m", "--gpus", "\u0660"])
+    assert limits_body(args, creating=True)["memory"] == "\u0661\u0662\u0663m"
+    assert limits_body(args, creating=True)["gpus"] == ["\u0660"]

@@ -16,6 +16,17 @@ async def test_since_resumes_and_the_buffer_is_bounded() -> None:
     assert log.since(5) == []
 
 
+async def test_since_is_right_at_every_edge_of_the_buffer() -> None:
+    log = EventLog(capacity=4)
+    assert log.since(0) == [] and log.since(7) == []
+    for i in range(10):
+        log.publish("e", pid=i)
+    assert [e.seq for e in log.since(-5)] == [7, 8, 9, 10]  # before the buffer: all kept
+    assert [e.seq for e in log.since(6)] == [7, 8, 9, 10]
+    assert [e.seq for e in log.since(8)] == [9, 10]
+    assert log.since(10) == [] and log.since(99) == []
+
+
 async def test_follow_yields_backlog_then_new_events_and_ends_on_close() -> None:
     log = EventLog(capacity=10)
     log.publish("a")

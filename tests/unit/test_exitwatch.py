@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures.hook import FakeVgpu
+from tests.fixtures.hook import FakeVgpu, mapping_process
 from vgpud.exitwatch import ExitWatch
 from vgpud.procfs import Identity, Process, ProcessTable, ProcFS
 from vgpud.tracker import Tracker
@@ -102,9 +102,10 @@ def test_unwatch_and_close_give_the_descriptors_back(child: subprocess.Popen[byt
 
 
 def test_a_scan_of_unchanged_slots_reads_nothing_from_proc(
-    tmp_path: Path, child: subprocess.Popen[bytes], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     vgpu = FakeVgpu(tmp_path / "v1", "v1", (4 * GIB,))
+    child = mapping_process(vgpu.usage.path)  # the host's evidence that it is the vGPU's
     try:
         process = process_of(child.pid)
         vgpu.hook.claim(
@@ -136,4 +137,6 @@ def test_a_scan_of_unchanged_slots_reads_nothing_from_proc(
         assert vgpu.control.slot_host_pid(0) == 0
         tracker.close()
     finally:
+        child.kill()
+        child.wait()
         vgpu.close()

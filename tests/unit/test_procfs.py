@@ -226,7 +226,7 @@ def test_real_proc_self() -> None:
     assert me.uid == os.getuid()
     assert me.start_time > 0
     maps = fs.maps(os.getpid())
-    assert maps is not None and any(".so" in m.path for m in maps)
+    assert maps is not None and maps.complete and any(".so" in m.path for m in maps.files)
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
@@ -268,3 +268,15 @@ def test_lookup_reads_one_process_now(tree: Path) -> None:
     write_stat(tree, 4100, first.start_time + 7, state="Z")
     assert table.lookup(4100) is None  # ended
     assert table.lookup(31337) is None  # no such process
+
+
+def test_lookups_of_processes_that_ended_do_not_pile_up(tree: Path) -> None:
+    """A node runs for months and its GPU processes come and go: what
+    lookup() remembered of the dead is let go, without a refresh."""
+    table = ProcessTable(ProcFS(tree))
+    for pid in range(10_000, 13_000):
+        shutil.copytree(tree / "4100", tree / str(pid), symlinks=True)
+        assert table.lookup(pid) is not None
+        shutil.rmtree(tree / str(pid))  # it ends
+    assert len(table) < 2100
+    assert table.lookup(4100) is not None

@@ -12,7 +12,7 @@ import pytest
 
 from tests.unit.fakes import GIB, gpus
 from vgpud.blocks import TURN_WANT, Atomics, ControlBlock, TurnC, UsageBlock
-from vgpud.errors import ServerError
+from vgpud.errors import InsufficientStorage
 from vgpud.events import EventLog
 from vgpud.model import CreateRequest, Limits
 from vgpud.placement import Rules
@@ -109,12 +109,12 @@ def test_the_broker_grants_the_gpu_to_one_vgpu_at_a_time(tmp_path: Path) -> None
     reg.close()
 
 
-def test_orphan_blocks_are_left_alone(tmp_path: Path) -> None:
-    orphan = tmp_path / "run" / "vg-0000abcd"
+def test_orphan_blocks_are_removed_at_adoption(tmp_path: Path) -> None:
+    orphan = tmp_path / "run" / "vg-0000abcd"  # a crash between making and recording
     orphan.mkdir(parents=True)
     (orphan / "usage").write_text("x")
     reg = make(tmp_path)
-    assert reg.entries == {} and (orphan / "usage").exists()
+    assert reg.entries == {} and not orphan.exists()
     reg.close()
 
 
@@ -127,7 +127,7 @@ def test_a_create_that_cannot_be_recorded_leaves_nothing(
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(reg.store, "save", disk_full)
-    with pytest.raises(ServerError, match="cannot record"):
+    with pytest.raises(InsufficientStorage, match="cannot record"):  # 507: the disk is full
         reg.create(CreateRequest(), LIMITS, gpus(1), Rules())
     left = [p.name for p in (tmp_path / "run").iterdir()]
     assert reg.entries == {} and left == []

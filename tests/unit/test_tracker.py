@@ -35,8 +35,11 @@ def proc(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def vgpu(tmp_path: Path) -> Iterator[FakeVgpu]:
+def vgpu(tmp_path: Path, proc: Path) -> Iterator[FakeVgpu]:
+    """A vGPU whose blocks the container's two processes map."""
     v = Vgpu(tmp_path / "v1", "v1")
+    v.mapped_by(proc, 4100)
+    v.mapped_by(proc, 4150)
     yield v
     v.close()
 

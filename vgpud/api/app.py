@@ -2,12 +2,18 @@
 
 Every error is JSON {"error": code, "detail": text} with its 4xx/5xx status,
 including aiohttp's own (unknown route 404, wrong method 405, body over
-max_request_bytes 413). Handlers are thin: parse, call the Service, answer.
+max_request_bytes 413) and a body that does not arrive within
+request_body_timeout (408, and the connection is closed). Handlers are
+thin: parse, call the Service, answer.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import socket
+import struct
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from importlib import resources
@@ -17,9 +23,10 @@ import structlog
 from aiohttp import web
 
 from vgpud.api import schemas
-from vgpud.errors import ApiError, BadRequest, PayloadTooLarge, Unprocessable
+from vgpud.errors import ApiError, BadRequest, PayloadTooLarge, RequestTimeout, Unprocessable
 from vgpud.events import Event, EventLog
 from vgpud.metrics import CONTENT_TYPE, Metrics
+from vgpud.model import Credentials
 from vgpud.service import Service
 
 log = structlog.get_logger("vgpud.api")
@@ -29,6 +36,10 @@ METRICS = web.AppKey("metrics", Metrics)
 EVENTS = web.AppKey("events", EventLog)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+# No request of openapi.json nests deeper than 2 (an object of label objects);
+# 8 leaves room to grow and keeps a hostile body's walk short.
+MAX_JSON_DEPTH = 8
 
 
 def make_app(service: Service, metrics: Metrics) -> web.Application:
@@ -79,7 +90,10 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except ApiError as exc:
-        return error_response(exc.status, exc.code, exc.detail)
+        response = error_response(exc.status, exc.code, exc.detail)
+        if exc.close_connection:
+            response.force_close()
+        return response
     except web.HTTPRequestEntityTooLarge:
         limit = request.app[SERVICE].config.max_request_bytes
         err = PayloadTooLarge(f"the body is over the {limit} bytes this daemon accepts")
@@ -114,19 +128,64 @@ async def _timing(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 
 async def _json_body(request: web.Request) -> object:
-    raw = await request.read()
+    """The body as strict JSON (RFC 8259: no NaN or Infinity, no key given
+    twice), nested at most MAX_JSON_DEPTH deep; anything else is a 400.
+    Python's parser takes all of those, and a body nested thousands deep
+    ends in RecursionError: each must be the client's error, not a 500."""
+    limit = request.app[SERVICE].config.request_body_timeout
     try:
-        return json.loads(raw)
+        async with asyncio.timeout(limit):
+            raw = await request.read()
+    except TimeoutError:
+        raise RequestTimeout(f"the body did not arrive within {limit:g} s") from None
+    try:
+        body = json.loads(raw, parse_constant=_no_constant, object_pairs_hook=_unique_keys)
+    except RecursionError:
+        raise BadRequest(f"the body is nested deeper than {MAX_JSON_DEPTH} levels") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadRequest(f"the body is not valid JSON: {exc}") from None
+    if _depth(body) > MAX_JSON_DEPTH:
+        raise BadRequest(f"the body is nested deeper than {MAX_JSON_DEPTH} levels")
+    return body
+
+
+def _no_constant(name: str) -> object:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for key, value in pairs:
+        if key in out:  # which one counts would differ between parsers
+            raise ValueError(f"key {key!r} given twice")
+        out[key] = value
+    return out
+
+
+def _depth(value: object) -> int:
+    """How deep arrays and objects nest (a scalar is 0), without recursion."""
+    deepest = 0
+    stack = [(value, 1)]
+    while stack:
+        node, level = stack.pop()
+        children = (
+            node.values() if isinstance(node, dict) else node if isinstance(node, list) else None
+        )
+        if children is None:
+            continue
+        deepest = max(deepest, level)
+        stack.extend((child, level + 1) for child in children)
+    return deepest
 
 
 async def health(request: web.Request) -> web.Response:
-    return web.json_response(request.app[SERVICE].health_json())
+    service = request.app[SERVICE]
+    return _json(service.rendered("health", service.health_json))
 
 
 async def devices(request: web.Request) -> web.Response:
-    return web.json_response(request.app[SERVICE].devices_json())
+    service = request.app[SERVICE]
+    return _json(service.rendered("devices", service.devices_json))
 
 
 async def list_vgpus(request: web.Request) -> web.Response:
@@ -135,18 +194,38 @@ async def list_vgpus(request: web.Request) -> web.Response:
     label = q.get("label")
     if label is not None:
         schemas.parse_label_query(label)
-    return web.json_response(service.list_json(q.get("gpu"), label, q.get("owner_pod")))
+    gpu, owner_pod = q.get("gpu"), q.get("owner_pod")
+    return _json(
+        service.rendered(
+            ("vgpus", gpu, label, owner_pod), lambda: service.list_json(gpu, label, owner_pod)
+        )
+    )
 
 
 async def create_vgpu(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
     req = schemas.parse_create(await _json_body(request))
-    entry = service.create(req)
+    entry = service.create(req, caller(request))
     return web.json_response(service.vgpu_json(entry), status=201)
 
 
+def caller(request: web.Request) -> Credentials:
+    """Who sent the request, as the kernel vouches for it: SO_PEERCRED of the
+    unix socket (a body cannot claim it). The API listens on that socket
+    alone (daemon.py); a TCP peer, which only tests use, has no credentials
+    and counts as the daemon's own user."""
+    transport = request.transport
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is None or sock.family != socket.AF_UNIX:
+        return Credentials(os.geteuid(), os.getegid())
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("iII"))
+    _pid, uid, gid = struct.unpack("iII", raw)
+    return Credentials(uid, gid)
+
+
 async def get_vgpu(request: web.Request) -> web.Response:
-    return web.json_response(request.app[SERVICE].find_json(request.match_info["id"]))
+    service, key = request.app[SERVICE], request.match_info["id"]
+    return _json(service.rendered(("vgpu", key), lambda: service.find_json(key)))
 
 
 async def update_vgpu(request: web.Request) -> web.Response:
@@ -168,16 +247,23 @@ async def delete_vgpu(request: web.Request) -> web.Response:
 
 
 async def processes(request: web.Request) -> web.Response:
-    return web.json_response([p.to_json() for p in request.app[SERVICE].processes])
+    service = request.app[SERVICE]
+    return _json(service.rendered("processes", lambda: [p.to_json() for p in service.processes]))
+
+
+def _json(body: bytes) -> web.Response:
+    return web.Response(body=body, content_type="application/json")
 
 
 async def events(request: web.Request) -> web.StreamResponse:
     """NDJSON by default, server-sent events with Accept: text/event-stream
     or ?format=sse. ?since=N resumes after event N; ?follow=false ends after
-    the backlog instead of streaming new events."""
+    the backlog (all of it without ?since=) instead of streaming new events."""
     log_ = request.app[EVENTS]
-    since = schemas.parse_int_query(request.query, "since", 0)
     follow = schemas.parse_bool_query(request.query, "follow", default=True)
+    # A follower with no ?since= gets what happens from now on, not the
+    # whole buffer again; a one-off read (follow=false) gets the buffer.
+    since = schemas.parse_int_query(request.query, "since", log_.last_seq if follow else 0)
     fmt = request.query.get("format")
     if fmt not in (None, "ndjson", "sse"):
         raise Unprocessable(f"format: ndjson or sse, not {fmt!r}")
@@ -190,11 +276,14 @@ async def events(request: web.Request) -> web.StreamResponse:
     )
     await response.prepare(request)
     source = log_.follow(since) if follow else _replay(log_, since)
-    async for event in source:
-        line = json.dumps(event.to_json())
-        data = f"id: {event.seq}\nevent: {event.type}\ndata: {line}\n\n" if sse else line + "\n"
-        await response.write(data.encode())
-    await response.write_eof()
+    try:
+        async for event in source:
+            line = json.dumps(event.to_json())
+            data = f"id: {event.seq}\nevent: {event.type}\ndata: {line}\n\n" if sse else line + "\n"
+            await response.write(data.encode())
+        await response.write_eof()
+    except ConnectionResetError:  # the follower left: the ordinary end of a stream
+        log.debug("events follower disconnected")
     return response
 
 

@@ -7,16 +7,28 @@ number), values out of range. 422 with the field named.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from vgpud.errors import Unprocessable
-from vgpud.model import MODES, CreateRequest, UpdateRequest
-from vgpud.units import MemoryAmount, parse_memory
+from vgpud.model import MODES, BlockUser, CreateRequest, UpdateRequest
+from vgpud.units import (
+    MAX_VGPU_MEMORY,
+    MIN_VGPU_MEMORY,
+    MemoryAmount,
+    format_bytes,
+    parse_memory,
+)
 
 MAX_GPUS = 16
 MAX_LABELS = 64
 MAX_TEXT = 253
+# Query integers (event sequence numbers): what a signed 64-bit counter holds.
+MAX_QUERY_INT = 2**63 - 1
+# A uid or gid: uid_t is 32 bits and (uid_t)-1 means "no change" to chown.
+MAX_ID = 2**32 - 2
+_ASCII_DIGITS = re.compile(r"[0-9]{1,19}")
 
 CREATE_FIELDS = frozenset(
     {
@@ -31,6 +43,7 @@ CREATE_FIELDS = frozenset(
         "exclusive",
         "labels",
         "owner",
+        "user",
     }
 )
 UPDATE_FIELDS = frozenset({"memory", "share", "mode", "weight"})
@@ -54,6 +67,7 @@ def parse_create(body: object) -> CreateRequest:
         exclusive=_bool(obj, "exclusive"),
         labels=_string_map(obj.get("labels", {}), "labels"),
         owner=_string_map(obj.get("owner", {}), "owner"),
+        user=_opt(obj, "user", _user),
     )
 
 
@@ -81,11 +95,13 @@ def parse_bool_query(query: Mapping[str, str], key: str, default: bool = False) 
 
 
 def parse_int_query(query: Mapping[str, str], key: str, default: int) -> int:
+    """A non-negative integer of at most MAX_QUERY_INT, in ASCII digits
+    (str.isdigit alone takes "١٢٣" and "²", and int() of 5000 digits raises)."""
     value = query.get(key)
     if value is None:
         return default
-    if not value.isdigit():
-        raise Unprocessable(f"{key}: a non-negative integer, not {value!r}")
+    if not (_ASCII_DIGITS.fullmatch(value) and int(value) <= MAX_QUERY_INT):
+        raise Unprocessable(f"{key}: an integer 0..{MAX_QUERY_INT}, not {_short(value)}")
     return int(value)
 
 
@@ -99,12 +115,14 @@ def parse_label_query(value: str) -> tuple[str, str]:
 # --- pieces -------------------------------------------------------------------
 
 
-def _object(body: object, allowed: frozenset[str]) -> dict[str, Any]:
+def _object(body: object, allowed: frozenset[str], key: str | None = None) -> dict[str, Any]:
+    """A JSON object with no field outside ``allowed``: the body, or field ``key``."""
     if not isinstance(body, dict):
-        raise Unprocessable("the body must be a JSON object")
+        raise Unprocessable(f"{key}: a JSON object" if key else "the body must be a JSON object")
     unknown = sorted(set(body) - allowed)
     if unknown:
-        raise Unprocessable(f"unknown field(s): {', '.join(unknown)}")
+        where = f" in {key}" if key else ""
+        raise Unprocessable(f"unknown field(s){where}: {', '.join(unknown)}")
     return body
 
 
@@ -114,13 +132,22 @@ def _opt(obj: Mapping[str, Any], key: str, parse: Callable[[Any], Any]) -> Any:
     return parse(obj[key])
 
 
-def _int(obj: Mapping[str, Any], key: str, low: int, high: int, *, default: int) -> int:
+def _int(
+    obj: Mapping[str, Any], key: str, low: int, high: int, *, default: int, what: str = ""
+) -> int:
+    what = what or key
     value = obj.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise Unprocessable(f"{key}: an integer {low}..{high}, not {value!r}")
+        raise Unprocessable(f"{what}: an integer {low}..{high}, not {_short(value)}")
     if not low <= value <= high:
-        raise Unprocessable(f"{key}: {value} is outside {low}..{high}")
+        raise Unprocessable(f"{what}: {_short(value)} is outside {low}..{high}")
     return int(value)
+
+
+def _short(value: object) -> str:
+    """A value for an error's detail: a 4000-digit number is not repeated."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:40] + "..."
 
 
 def _opt_int(obj: Mapping[str, Any], key: str, low: int, high: int) -> int | None:
@@ -146,16 +173,36 @@ def _text(key: str) -> Callable[[Any], str]:
 
 
 def _memory(value: Any) -> MemoryAmount:
+    """A memory limit; in bytes, MIN_VGPU_MEMORY..MAX_VGPU_MEMORY (a
+    percentage is checked against that range per GPU, at placement)."""
     try:
-        return parse_memory(value)
+        amount = parse_memory(value)
     except ValueError as exc:
         raise Unprocessable(f"memory: {exc}") from None
+    if amount.nbytes is not None and not MIN_VGPU_MEMORY <= amount.nbytes <= MAX_VGPU_MEMORY:
+        raise Unprocessable(
+            f"memory: {amount.nbytes} bytes is outside {format_bytes(MIN_VGPU_MEMORY)}.."
+            f"{format_bytes(MAX_VGPU_MEMORY)} (the smallest is one allocation granule)"
+        )
+    return amount
 
 
 def _mode(value: Any) -> str:
     if value not in MODES:
         raise Unprocessable(f"mode: {' or '.join(MODES)}, not {value!r}")
     return str(value)
+
+
+def _user(value: Any) -> BlockUser:
+    """{"uid": N} or {"uid": N, "gid": M}: host ids, 0..MAX_ID."""
+    obj = _object(value, frozenset({"uid", "gid"}), "user")
+    if "uid" not in obj:
+        raise Unprocessable("user: uid is required")
+    uid = _int(obj, "uid", 0, MAX_ID, default=0, what="user.uid")
+    gid = (
+        None if obj.get("gid") is None else _int(obj, "gid", 0, MAX_ID, default=0, what="user.gid")
+    )
+    return BlockUser(uid, gid)
 
 
 def _gpus(value: Any) -> tuple[str, ...]:

@@ -112,17 +112,37 @@ def add_limits(c: argparse.ArgumentParser, *, creating: bool) -> None:
         c.add_argument("--oversubscribe", action="store_true")
         c.add_argument("--exclusive", action="store_true", help="whole GPUs")
         c.add_argument("--label", action="append", default=[], help="key=value (repeatable)")
+        c.add_argument(
+            "--user",
+            type=user_arg,
+            help="UID[:GID]: the host user whose processes use it (default: yours; "
+            "another needs root)",
+        )
+
+
+def user_arg(text: str) -> dict[str, int]:
+    """--user 1000 or 1000:1000, as the API's user object."""
+    uid, sep, gid = text.partition(":")
+    if not (uid.isascii() and uid.isdigit()) or (sep and not (gid.isascii() and gid.isdigit())):
+        raise argparse.ArgumentTypeError(f"UID or UID:GID in digits, not {text!r}")
+    return {"uid": int(uid), "gid": int(gid)} if sep else {"uid": int(uid)}
+
+
+def _number_or_text(text: str) -> int | str:
+    """An ASCII number as an int, anything else as given for the daemon to
+    judge (int() would read Arabic-Indic digits, which the daemon refuses)."""
+    return int(text) if text.isascii() and text.isdigit() else text
 
 
 def limits_body(a: argparse.Namespace, *, creating: bool) -> dict[str, Any]:
     body: dict[str, Any] = {}
     if a.memory is not None:
-        body["memory"] = int(a.memory) if a.memory.isdigit() else a.memory
+        body["memory"] = _number_or_text(a.memory)
     for key in ("share", "mode", "weight"):
         if getattr(a, key) is not None:
             body[key] = getattr(a, key)
     if creating:
-        body["gpus"] = [int(g) if g.isdigit() else g for g in a.gpus.split(",") if g]
+        body["gpus"] = [_number_or_text(g) for g in a.gpus.split(",") if g]
         for key in ("name", "count"):
             if getattr(a, key) is not None:
                 body[key] = getattr(a, key)
@@ -132,6 +152,8 @@ def limits_body(a: argparse.Namespace, *, creating: bool) -> dict[str, Any]:
             body["exclusive"] = True
         if a.label:
             body["labels"] = dict(label.split("=", 1) for label in a.label if "=" in label)
+        if a.user is not None:
+            body["user"] = a.user
     return body
 
 

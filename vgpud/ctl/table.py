@@ -68,6 +68,10 @@ def show(v: dict[str, Any]) -> str:
         lines.append("  labels " + ", ".join(f"{k}={val}" for k, val in v["labels"].items()))
     if v["owner"]:
         lines.append("  owner " + ", ".join(f"{k}={val}" for k, val in v["owner"].items()))
+    user = v["user"]
+    lines.append(
+        f"  user uid {user['uid']}" + (f" gid {user['gid']}" if user["gid"] is not None else "")
+    )
     lines.append("")
     lines.append(render(VGPU_HEADERS, vgpu_rows([v])))
     lines.append("")

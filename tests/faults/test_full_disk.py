@@ -1,0 +1,92 @@
+"""A full run dir: a create is refused with 507 and the API's error shape,
+nothing is left half-made, the daemon lives; at start, a vGPU whose blocks
+cannot be made again is skipped with one line (and kept in the state file),
+never a SIGBUS crash loop."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.faults.smalldisk import SmallDisk
+from tests.integration.daemon_harness import Daemon
+from vgpud.ctl.client import ApiFailure
+
+# One vGPU's blocks (control 4 KiB, usage 172 KiB)
+# fit in 256 KiB; a second vGPU's usage block does not.
+SIZE = "256k"
+
+pytestmark = [
+    pytest.mark.root,
+    pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs: needs root"),
+]
+
+
+@pytest.fixture
+def disk(tmp_path: Path) -> Iterator[SmallDisk]:
+    small = SmallDisk(tmp_path / "run", SIZE)
+    yield small
+    small.close()
+
+
+def daemon_on(disk: SmallDisk, tmp_path: Path, env: dict[str, str]) -> Daemon:
+    daemon = Daemon(tmp_path, env)
+    daemon.args = disk.inside(*daemon.args)
+    return daemon
+
+
+def test_a_create_on_a_full_run_dir_is_a_clean_507(
+    disk: SmallDisk, tmp_path: Path, sim_env: dict[str, str]
+) -> None:
+    daemon = daemon_on(disk, tmp_path, sim_env).start()
+    try:
+        first = daemon.client.post("/v1/vgpus", {"memory": "1g"})
+        before = disk.files()
+        with pytest.raises(ApiFailure) as refused:
+            daemon.client.post("/v1/vgpus", {"memory": "1g"})
+        assert refused.value.status == 507
+        assert refused.value.error == "insufficient_storage"
+        assert "No space left" in refused.value.detail
+        assert disk.files() == before  # no half-made directory, block or temp file
+        # The daemon lives, and what it has is whole.
+        assert [v["id"] for v in daemon.client.get("/v1/vgpus")] == [first["id"]]
+        recorded = json.loads((daemon.state_dir / "vgpus.json").read_text())["vgpus"]
+        assert [v["id"] for v in recorded] == [first["id"]]
+        assert daemon.stop() == 0
+    finally:
+        daemon.cleanup()
+
+
+def test_a_repair_that_cannot_be_made_skips_the_vgpu_with_one_line(
+    disk: SmallDisk, tmp_path: Path, sim_env: dict[str, str]
+) -> None:
+    daemon = daemon_on(disk, tmp_path, sim_env).start()
+    try:
+        vgpu = daemon.client.post("/v1/vgpus", {"memory": "1g", "share": 60})["id"]
+        assert daemon.stop() == 0
+        # Its usage block is lost and the space taken while the daemon is down.
+        disk.run("rm", str(daemon.run_dir / vgpu / "usage"))
+        disk.run("sh", "-c", f"cat /dev/zero > {daemon.run_dir}/filler || true")
+        daemon.log_path.write_text("")
+        daemon.start()
+        errors = [line for line in daemon.log().splitlines() if "[error" in line]
+        assert len(errors) == 1 and "vGPU skipped" in errors[0] and vgpu in errors[0]
+        assert daemon.client.get("/v1/vgpus") == []
+        # Still recorded, and still counted: its hard share is not given away.
+        recorded = json.loads((daemon.state_dir / "vgpus.json").read_text())["vgpus"]
+        assert [v["id"] for v in recorded] == [vgpu]
+        with pytest.raises(ApiFailure) as refused:
+            gpu = recorded[0]["slices"][0]["gpu_uuid"]
+            daemon.client.post("/v1/vgpus", {"gpus": [gpu], "memory": "2m", "share": 50})
+        assert refused.value.status == 409
+        assert daemon.stop() == 0
+        # Space comes back: the next start makes its blocks and serves it again.
+        disk.run("rm", str(daemon.run_dir / "filler"))
+        daemon.start()
+        assert [v["id"] for v in daemon.client.get("/v1/vgpus")] == [vgpu]
+    finally:
+        daemon.cleanup()

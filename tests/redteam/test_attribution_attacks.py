@@ -1,0 +1,425 @@
+"""Red team: a tenant tries to make the daemon charge, kill or name a
+process that is not its own, or to step around the memory backstop.
+
+Each test is an attack from issue 10 (items 1, 2, 8 and the fork case of
+item 5), run against the real tracker and backstop on real processes of
+this machine; it asserts that the attack fails (docs/security.md).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import BUILD, ROOT
+from tests.fixtures.cgroup import Cgroup
+from tests.fixtures.hook import GPU_UUIDS, FakeHook, FakeVgpu, mapping_process
+from tests.fixtures.simgpu import BYPASS, SCAN, SIM_GPU0, run_json
+from vgpud.backstop import BackstopPolicy, BackstopState, check, decide
+from vgpud.blocks import SLOT_FREE, UsageBlock, UsageC
+from vgpud.nvml import GpuSample, NvmlSample
+from vgpud.procfs import ProcFS
+from vgpud.reaper import ReaperState, reap
+from vgpud.tracker import ProcessKind, Tracker
+
+GIB = 1 << 30
+GPU0 = GPU_UUIDS[0]
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "proc"
+DOCKER_NS = 4026532201  # docker-cgroupfs-v1: 4100 = ns pid 1, 4150 = ns pid 7
+
+
+def nvml(processes: dict[int, int]) -> NvmlSample:
+    gpu = GpuSample(GPU0, 0, 0, sum(processes.values()), 80 * GIB, processes, {})
+    return NvmlSample(monotonic=0.0, gpus={GPU0: gpu})
+
+
+def identity(pid: int) -> tuple[int, int]:
+    """(PID namespace inode, start time) of a live process, as a hook
+    would write them, or as an attacker who guessed them right would."""
+    process = ProcFS().process(pid)
+    assert process is not None
+    return process.pidns, process.start_time
+
+
+@pytest.fixture
+def two_vgpus(tmp_path: Path) -> Iterator[tuple[FakeVgpu, FakeVgpu]]:
+    a = FakeVgpu(tmp_path / "attacker", "attacker", (GIB,))
+    b = FakeVgpu(tmp_path / "victim", "victim", (8 * GIB,))
+    yield a, b
+    a.close()
+    b.close()
+
+
+@pytest.fixture
+def victim(two_vgpus: tuple[FakeVgpu, FakeVgpu], cgroup: Cgroup) -> Iterator[subprocess.Popen[str]]:
+    """A process of the victim vGPU, in a container (cgroup) of its own: it
+    maps the victim's blocks and holds a slot there, as a hooked process does."""
+    _, b = two_vgpus
+    p = mapping_process(b.usage.path, b.control.path)
+    cgroup.add(p.pid)
+    pidns, start = identity(p.pid)
+    b.hook.claim(0, pid=p.pid, pidns=pidns, start_time=start, used={0: 2 * GIB})
+    yield p
+    p.kill()
+    p.wait()
+
+
+def test_a_forged_slot_neither_charges_nor_kills_another_tenants_process(
+    two_vgpus: tuple[FakeVgpu, FakeVgpu], victim: subprocess.Popen[str]
+) -> None:
+    a, b = two_vgpus
+    pidns, start = identity(victim.pid)
+    # The attacker writes the victim's exact identity into its own block.
+    a.hook.claim(0, pid=victim.pid, pidns=pidns, start_time=start, used={0: GIB})
+    tracker = Tracker(sees_all_pids=True)
+    views = {"victim": b.blocks, "attacker": a.blocks}  # the attacker's vGPU came later
+    state = BackstopState()
+    for _ in range(3):  # past confirm_scans: a kill would have happened
+        snap = tracker.scan(views, nvml({victim.pid: 3 * GIB}))
+        events, state = check(snap, BackstopPolicy("kill", tolerance=0), state)
+        assert events == []
+        p = snap.processes[victim.pid]
+        assert (p.kind, p.vgpu_id, p.slot) == (ProcessKind.VGPU, "victim", 0)
+        assert snap.vgpus["attacker"].gpus[GPU0].nvml_used == 0
+        assert snap.vgpus["attacker"].pids == ()
+        # No answer to the guess: the attacker's control block names nobody.
+        assert a.control.slot_host_pid(0) == 0
+    assert victim.poll() is None
+    assert b.control.slot_host_pid(0) == victim.pid
+
+
+def test_a_right_guess_and_a_wrong_one_look_the_same_to_the_attacker(
+    two_vgpus: tuple[FakeVgpu, FakeVgpu], victim: subprocess.Popen[str]
+) -> None:
+    """The reaper treats a slot naming someone else's process as it treats a
+    slot naming nobody: reclaimed at once. Keeping one and freeing the other
+    would tell the attacker which guesses of (pid, start time) were right."""
+    a, b = two_vgpus
+    pidns, start = identity(victim.pid)
+    a.hook.claim(0, pid=victim.pid, pidns=pidns, start_time=start, used={0: GIB // 2})
+    a.hook.claim(1, pid=victim.pid, pidns=pidns, start_time=start + 1, used={0: GIB // 2})
+    views = {"attacker": a.blocks, "victim": b.blocks}
+    snap = Tracker(sees_all_pids=True).scan(views, None)
+    events, _ = reap(snap, views, ReaperState())
+    assert sorted((e.vgpu_id, e.kind, e.slot) for e in events) == [
+        ("attacker", "slot_reclaimed", 0),
+        ("attacker", "slot_reclaimed", 1),
+    ]
+    assert [a.control.slot_host_pid(i) for i in (0, 1)] == [0, 0]
+    assert [s.index for s in b.usage.slots()] == [0]  # the victim's own slot untouched
+
+
+def test_an_adopted_standalone_block_cannot_claim_a_vgpu_process(
+    tmp_path: Path,
+    two_vgpus: tuple[FakeVgpu, FakeVgpu],
+    victim: subprocess.Popen[str],
+    other_cgroup: Cgroup,
+) -> None:
+    """Standalone blocks are the tenant's files end to end; one that names
+    a daemon-owned vGPU's process in a slot takes nothing from that vGPU."""
+    _, b = two_vgpus
+    block = tmp_path / "standalone.usage"
+    UsageBlock.create(block, device_count=1).close()
+    block.chmod(0o600)
+    forger = FakeHook(block)
+    forger.standalone([GPU0], [GIB])
+    pidns, start = identity(victim.pid)
+    forger.claim(1, pid=victim.pid, pidns=pidns, start_time=start, used={0: GIB})
+    # The attacker's own process maps the block and looks standalone.
+    env = dict(os.environ, LD_PRELOAD=str(BUILD / "libvgpu-atomics.so"), CUDA_MEM_LIMIT="1g")
+    env.pop("VGPU_CONTROL", None)
+    attacker = subprocess.Popen(
+        [sys.executable, "-c", MAPPER, str(block)], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert attacker.stdout is not None and attacker.stdout.readline() == "mapped\n"
+        other_cgroup.add(attacker.pid)  # the attacker's own container
+        tracker = Tracker(sees_all_pids=True)
+        sample = nvml({attacker.pid: GIB // 4, victim.pid: 2 * GIB})
+        tracker.scan({"victim": b.blocks}, sample)  # adopts the attacker's block
+        snap = tracker.scan({"victim": b.blocks}, sample)  # its slots are read now
+        (standalone,) = snap.standalone
+        assert snap.processes[attacker.pid].vgpu_id == standalone
+        assert (snap.processes[victim.pid].vgpu_id, snap.processes[victim.pid].kind) == (
+            "victim",
+            ProcessKind.VGPU,
+        )
+        assert snap.vgpus[standalone].pids == (attacker.pid,)
+    finally:
+        forger.close()
+        attacker.kill()
+        attacker.wait()
+
+
+MAPPER = """
+import mmap, os, sys, time
+kept = [mmap.mmap(os.open(p, os.O_RDWR), 0) for p in sys.argv[1:]]
+print("mapped", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_block_someone_else_owns_is_never_adopted(tmp_path: Path) -> None:
+    """A squatter's file (another uid, or open to others) is not the budget
+    of the process that maps it."""
+    block = tmp_path / "squatted.usage"
+    UsageBlock.create(block, device_count=1).close()
+    block.chmod(0o666)  # open to everyone: anyone could have written it
+    env = dict(os.environ, LD_PRELOAD=str(BUILD / "libvgpu-atomics.so"), CUDA_MEM_LIMIT="1g")
+    p = subprocess.Popen(
+        [sys.executable, "-c", MAPPER, str(block)], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert p.stdout is not None and p.stdout.readline() == "mapped\n"
+        snap = Tracker(sees_all_pids=True).scan({}, nvml({p.pid: GIB}))
+        assert snap.standalone == {}
+        assert snap.processes[p.pid].kind is ProcessKind.HOOKED
+    finally:
+        p.kill()
+        p.wait()
+
+
+# --- bypassing the hook inside a vGPU's container --------------------------
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("how", ["no-hook", "standalone-hook"])
+def test_a_bypass_in_a_vgpu_container_is_charged_by_its_mounts_and_killed(
+    sim_env: dict[str, str], tmp_path: Path, how: str
+) -> None:
+    """A 1 GiB vGPU's container (its block files bind-mounted, as CDI does)
+    runs one process, and nothing else: it strips the vGPU's variables and
+    allocates 2 GiB with no hook at all, or with the hook told to run
+    standalone with no memory limit (``CUDA_CORE_LIMIT=100``). No slot, no
+    proven cgroup: the mount namespace alone puts it in the vGPU, the
+    backstop reports it and kills it."""
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        pytest.skip("needs root and unshare(1)")
+    vgpu = FakeVgpu(tmp_path / "v1", "v1", (GIB,), uuids=(SIM_GPU0,))
+    inside = tmp_path / "container"
+    inside.mkdir()
+    for name in ("control", "usage"):
+        (inside / name).touch()
+    env = dict(sim_env, PYTHONPATH=str(ROOT))
+    if how == "standalone-hook":
+        env.update(LD_PRELOAD=str(BUILD / "libvgpu.so"), CUDA_CORE_LIMIT="100")
+    script = (
+        f"mount --bind {vgpu.control.path} {inside / 'control'} && "
+        f"mount --bind {vgpu.usage.path} {inside / 'usage'} && "
+        f'exec {sys.executable} -c "$BYPASS" {2 * GIB}'
+    )
+    bypass = subprocess.Popen(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+        env=dict(env, BYPASS=BYPASS),
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert bypass.stdout is not None and bypass.stdout.readline().strip() == "allocated"
+        scans = run_json(SCAN, sim_env, str(vgpu.usage.path.parent), "kill", "3")
+        kind = "hooked" if how == "standalone-hook" else "unmanaged"
+        assert scans[0]["kinds"][str(bypass.pid)] == [kind, "v1"]
+        assert scans[0]["nvml_used"] >= 2 * GIB
+        assert scans[0]["events"] == [["over_limit", bypass.pid]]
+        assert scans[1]["events"] == [["killed", bypass.pid]]
+        assert bypass.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        bypass.kill()
+        bypass.wait()
+        vgpu.close()
+
+
+# --- on fixture /proc trees -------------------------------------------------
+
+
+@pytest.fixture
+def proc(tmp_path: Path) -> Path:
+    root = tmp_path / "proc"
+    shutil.copytree(FIXTURES / "docker-cgroupfs-v1", root, symlinks=True)
+    return root
+
+
+@pytest.fixture
+def vgpu(tmp_path: Path, proc: Path) -> Iterator[FakeVgpu]:
+    v = FakeVgpu(tmp_path / "v1", "v1", (4 * GIB,))
+    v.mapped_by(proc, 4100)  # 4100 is the vGPU's proven process
+    yield v
+    v.close()
+
+
+def test_a_hooked_process_with_no_slot_is_charged_and_is_the_offender(
+    proc: Path, vgpu: FakeVgpu
+) -> None:
+    """LD_PRELOAD naming the library and VGPU_CONTROL in the environment
+    (a static, musl or Go binary in a CDI container; or one that never
+    claims a slot) no longer file a process as "hooked, never charged"."""
+    (proc / "4150" / "environ").write_bytes(
+        b"LD_PRELOAD=/usr/lib/vgpud/libvgpu.so\0VGPU_CONTROL=/run/vgpud/vgpu/control\0"
+    )
+    vgpu.hook.claim(0, pid=1, pidns=DOCKER_NS, start_time=5100, used={0: GIB})
+    snap = Tracker(proc, sees_all_pids=True).scan(
+        {"v1": vgpu.blocks}, nvml({4100: GIB, 4150: 5 * GIB})
+    )
+    p = snap.processes[4150]
+    assert (p.kind, p.vgpu_id) == (ProcessKind.HOOKED, "v1")
+    assert snap.vgpus["v1"].gpus[GPU0].nvml_used == 6 * GIB
+    policy = BackstopPolicy("kill", tolerance=0, confirm_scans=1)
+    kills, _, _ = decide(snap, policy, BackstopState())
+    assert [k.pid for k in kills] == [4150]
+
+
+def test_memory_a_fork_child_inherited_stays_charged_after_the_parent_exits(
+    proc: Path, vgpu: FakeVgpu
+) -> None:
+    """The parent allocated and exited; its child keeps the memory through
+    inherited driver descriptors, and NVML keeps listing it under the dead
+    parent's pid. It stays the vGPU's until NVML lets it go."""
+    vgpu.hook.claim(0, pid=1, pidns=DOCKER_NS, start_time=5100, used={0: GIB})
+    vgpu.hook.claim(1, pid=7, pidns=DOCKER_NS, start_time=5150, used={0: 3 * GIB})
+    vgpu.mapped_by(proc, 4150)
+    tracker = Tracker(proc, sees_all_pids=True)
+    tracker.scan({"v1": vgpu.blocks}, nvml({4100: GIB, 4150: 3 * GIB}))
+    shutil.rmtree(proc / "4150")  # the parent exits; its pages live on in a child
+    snap = tracker.scan({"v1": vgpu.blocks}, nvml({4100: GIB, 4150: 5 * GIB}))
+    ghost = snap.processes[4150]
+    assert (ghost.kind, ghost.vgpu_id) == (ProcessKind.EXITED, "v1")
+    assert snap.vgpus["v1"].gpus[GPU0].nvml_used == 6 * GIB
+    assert [p.pid for p in snap.exits] == [4150]
+    events, _ = check(snap, BackstopPolicy("report", tolerance=0), BackstopState())
+    assert [e.kind for e in events] == ["over_limit"]
+    later = tracker.scan({"v1": vgpu.blocks}, nvml({4100: GIB}))  # NVML lets it go
+    assert 4150 not in later.processes and later.vgpus["v1"].gpus[GPU0].nvml_used == GIB
+
+
+# --- the daemon's cost is bounded by what it reads ---------------------------
+
+
+MANY_MAPPINGS = """
+import ctypes, mmap, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                      ctypes.c_int, ctypes.c_long)
+fd = os.open(sys.argv[1], os.O_RDWR)
+size = os.fstat(fd).st_size
+# Each its own VMA: the same file range again and again (python's mmap
+# would spend a descriptor per mapping).
+for _ in range(int(sys.argv[2])):
+    assert libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0) not in (None, 2**64 - 1)
+print("mapped", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_sixty_thousand_mappings_cost_one_bounded_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process with 60,000 shared mappings of a usage block's size, that
+    looks like a standalone hook, listed by NVML: its maps file is read once
+    for its lifetime and no further than the limit, and a handful of files
+    is tried as its block, whatever the scan count."""
+    decoy = tmp_path / "decoy"
+    decoy.write_bytes(b"\0" * (-(-len(bytes(UsageC())) // mmap.PAGESIZE) * mmap.PAGESIZE))
+    decoy.chmod(0o600)
+    env = dict(os.environ, LD_PRELOAD=str(BUILD / "libvgpu-atomics.so"), CUDA_MEM_LIMIT="1g")
+    p = subprocess.Popen(
+        [sys.executable, "-c", MANY_MAPPINGS, str(decoy), "60000"],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert p.stdout is not None and p.stdout.readline() == "mapped\n"
+        reads: list[int] = []
+        opens: list[int] = []
+        real_read, real_open = ProcFS._read, ProcFS.open_mapped
+
+        def counting_read(
+            self: ProcFS, pid: int, name: str, limit: int | None, **kw: bool
+        ) -> bytes | None:
+            data = real_read(self, pid, name, limit, **kw)
+            if name == "maps":
+                reads.append(len(data or b""))
+            return data
+
+        def counting_open(self: ProcFS, *args: object, **kw: bool) -> int:
+            opens.append(1)
+            return real_open(self, *args, **kw)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(ProcFS, "_read", counting_read)
+        monkeypatch.setattr(ProcFS, "open_mapped", counting_open)
+        tracker = Tracker(sees_all_pids=True)
+        for _ in range(5):
+            snap = tracker.scan({}, nvml({p.pid: GIB}))
+            assert snap.processes[p.pid].kind is ProcessKind.HOOKED
+        assert len(reads) == 1 and reads[0] <= (2 << 20) + 1
+        assert len(opens) <= 5  # one distinct file (the decoy) per scan
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_a_vgpu_naming_many_processes_waits_for_its_own_reads(tmp_path: Path) -> None:
+    """Slots that name hundreds of new processes spend their own vGPU's read
+    budget for the scan; another vGPU's new process is proven at once."""
+    noisy = FakeVgpu(tmp_path / "noisy", "noisy", (GIB,))
+    quiet = FakeVgpu(tmp_path / "quiet", "quiet", (GIB,))
+    procs = [mapping_process(noisy.usage.path) for _ in range(20)]
+    procs.append(mapping_process(quiet.usage.path))
+    try:
+        for i, p in enumerate(procs[:-1]):
+            pidns, start = identity(p.pid)
+            noisy.hook.claim(i, pid=p.pid, pidns=pidns, start_time=start)
+        pidns, start = identity(procs[-1].pid)
+        quiet.hook.claim(0, pid=procs[-1].pid, pidns=pidns, start_time=start)
+        tracker = Tracker(sees_all_pids=True)
+        snap = tracker.scan({"noisy": noisy.blocks, "quiet": quiet.blocks}, None)
+        proven = [s for s in snap.slots if s.host_pid is not None]
+        assert [s.host_pid for s in proven if s.vgpu_id == "quiet"] == [procs[-1].pid]
+        # The noisy vGPU's unread slots are kept (nothing reclaimed for want of a read).
+        assert all(s.held for s in snap.slots)
+        assert sum(1 for s in proven if s.vgpu_id == "noisy") < 20
+        tracker.scan({"noisy": noisy.blocks, "quiet": quiet.blocks}, None)
+        snap = tracker.scan({"noisy": noisy.blocks, "quiet": quiet.blocks}, None)
+        assert all(s.host_pid is not None for s in snap.slots)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        noisy.close()
+        quiet.close()
+
+
+def test_a_slot_is_reclaimed_once_its_process_unmaps_the_block(
+    tmp_path: Path,
+) -> None:
+    """exec() without the hook drops the block and every allocation the
+    process had: the slot it left names a process that no longer maps the
+    block, and its bytes come back."""
+    v = FakeVgpu(tmp_path / "v1", "v1", (GIB,))
+    p = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE, text=True
+    )
+    try:
+        pidns, start = identity(p.pid)
+        v.hook.claim(0, pid=p.pid, pidns=pidns, start_time=start, used={0: GIB // 2})
+        snap = Tracker(sees_all_pids=True).scan({"v1": v.blocks}, None)
+        events, _ = reap(snap, {"v1": v.blocks}, ReaperState())
+        assert [e.kind for e in events] == ["slot_reclaimed"]
+        assert v.usage.devices()[0].used == 0
+        assert v.usage.slots() == [] or all(s.state == SLOT_FREE for s in v.usage.slots())
+    finally:
+        p.kill()
+        p.wait()
+        v.close()

@@ -1,0 +1,155 @@
+"""What the host says about a process: the facts a tenant cannot forge.
+
+A usage block is the tenant's word (docs/security.md, "Attribution"): a
+slot names a process, and nothing stops a container from naming someone
+else's. Before the daemon charges, kills or names a process for a vGPU it
+looks for one of these, which only the kernel writes:
+
+- **the block files it maps**: /proc/<pid>/maps gives, for each file
+  mapping, the device and inode of the file the kernel maps. A process that
+  maps a vGPU's usage or control block file is that vGPU's — a container
+  can open only its own vGPU's files.
+- **the block files mounted into its mount namespace**: /proc/<pid>/mountinfo
+  gives, for each mount, the device and the path inside that filesystem of
+  what is mounted. A container given a vGPU (CDI, ``vgpuctl env --docker``)
+  has the vGPU's block files bind-mounted whatever its processes' environment
+  says, so a process that unset ``VGPU_CONTROL`` or never loads the hook is
+  still known to be in that vGPU.
+
+(The third fact, the cgroup, is the tracker's: a workload cgroup shared with
+a proven member.)
+
+Every read is bounded: /proc/<pid>/maps by ``procfs.MAPS_LIMIT`` (a maps file
+cut there proves nothing either way), at most ``reads_per_scan`` maps files
+per vGPU and scan (a vGPU that names thousands of processes delays only its
+own verdicts), and each process's answer is kept for its lifetime, each
+mount namespace's while a tracked process is in it.
+
+Public interface
+----------------
+``BlockFile.of(path)``: a block file's (st_dev, st_ino) and its path inside
+its filesystem (what mountinfo shows for a bind mount of it), or None.
+``Evidence(procfs, reads_per_scan=...)``:
+    ``begin_scan()``; ``maps(process, budget_key) -> MapsFacts | None``
+    (None: not read yet, the budget of ``budget_key`` is spent, or the
+    process is gone); ``mounts(process) -> frozenset[Mount]``;
+    ``keep(identities, mntns)`` drops what belongs to processes gone.
+``proves(facts, key) -> bool | None``: True maps it, False does not, None
+unknown (maps cut short).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from vgpud.procfs import Identity, MappedFile, Mount, Process, ProcFS
+
+FileKey = tuple[int, int]  # (st_dev, st_ino)
+READS_PER_SCAN = 16
+
+
+@dataclass(frozen=True)
+class BlockFile:
+    key: FileKey
+    fs_path: str | None  # None: its filesystem's mount was not found
+
+    @staticmethod
+    def of(path: str | os.PathLike[str]) -> BlockFile | None:
+        """The block file at ``path`` (a daemon-owned path: never a
+        container's). None when it cannot be stat()ed."""
+        try:
+            st = os.stat(path, follow_symlinks=False)
+        except OSError:
+            return None
+        return BlockFile((st.st_dev, st.st_ino), _fs_path(os.path.realpath(path), st.st_dev))
+
+    def mounted_in(self, mounts: Collection[Mount]) -> bool:
+        return self.fs_path is not None and any(
+            m.dev == self.key[0] and m.root == self.fs_path for m in mounts
+        )
+
+
+@dataclass(frozen=True)
+class MapsFacts:
+    shared: frozenset[FileKey]  # files it maps MAP_SHARED
+    candidates: tuple[MappedFile, ...]  # shared mappings, for the tracker's block search
+    complete: bool  # False: the maps file was cut at the limit
+
+
+def proves(facts: MapsFacts | None, key: FileKey | None) -> bool | None:
+    """Whether the process is shown mapping the file ``key``; None: unknown."""
+    if facts is None or key is None:
+        return None
+    if key in facts.shared:
+        return True
+    return False if facts.complete else None
+
+
+class Evidence:
+    def __init__(self, procfs: ProcFS, *, reads_per_scan: int = READS_PER_SCAN) -> None:
+        self.procfs = procfs
+        self.reads_per_scan = reads_per_scan
+        self._maps: dict[Identity, MapsFacts] = {}
+        self._mounts: dict[int, frozenset[Mount]] = {}  # by mount namespace inode
+        self._mntns: dict[Identity, int | None] = {}
+        self._spent: dict[str, int] = {}
+
+    def begin_scan(self) -> None:
+        self._spent.clear()
+
+    def maps(self, process: Process, budget_key: str) -> MapsFacts | None:
+        facts = self._maps.get(process.identity)
+        if facts is not None:
+            return facts
+        spent = self._spent.get(budget_key, 0)
+        if spent >= self.reads_per_scan:
+            return None
+        self._spent[budget_key] = spent + 1
+        read = self.procfs.maps(process.pid)
+        if read is None:
+            return None
+        shared = tuple(m for m in read.files if m.shared)
+        facts = MapsFacts(frozenset(m.file_key for m in shared), shared, read.complete)
+        self._maps[process.identity] = facts
+        return facts
+
+    def mounts(self, process: Process) -> frozenset[Mount]:
+        if process.identity not in self._mntns:
+            self._mntns[process.identity] = self.procfs.mntns(process.pid)
+        ns = self._mntns[process.identity]
+        if ns is None:
+            return frozenset()
+        mounts = self._mounts.get(ns)
+        if mounts is None:
+            mounts = frozenset(self.procfs.mountinfo(process.pid) or ())
+            self._mounts[ns] = mounts
+        return mounts
+
+    def keep(self, identities: Collection[Identity]) -> None:
+        """Forget the processes not in ``identities`` and the mount
+        namespaces none of those is in (an inode number is reused once its
+        namespace is gone)."""
+        for cache in (self._maps, self._mntns):
+            for identity in [i for i in cache if i not in identities]:
+                del cache[identity]
+        live = set(self._mntns.values())
+        for ns in [n for n in self._mounts if n not in live]:
+            del self._mounts[ns]
+
+
+def _fs_path(path: str, dev: int) -> str | None:
+    """``path`` as the root field of mountinfo names it: relative to the
+    root of its filesystem. The daemon's own mount table says where that
+    filesystem (device ``dev``) is mounted; the deepest mount of that device
+    above ``path`` is the one that holds it."""
+    best: Mount | None = None
+    for m in ProcFS().mountinfo(os.getpid()) or ():
+        inside = path == m.point or path.startswith(m.point.rstrip("/") + "/")
+        if m.dev == dev and inside and (best is None or len(m.point) > len(best.point)):
+            best = m
+    if best is None:
+        return None
+    rest = path[len(best.point.rstrip("/")) :]
+    return best.root.rstrip("/") + rest if rest else best.root
