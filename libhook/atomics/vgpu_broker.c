@@ -14,10 +14,13 @@
  * tenant's wish. Whatever it writes there, it gets at most its turn of the
  * round: a holder that is idle when others wait loses the turn at once; one
  * that stays busy past its time loses it by force TURN_REVOKE_GRACE_NS
- * later, and sits out turns for what it overstayed; a stamp counts only
- * while the daemon's own quota for that vGPU is below 100 % and reaches at
- * most BROKER_STAMP_CAP_NS ahead; a request word that keeps changing wakes
- * the broker at most BROKER_WAKES_PER_PERIOD times a period.
+ * later; and while others ask, a vGPU holds the turn for at most its quota
+ * (the daemon's, in its control block) plus BROKER_SLACK_PPM of the time,
+ * or it sits out until its credit is back (a vGPU that claims turns it
+ * does not use cannot squeeze the others below their shares); a stamp
+ * counts only while the daemon's own quota for that vGPU is below 100 % and
+ * reaches at most BROKER_STAMP_CAP_NS ahead; a request word that keeps
+ * changing wakes the broker at most BROKER_WAKES_PER_PERIOD times a period.
  *
  * One thread for every GPU, asleep in futex_waitv on the words whose change
  * it must answer (a holder's request while others wait, the requests of the
@@ -64,7 +67,15 @@ VGPU_BROKER_API void vgpu_broker_stop(void);
  * hook stops opening batches at turn_until_ns and drains them
  * (TURN_DRAIN_NS, a batch that only its thread can close), so an honest
  * one has passed it on well before. */
-#define TURN_REVOKE_GRACE_NS (TURN_DRAIN_NS + 30000000ull)
+#define TURN_REVOKE_GRACE_NS (TURN_DRAIN_NS + 5000000ull)
+/* Turn time a vGPU may hold while others ask, beyond its quota: an honest
+ * holder also holds the turn through its own gaps between launches, the
+ * hand-offs and the linger. */
+#define BROKER_SLACK_PPM 100000u
+/* Turn credit saved while not contended is capped: a vGPU idle for long
+ * cannot then hold the GPU for long. */
+#define BROKER_CREDIT_CAP_NS 100000000ll
+#define BROKER_CREDIT_FLOOR_NS (-1000000000ll)
 /* A pacing stamp is published at most this far ahead (hooks stamp 0.5 s
  * ahead plus their expected wait; republished every period anyway). */
 #define BROKER_STAMP_CAP_NS 1000000000ull
@@ -83,7 +94,8 @@ struct member {
     struct vgpu_turn *turn;          /* the tenant's: read only, one word at a time */
     uint32_t seen;                   /* request at the last look */
     unsigned wakes;                  /* changes of request this period */
-    uint64_t debt_ns;                /* turns sat out until the overstay is paid */
+    int64_t credit_ns;               /* turn time it may still hold while others ask */
+    uint64_t credit_stamp;
 };
 
 struct gpu {
@@ -96,6 +108,7 @@ struct gpu {
     uint32_t next_id;
     uint64_t granted_at;
     uint64_t until;       /* 0: nobody else waited */
+    bool contended;       /* others asked at the last look */
 };
 
 static struct {
@@ -229,8 +242,32 @@ static void give(struct gpu *g, int pos, bool others_wait, uint64_t now)
     wake_all(&m->ctl->turn_grant);
 }
 
-/* The next asking vGPU after the last holder, round robin; one that owes
- * overstayed time sits out (paying a hold per turn) while others ask. */
+/* Turn credit: refilled at the vGPU's quota plus the slack, spent while it
+ * holds the turn and others ask. */
+static void account(struct gpu *g, struct member *m, bool holder, uint64_t now)
+{
+    uint64_t elapsed = now - m->credit_stamp;
+    m->credit_stamp = now;
+    uint32_t quota = atomic_load_explicit((_Atomic uint32_t *)&m->ctl->throttle.quota_ppm,
+                                          memory_order_relaxed);
+    uint64_t rate = (uint64_t)quota + BROKER_SLACK_PPM;
+    if (rate > VGPU_PPM_FULL)
+        rate = VGPU_PPM_FULL;
+    if (elapsed > BROKER_PERIOD_NS * 4)
+        elapsed = BROKER_PERIOD_NS * 4; /* the refill below cannot overflow */
+    int64_t credit = m->credit_ns + (int64_t)(elapsed * rate / VGPU_PPM_FULL);
+    if (holder && g->contended)
+        credit -= (int64_t)elapsed;
+    if (credit > BROKER_CREDIT_CAP_NS)
+        credit = BROKER_CREDIT_CAP_NS;
+    if (credit < BROKER_CREDIT_FLOOR_NS)
+        credit = BROKER_CREDIT_FLOOR_NS;
+    m->credit_ns = credit;
+}
+
+/* The next asking vGPU after the last holder, round robin, among those with
+ * credit; when none has any, the next asking one (the GPU is not left
+ * idle for want of credit). */
 static int pick(struct gpu *g, const bool *asks)
 {
     int fallback = -1;
@@ -238,10 +275,8 @@ static int pick(struct gpu *g, const bool *asks)
         int pos = (g->last + k) % g->count;
         if (!asks[pos])
             continue;
-        struct member *m = &broker.members[g->members[pos]];
-        if (m->debt_ns == 0)
+        if (broker.members[g->members[pos]].credit_ns >= 0)
             return pos;
-        m->debt_ns = m->debt_ns > TURN_HOLD_NS ? m->debt_ns - TURN_HOLD_NS : 0;
         if (fallback < 0)
             fallback = pos;
     }
@@ -259,6 +294,7 @@ static void step(struct gpu *g, uint64_t now, bool new_period, struct watch *w)
         struct member *m = &broker.members[g->members[i]];
         if (new_period)
             m->wakes = 0;
+        account(g, m, g->members[i] == g->holder, now);
         uint32_t r = request_of(m);
         asks[i] = g->members[i] != g->holder && r != 0;
         asking += asks[i];
@@ -282,13 +318,16 @@ static void step(struct gpu *g, uint64_t now, bool new_period, struct watch *w)
                 holder_pos = -1;
             }
         } else {
-            if (g->until == 0) {
-                /* Others ask now: the holder's time runs from its grant. */
-                g->until = g->granted_at + TURN_HOLD_NS;
-                atomic_store(&h->ctl->turn_until_ns, g->until);
+            /* Others ask: the holder's time runs from its grant, and ends
+             * now if it has held more than its credit. */
+            uint64_t until = g->until != 0 ? g->until : g->granted_at + TURN_HOLD_NS;
+            if (h->credit_ns < 0 && until > now)
+                until = now;
+            if (until != g->until) {
+                g->until = until;
+                atomic_store(&h->ctl->turn_until_ns, until);
             }
             if (now >= g->until + TURN_REVOKE_GRACE_NS) {
-                h->debt_ns += now - g->until;
                 take_back(g, h);
                 holder_pos = -1;
             } else {
@@ -297,6 +336,7 @@ static void step(struct gpu *g, uint64_t now, bool new_period, struct watch *w)
             }
         }
     }
+    g->contended = asking > 0;
     if (holder_pos < 0 && asking > 0) {
         int pos = pick(g, asks);
         asks[pos] = false;
@@ -425,7 +465,8 @@ int vgpu_broker_add(const char *gpu, struct vgpu_control *control, int dev,
                          .gpu = gi,
                          .ctl = &control->devices[dev],
                          .beat = &control->turn_beat_ns,
-                         .turn = &usage->devices[usage_dev].turn};
+                         .turn = &usage->devices[usage_dev].turn,
+                         .credit_stamp = now_ns()};
     atomic_store(&m->ctl->turn_until_ns, 0);
     atomic_store(&m->ctl->paced_until_ns, 0);
     atomic_store(&m->ctl->turn_grant, 0);
