@@ -1,0 +1,235 @@
+"""Issue 10, item 3: a tenant attacks the GPU turn (on the simulated GPU,
+with the real daemon).
+
+Before, every container on a GPU had the GPU's arbiter block mounted
+read-write (0666): writing ``lease_ns``/``paced_until_ns`` = max and
+``serving`` below everyone's ticket hung every paced process of every vGPU
+on the GPU, and ``ftruncate(arbiter, 0)`` SIGBUSed them. Now the daemon's
+broker is the only writer another vGPU reads (docs/security-arbiter.md): a
+tenant can write its own usage block, turn words included, and nothing
+else. Here a hostile tenant, as its vGPU's own user, writes garbage and
+maximal values into everything it can write — its turn words (echoing the
+grant to hold the GPU for ever, waking the broker without pause), the old
+arbiter files if its environment names any — and truncates what it can open
+for writing, while a paced process of another vGPU on the same GPU runs.
+That process must finish, with its share; the daemon must live on; and the
+hostile tenant must not be able to open the other vGPU's files at all.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import BUILD
+from tests.integration.compute_harness import Burn
+from tests.integration.daemon_harness import Daemon
+from vgpud.blocks import MAX_DEVICES, ControlC, ControlDeviceC, TurnC, UsageC, UsageDeviceC
+
+HOSTILE = 54331  # the hostile vGPU's user
+VICTIM = 54332  # the victim vGPU's user
+SECONDS = 4.5
+WARMUP = 1.0
+TOLERANCE = 5.0  # points of the device, as in tests/integration/test_compute_coloc.py
+
+pytestmark = [
+    pytest.mark.root,
+    pytest.mark.skipif(os.geteuid() != 0, reason="runs the tenants as users of their own"),
+    pytest.mark.skipif(
+        not (BUILD / "vgpu-burn").is_file() or not (BUILD / "libvgpu.so").is_file(),
+        reason="run `make` first (build/vgpu-burn, build/libvgpu.so)",
+    ),
+]
+
+# The hostile tenant: run as its vGPU's user with its vGPU's environment.
+# argv: a JSON of offsets, the seconds to attack, whether to truncate, and
+# the other vGPU's block paths. Prints one JSON line: what it could open.
+ATTACK = r"""
+import ctypes, errno, json, mmap, os, struct, sys, time
+
+layout, seconds, truncate = json.loads(sys.argv[1]), float(sys.argv[2]), sys.argv[3] == "1"
+others = sys.argv[4:]
+libc = ctypes.CDLL(None, use_errno=True)
+SYS_FUTEX, FUTEX_WAKE = 202, 1
+MAX32, MAX64 = 0xFFFFFFFF, 0xFFFFFFFFFFFFFFFF
+
+def wake(mm, off):
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(mm, off))
+    libc.syscall(SYS_FUTEX, ctypes.c_void_p(addr), FUTEX_WAKE, 0x7FFFFFFF, None, None, 0)
+
+def put(mm, off, fmt, value):
+    if off + struct.calcsize(fmt) <= len(mm):
+        struct.pack_into(fmt, mm, off, value)
+
+def rw_map(path):
+    fd = os.open(path, os.O_RDWR)
+    try:
+        return fd, mmap.mmap(fd, os.fstat(fd).st_size)
+    except BaseException:
+        os.close(fd)
+        raise
+
+# Everything the other vGPU has: refused, or the attack would start there.
+opened = {}
+for path in others:
+    try:
+        os.close(os.open(path, os.O_RDWR))
+        opened[path] = "opened"
+    except OSError as exc:
+        opened[path] = errno.errorcode[exc.errno]
+
+# Its own usage block: its vGPU's turn words (layout of this vgpud).
+usage_fd, usage = rw_map(os.environ["VGPU_USAGE"])
+control = mmap.mmap(os.open(os.environ["VGPU_CONTROL"], os.O_RDONLY), 0, prot=mmap.PROT_READ)
+# The GPU's arbiter files, where a vgpud gives them (the layout before the
+# broker: next u32 @16, serving u32 @20, lease_ns u64 @24, paced_until_ns
+# u64 @48): the attack of the issue.
+arbiters = []
+arbiter_dir = os.environ.get("VGPU_ARBITER_DIR")
+for name in sorted(os.listdir(arbiter_dir)) if arbiter_dir else []:
+    try:
+        arbiters.append(rw_map(os.path.join(arbiter_dir, name)))
+    except OSError:
+        pass
+
+end = time.monotonic() + seconds
+truncated = False
+while time.monotonic() < end:
+    if truncate and not truncated and time.monotonic() > end - seconds / 2:
+        for fd, _ in [(usage_fd, usage), *arbiters]:
+            os.ftruncate(fd, 0)
+        truncated = True
+    if truncated:
+        time.sleep(0.01)
+        continue
+    for d in range(layout["devices"]):
+        turn = layout["usage_dev"] + d * layout["usage_dev_size"] + layout["turn"]
+        dev = layout["control_dev"] + d * layout["control_dev_size"]
+        grant = struct.unpack_from("<I", control, dev + layout["grant"])[0]
+        # Hold the GPU for ever: echo the grant (busy); else ask with garbage.
+        put(usage, turn + layout["request"], "<I", grant if grant > 1 else MAX32)
+        put(usage, turn + layout["next"], "<I", 0x80000000)
+        put(usage, turn + layout["serving"], "<I", 0x80000000 - 1000)
+        put(usage, turn + layout["lease_ns"], "<Q", MAX64)
+        put(usage, turn + layout["paced_until_ns"], "<Q", MAX64)
+        wake(usage, turn + layout["request"])
+    for _, mm in arbiters:
+        nxt = struct.unpack_from("<I", mm, 16)[0]
+        put(mm, 20, "<I", (nxt - 1000) & MAX32)
+        put(mm, 24, "<Q", MAX64)
+        put(mm, 48, "<Q", MAX64)
+    time.sleep(0.0005)
+print(json.dumps({"opened": opened, "arbiters": len(arbiters)}))
+"""
+
+
+def layout() -> dict[str, int]:
+    return {
+        "devices": MAX_DEVICES,
+        "usage_dev": UsageC.devices.offset,
+        "usage_dev_size": ctypes.sizeof(UsageDeviceC),
+        "turn": UsageDeviceC.turn.offset,
+        "next": TurnC.next.offset,
+        "serving": TurnC.serving.offset,
+        "lease_ns": TurnC.lease_ns.offset,
+        "paced_until_ns": TurnC.paced_until_ns.offset,
+        "request": TurnC.request.offset,
+        "control_dev": ControlC.devices.offset,
+        "control_dev_size": ctypes.sizeof(ControlDeviceC),
+        "grant": ControlDeviceC.turn_grant.offset,
+    }
+
+
+@pytest.fixture
+def daemon(sim_env: dict[str, str]) -> Iterator[Daemon]:
+    """The real daemon, in a directory each tenant's user may pass through
+    (pytest's tmp_path is 0700: every attack would fail there for the wrong
+    reason)."""
+    workdir = Path(tempfile.mkdtemp(prefix="vgpud-arbiter-"))
+    workdir.chmod(0o755)
+    d = Daemon(workdir, sim_env).start()
+    try:
+        yield d
+    finally:
+        d.cleanup()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def create(daemon: Daemon, share: int, uid: int) -> dict[str, Any]:
+    body = {"gpus": [0], "memory": "1g", "share": share, "user": {"uid": uid, "gid": uid}}
+    vgpu: dict[str, Any] = daemon.client.request("POST", "/v1/vgpus", body)
+    return vgpu
+
+
+def attack(
+    env: dict[str, str], seconds: float, truncate: bool, others: list[str]
+) -> subprocess.Popen[str]:
+    cmd = [sys.executable, "-I", "-c", ATTACK, json.dumps(layout()), str(seconds)]
+    cmd += ["1" if truncate else "0", *others]
+    setpriv = ["setpriv", f"--reuid={HOSTILE}", f"--regid={HOSTILE}", "--clear-groups"]
+    return subprocess.Popen(
+        [*setpriv, *cmd],
+        env=env,
+        cwd="/",
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def victim_burn(sim_env: dict[str, str], vgpu: dict[str, Any]) -> Burn:
+    """A paced process of the victim vGPU, as in the co-location tests."""
+    cmd = [str(BUILD / "vgpu-burn"), "--json", "--seconds", str(SECONDS), "--kernel-us", "2000"]
+    return Burn.start([*cmd, "--sync", "8"], {**sim_env, **vgpu["host_env"]}, kernel_us=2000)
+
+
+@pytest.mark.parametrize("truncate", [False, True], ids=["scribble", "scribble-then-truncate"])
+def test_a_hostile_tenant_cannot_stop_or_starve_another_vgpu(
+    daemon: Daemon, sim_env: dict[str, str], truncate: bool
+) -> None:
+    victim = create(daemon, 30, VICTIM)
+    hostile = create(daemon, 70, HOSTILE)
+    theirs = [victim["host_env"]["VGPU_CONTROL"], victim["host_env"]["VGPU_USAGE"]]
+    # What its container would be given: its vGPU's environment, nothing else.
+    attacker = attack(hostile["host_env"], SECONDS + 1, truncate, theirs)
+    time.sleep(0.2)  # the attack is under way before the victim starts
+    burn = victim_burn(sim_env, victim)
+    # It finishes (before, it hung for ever or died of SIGBUS) ...
+    burn.finish(timeout=SECONDS + 60)
+    out, err = attacker.communicate(timeout=60)
+    assert attacker.returncode == 0, err
+    report = json.loads(out.strip().splitlines()[-1])
+    # ... with its share, measured by the work it did ...
+    assert 100 * burn.work == pytest.approx(30, abs=TOLERANCE), f"victim work {burn.work:.3f}"
+    # ... and the daemon lives on, serving both vGPUs.
+    assert daemon.proc is not None and daemon.proc.poll() is None, daemon.log()
+    for vgpu in (victim, hostile):
+        assert daemon.client.get(f"/v1/vgpus/{vgpu['id']}")["id"] == vgpu["id"]
+    # The hostile tenant could open none of the victim's files.
+    assert report["opened"] == dict.fromkeys(theirs, "EACCES"), report
+
+
+def test_a_tenant_is_given_nothing_another_vgpu_uses(daemon: Daemon) -> None:
+    """What the recipe mounts into one vGPU's container shares nothing with
+    another vGPU on the same GPU, and its one writable mount is its own
+    usage block: there is no GPU-wide file to attack."""
+    a, b = create(daemon, 30, VICTIM), create(daemon, 70, HOSTILE)
+    assert a["gpus"][0]["uuid"] == b["gpus"][0]["uuid"]
+    mounts_a = {m["host_path"]: m for m in a["recipe"]["mounts"]}
+    mounts_b = {m["host_path"]: m for m in b["recipe"]["mounts"]}
+    shared = set(mounts_a) & set(mounts_b)
+    assert all(mounts_a[p]["read_only"] and mounts_b[p]["read_only"] for p in shared), shared
+    writable = [p for p, m in mounts_a.items() if not m["read_only"]]
+    assert writable == [a["host_env"]["VGPU_USAGE"]]
+    assert "VGPU_ARBITER_DIR" not in a["recipe"]["env"]
