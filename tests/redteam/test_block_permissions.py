@@ -378,6 +378,7 @@ def test_a_squatted_standalone_arbiter_in_tmp_is_not_used(
     try:
         squatted.write_bytes(bytes(64))  # refused on its owner before its contents count
         os.chown(squatted, ATTACKER, ATTACKER)
+        squatted.chmod(0o666)  # open to all: its owner, not the kernel, must refuse it
         before = squatted.read_bytes()
         done = subprocess.run(
             [*setpriv(victim_uid), str(burn), "--seconds", "0.3"],
