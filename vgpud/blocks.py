@@ -21,6 +21,9 @@ Public interface (H4's tracker/reaper and H5's controller code against it):
   ``.reset_used(dev)``, ``.write_steer(dev, quota_ppm, window_ns)``,
   ``.read_steer(dev)`` (UNSTEERED when unreadable), ``.steer_heartbeat(now_ns)``,
   ``.standalone_limits()``, ``.close()``.
+- ``TurnBroker(atomics)``: ``.add(control, usage, dev) -> id``, ``.remove(id)``,
+  ``.stop()``: the C thread that grants each GPU's turn to one vGPU at a
+  time through the control blocks (docs/compute.md, "Taking turns").
 - ``BlockError``: a block that is missing, not a regular file, foreign,
   of another layout version or size.
 

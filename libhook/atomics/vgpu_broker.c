@@ -65,9 +65,9 @@ VGPU_BROKER_API void vgpu_broker_stop(void);
 #define BROKER_PERIOD_NS 50000000ull
 /* A holder busy this long past turn_until_ns loses the turn by force: the
  * hook stops opening batches at turn_until_ns and drains them
- * (TURN_DRAIN_NS, a batch that only its thread can close), so an honest
- * one has passed it on well before. */
-#define TURN_REVOKE_GRACE_NS (TURN_DRAIN_NS + 5000000ull)
+ * (TURN_DRAIN_NS, a batch that only its thread can close; a 20 ms kernel
+ * still running), so an honest one has passed it on before. */
+#define TURN_REVOKE_GRACE_NS (TURN_DRAIN_NS + 30000000ull)
 /* Turn time a vGPU may hold while others ask, beyond its quota: an honest
  * holder also holds the turn through its own gaps between launches, the
  * hand-offs and the linger. */
