@@ -85,6 +85,12 @@ VGPU_BROKER_API void vgpu_broker_stop(void);
 /* A request word that changes more often than this in a period is not
  * slept on until the period ends (it is still read at every look). */
 #define BROKER_WAKES_PER_PERIOD 100
+/* A vGPU granted the turn that never took it up (its asking process died,
+ * or it asks for nothing) is not heard asking with the same word again for
+ * this long, doubled at each repeat up to the cap: a dead asker costs the
+ * others a hand-off grace now and then, not one per round. */
+#define BROKER_STALE_FIRST_NS 40000000ull
+#define BROKER_STALE_CAP_NS 1000000000ull
 
 struct member {
     bool used;
@@ -96,6 +102,9 @@ struct member {
     unsigned wakes;                  /* changes of request this period */
     int64_t credit_ns;               /* turn time it may still hold while others ask */
     uint64_t credit_stamp;
+    uint32_t stale;                  /* a request that was granted and never taken up */
+    uint64_t stale_until;            /* ... is not heard until then */
+    uint64_t stale_ns;               /* how long the last such silence was */
 };
 
 struct gpu {
@@ -215,7 +224,7 @@ static void take_back(struct gpu *g, struct member *h)
 /* An idle holder's turn goes to those who wait; the hand-shake of grant.c:
  * if its process started working under the grant as we took it, it keeps
  * the grant (nobody else had it meanwhile). True when taken. */
-static bool take_back_idle(struct gpu *g, struct member *h)
+static bool take_back_idle(struct gpu *g, struct member *h, uint64_t now)
 {
     atomic_store(&h->ctl->turn_grant, 0);
     if (atomic_load(&h->turn->request) == g->grant) {
@@ -223,8 +232,30 @@ static bool take_back_idle(struct gpu *g, struct member *h)
         wake_all(&h->ctl->turn_grant);
         return false;
     }
+    if (h->seen != 0 && now >= g->granted_at + ARBITER_HANDOFF_NS) {
+        /* Granted, still asking, never took it up. */
+        h->stale_ns = h->seen == h->stale && h->stale_ns != 0 ? h->stale_ns * 2
+                                                                : BROKER_STALE_FIRST_NS;
+        if (h->stale_ns > BROKER_STALE_CAP_NS)
+            h->stale_ns = BROKER_STALE_CAP_NS;
+        h->stale = h->seen;
+        h->stale_until = now + h->stale_ns;
+    }
     take_back(g, h);
     return true;
+}
+
+/* Does the member ask for the turn (its request read as `r`)? */
+static bool asks_now(struct member *m, uint32_t r, uint64_t now)
+{
+    if (r == 0)
+        return false;
+    if (r != m->stale) {
+        m->stale = 0;
+        m->stale_ns = 0;
+        return true;
+    }
+    return now >= m->stale_until;
 }
 
 static void give(struct gpu *g, int pos, bool others_wait, uint64_t now)
@@ -296,7 +327,7 @@ static void step(struct gpu *g, uint64_t now, bool new_period, struct watch *w)
             m->wakes = 0;
         account(g, m, g->members[i] == g->holder, now);
         uint32_t r = request_of(m);
-        asks[i] = g->members[i] != g->holder && r != 0;
+        asks[i] = g->members[i] != g->holder && asks_now(m, r, now);
         asking += asks[i];
         if (g->members[i] == g->holder)
             holder_pos = i;
@@ -304,6 +335,8 @@ static void step(struct gpu *g, uint64_t now, bool new_period, struct watch *w)
     if (holder_pos >= 0) {
         struct member *h = &broker.members[g->holder];
         bool busy = h->seen == g->grant;
+        if (busy)
+            h->stale = 0; /* it takes its turns up: nothing of its is stale */
         if (asking == 0) {
             if (g->until != 0) { /* the others gave up: no time limit */
                 g->until = 0;
@@ -314,7 +347,7 @@ static void step(struct gpu *g, uint64_t now, bool new_period, struct watch *w)
             if (h->seen != 0 && now < g->granted_at + ARBITER_HANDOFF_NS) {
                 watch_word(w, &h->turn->request, h->seen);
                 watch_until(w, g->granted_at + ARBITER_HANDOFF_NS);
-            } else if (take_back_idle(g, h)) {
+            } else if (take_back_idle(g, h, now)) {
                 holder_pos = -1;
             }
         } else {

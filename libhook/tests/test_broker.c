@@ -182,6 +182,25 @@ static void test_hostile_words_move_nothing_of_another_vgpu(void)
     teardown();
 }
 
+/* A vGPU whose asking process died (it asks and never takes the turn up)
+ * costs the others one hand-off grace, not one per turn: once passed over,
+ * its unchanged request is not heard for a while, so a vGPU that gives
+ * the GPU back and asks again keeps its grant. */
+static void test_a_dead_asker_is_not_heard_again_at_once(void)
+{
+    setup();
+    atomic_store(&vgpus[0]->usage.devices[0].turn.request, VGPU_TURN_WANT); /* then died */
+    wake_all(&vgpus[0]->usage.devices[0].turn.request);
+    AWAIT(grant_of(0) != 0);
+    uint32_t got = grant_acquire(&vgpus[1]->grant, &pacer_monotonic); /* after its grace */
+    CHECK(got > VGPU_TURN_WANT && grant_of(0) == 0);
+    grant_release(&vgpus[1]->grant, false);
+    uint32_t again = grant_acquire(&vgpus[1]->grant, &pacer_monotonic);
+    CHECK(again == got && grant_of(0) == 0);
+    grant_release(&vgpus[1]->grant, false);
+    teardown();
+}
+
 static void test_with_no_broker_nobody_waits(void)
 {
     struct vgpu_blocks *v = calloc(1, sizeof(*v));
@@ -203,6 +222,7 @@ int main(void)
     test_an_idle_holder_gives_way();
     test_a_holder_that_never_lets_go_loses_the_turn();
     test_hostile_words_move_nothing_of_another_vgpu();
+    test_a_dead_asker_is_not_heard_again_at_once();
     test_with_no_broker_nobody_waits();
     vgpu_broker_stop();
     if (failures != 0) {
