@@ -34,17 +34,20 @@ uint32_t grant_acquire(const struct grant_dev *g, const struct pacer_clock *cloc
     set_request(g, VGPU_TURN_WANT);
     for (;;) {
         uint32_t id = atomic_load(&g->control->turn_grant);
-        if (id > VGPU_TURN_WANT) {
+        uint64_t now = clock->now(clock->ctx);
+        if (!grant_broker_live(g, now)) {
+            set_request(g, 0); /* a grant left by a broker gone is no grant */
+            return 0;
+        }
+        /* A grant whose time is up is on its way back to the broker (or,
+         * if we took it up again, would only be passed on at once): wait
+         * for the next one rather than spin. */
+        if (id > VGPU_TURN_WANT && !grant_expired(g, now)) {
             set_request(g, id);
             if (atomic_load(&g->control->turn_grant) == id)
                 return id;
             set_request(g, VGPU_TURN_WANT); /* taken back as we came: ask again */
             continue;
-        }
-        uint64_t now = clock->now(clock->ctx);
-        if (!grant_broker_live(g, now)) {
-            set_request(g, 0);
-            return 0;
         }
         arbiter_renew(g->turn, now);
         clock->wait(clock->ctx, &g->control->turn_grant, id, GRANT_WAIT_SLICE_NS);

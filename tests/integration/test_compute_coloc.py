@@ -127,6 +127,29 @@ def test_colocated_vgpus_get_their_shares(
     assert busy >= 90, f"device busy {busy:.1f} %, work {got}"
 
 
+def test_vgpus_run_on_when_the_broker_stops(
+    sim_env: dict[str, str], tmp_path: Path, vgpus: Vgpus
+) -> None:
+    """The daemon's broker goes away mid-run (the daemon stopped): nobody
+    waits for a grant for ever. Once its beat is stale the hooks run
+    unarbitrated between vGPUs: they over-count, so a vGPU gets no more
+    than its share, never more."""
+    tenants = [vgpus.make("a", 30), vgpus.make("b", 70)]
+    sampler = Sampler(sim_env, device=0)
+    try:
+        sampler.wait_ready()
+        burns = [tenant(sim_env, tmp_path, str(i), t) for i, t in enumerate(tenants)]
+        time.sleep(1.5)  # both running, taking turns through the broker
+        vgpus.broker.stop()
+        for b in burns:
+            b.finish(timeout=SECONDS + 60)  # raises if one hung or failed
+    finally:
+        sampler.stop()
+    got = [round(100 * b.work, 1) for b in burns]
+    assert got[0] <= 30 + TOLERANCE and got[1] <= 70 + TOLERANCE, f"work {got}"
+    assert got[0] > 0 and got[1] > 0, f"work {got}"
+
+
 @pytest.mark.parametrize("unlimited_mode", ["standalone", "vgpu"])
 def test_paced_tenant_next_to_an_unlimited_one(
     sim_env: dict[str, str], tmp_path: Path, vgpus: Vgpus, unlimited_mode: str
