@@ -118,6 +118,7 @@ struct gpu {
     uint64_t granted_at;
     uint64_t until;       /* 0: nobody else waited */
     bool contended;       /* others asked at the last look */
+    bool taken_up;        /* the holder worked under this grant (echoed it) */
 };
 
 static struct {
@@ -232,8 +233,9 @@ static bool take_back_idle(struct gpu *g, struct member *h, uint64_t now)
         wake_all(&h->ctl->turn_grant);
         return false;
     }
-    if (h->seen != 0 && now >= g->granted_at + ARBITER_HANDOFF_NS) {
-        /* Granted, still asking, never took it up. */
+    if (!g->taken_up && h->seen != 0 && now >= g->granted_at + ARBITER_HANDOFF_NS) {
+        /* Granted, still asking, never took it up. (A holder that worked
+         * and asks again for its next batch is no dead asker.) */
         h->stale_ns = h->seen == h->stale && h->stale_ns != 0 ? h->stale_ns * 2
                                                                 : BROKER_STALE_FIRST_NS;
         if (h->stale_ns > BROKER_STALE_CAP_NS)
@@ -267,6 +269,7 @@ static void give(struct gpu *g, int pos, bool others_wait, uint64_t now)
     g->holder = g->members[pos];
     g->last = pos;
     g->granted_at = now;
+    g->taken_up = false;
     g->until = others_wait ? now + TURN_HOLD_NS : 0;
     atomic_store(&m->ctl->turn_until_ns, g->until);
     atomic_store(&m->ctl->turn_grant, g->grant);
@@ -335,8 +338,10 @@ static void step(struct gpu *g, uint64_t now, bool new_period, struct watch *w)
     if (holder_pos >= 0) {
         struct member *h = &broker.members[g->holder];
         bool busy = h->seen == g->grant;
-        if (busy)
+        if (busy) {
+            g->taken_up = true;
             h->stale = 0; /* it takes its turns up: nothing of its is stale */
+        }
         if (asking == 0) {
             if (g->until != 0) { /* the others gave up: no time limit */
                 g->until = 0;
