@@ -14,6 +14,8 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -423,3 +425,49 @@ def test_a_slot_is_reclaimed_once_its_process_unmaps_the_block(
         p.kill()
         p.wait()
         v.close()
+
+
+@pytest.mark.root
+@pytest.mark.parametrize(("maker", "charged"), [("nobody", False), ("root", True)])
+def test_a_mount_counts_only_when_root_or_the_vgpus_user_made_it(
+    cgroup: Cgroup, maker: str, charged: bool
+) -> None:
+    """Any local user can bind-mount a file it can reach into a mount
+    namespace of its own (``unshare -Urm``), a vGPU's block included: such
+    a mount must not put its processes (and their memory) in that vGPU. The
+    same mount made by root — a container runtime — does."""
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        pytest.skip("needs root and unshare(1)")
+    # A run dir as vgpud makes it: every user may pass through (0711).
+    run_dir = Path(tempfile.mkdtemp(dir="/tmp"))
+    run_dir.chmod(0o711)
+    target = run_dir / "mountpoint"
+    target.touch()
+    b = FakeVgpu(run_dir / "victim", "victim", (8 * GIB,))
+    (run_dir / "victim").chmod(0o711)
+    victim = mapping_process(b.usage.path)
+    cgroup.add(victim.pid)  # the victim's own container
+    pidns, start = identity(victim.pid)
+    b.hook.claim(0, pid=victim.pid, pidns=pidns, start_time=start, used={0: GIB})
+    script = f"mount --bind {b.control.path} {target} && exec sleep 600"
+    cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script]
+    if maker == "nobody":
+        cmd = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "unshare", "--user"]
+        cmd += ["--map-root-user", "--mount", "sh", "-c", script]
+    attacker = subprocess.Popen(cmd)
+    try:
+        deadline = time.monotonic() + 10
+        while (stat := ProcFS().stat(attacker.pid)) is None or stat.comm != "sleep":
+            assert time.monotonic() < deadline and attacker.poll() is None, "mount refused"
+            time.sleep(0.01)
+        snap = Tracker(sees_all_pids=True).scan(
+            {"victim": b.blocks}, nvml({victim.pid: GIB, attacker.pid: 5 * GIB})
+        )
+        assert snap.processes[attacker.pid].vgpu_id == ("victim" if charged else None)
+        assert snap.vgpus["victim"].gpus[GPU0].nvml_used == (6 if charged else 1) * GIB
+    finally:
+        for p in (attacker, victim):
+            p.kill()
+            p.wait()
+        b.close()
+        shutil.rmtree(run_dir)
