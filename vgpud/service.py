@@ -8,7 +8,6 @@ and nothing global.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
@@ -148,12 +147,12 @@ class Service:
         every ``control_interval``)."""
         self._state += 1
 
-    def rendered(self, key: Hashable, build: Callable[[], object]) -> bytes:
-        """The JSON body of a read route, built at most once per state."""
+    def rendered(self, key: Hashable, build: Callable[[], bytes]) -> bytes:
+        """The body of a read route, built at most once per state."""
         hit = self._rendered.get(key)
         if hit is not None and hit[0] == self._state:
             return hit[1]
-        body = json.dumps(build()).encode()
+        body = build()
         if len(self._rendered) >= RENDERED_MAX:  # keys carry query strings: bounded
             self._rendered.clear()
         self._rendered[key] = (self._state, body)
