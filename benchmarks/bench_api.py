@@ -1,17 +1,20 @@
 """API latency under concurrent clients: every read route, 1 to 64 clients.
 
     .venv/bin/python benchmarks/bench_api.py [--vgpus 100] [--procs 1000]
-        [--clients 1,16,64] [--seconds 10] [--markdown FILE] [--plot FILE]
+        [--clients 1,16,64] [--seconds 10] [--rate 10] [--markdown FILE] [--plot FILE]
 
 The daemon is the real vgpud on the simulated GPU (build/sim) with its
 default periods, 100 vGPUs and 1000 real processes, each mapping its vGPU's
 usage block and holding a slot there (``bench_daemon.give_slots``). Each
-client is a closed loop on a connection of its own (keep-alive, as an
-HTTP client library keeps one): send a GET, read the whole answer, send the
-next, cycling through the routes; N clients run at once in one asyncio
-process. Latency is measured by the client, so it includes the client's
-own share of the machine's cores (reported beside it). Writes (POST then
-DELETE of a vGPU) are measured the same way, separately.
+client has a keep-alive connection of its own (as an HTTP client library
+keeps one) and cycles through the routes; N clients run at once in one
+asyncio process. By default each client sends 10 GETs a second (64 clients:
+640 a second, far above what vgpuctl, a device plugin and a Prometheus
+scrape send together); ``--rate 0`` sends them back to back instead, which
+measures throughput (latency is then clients / throughput). Latency is
+measured by the client, so it includes the client's own share of the
+machine's two cores (reported beside it). Writes (POST then DELETE of a
+vGPU) are measured back to back, separately.
 """
 
 from __future__ import annotations
@@ -41,19 +44,27 @@ from bench_daemon import (
 from vgpud import __version__
 
 
-async def closed_loop(
-    sock: str, routes: list[str], clients: int, seconds: float
+async def reads(
+    sock: str, routes: list[str], clients: int, seconds: float, rate: float
 ) -> tuple[dict[str, list[float]], int]:
+    """``clients`` clients, each sending a GET every 1/``rate`` s (its next
+    one when due, or at once if the answer came late; rate 0: back to back)."""
     latencies: dict[str, list[float]] = {r: [] for r in routes}
     errors = 0
-    deadline = time.perf_counter() + seconds
+    start = time.perf_counter()
+    deadline = start + seconds
 
     async def client(offset: int) -> None:
         nonlocal errors
         connector = aiohttp.UnixConnector(path=sock, limit=1)
         async with aiohttp.ClientSession(connector=connector) as session:
             i = offset
+            # Clients start spread over one period, as independent ones would.
+            due = start + (offset / clients / rate if rate else 0.0)
             while time.perf_counter() < deadline:
+                if rate:
+                    await asyncio.sleep(max(0.0, due - time.perf_counter()))
+                    due += 1 / rate
                 route = routes[i % len(routes)]
                 i += 1
                 t0 = time.perf_counter()
@@ -101,6 +112,9 @@ def main() -> int:
     p.add_argument("--procs", type=int, default=1000)
     p.add_argument("--clients", default="1,16,64")
     p.add_argument("--seconds", type=float, default=10)
+    p.add_argument(
+        "--rate", type=float, default=10, help="GETs per second per client (0: back to back)"
+    )
     p.add_argument("--markdown", type=Path)
     p.add_argument("--plot", type=Path, help="a PNG of p99 by clients and route")
     a = p.parse_args()
@@ -128,7 +142,7 @@ def main() -> int:
         sock = str(work / "s")
         for n in counts:
             before, cpu0, t0 = cpu_seconds(daemon.pid), time.process_time(), time.monotonic()
-            latencies, errors = asyncio.run(closed_loop(sock, routes, n, a.seconds))
+            latencies, errors = asyncio.run(reads(sock, routes, n, a.seconds, a.rate))
             wall = time.monotonic() - t0
             daemon_cpu = (cpu_seconds(daemon.pid) - before) / wall * 100
             client_cpu = (time.process_time() - cpu0) / wall * 100
@@ -168,9 +182,13 @@ def main() -> int:
         f"Python {platform.python_version()}, aiohttp {aiohttp.__version__}, vgpud {__version__}.",
         f"GPU: SIMULATED (build/sim). {a.vgpus} vGPUs, {tracked} tracked processes. "
         f"Command: `.venv/bin/python benchmarks/bench_api.py --clients {a.clients} "
-        f"--seconds {a.seconds:g}`.",
+        f"--seconds {a.seconds:g} --rate {a.rate:g}`.",
         "",
-        "Reads: closed loops, one keep-alive connection per client, cycling through the routes.",
+        f"Reads: each client on a keep-alive connection of its own sends a GET every "
+        f"{1 / a.rate * 1000:.0f} ms, cycling through the routes"
+        if a.rate
+        else "Reads: closed loops (back to back), one keep-alive connection per client, "
+        "cycling through the routes.",
         "",
         "| clients | route | requests | p50 ms | p99 ms | daemon CPU % | client CPU % |",
         "| --- | --- | --- | --- | --- | --- | --- |",
