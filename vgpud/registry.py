@@ -5,11 +5,12 @@ it made; an update is saved before it is applied to the control block, so a
 crash in between is repaired at the next start (the state file is the truth
 and adoption re-applies it).
 
-Run dir layout (docs/security.md, "Files, owners and the API"): run_dir and each <run_dir>/<vgpu_id>/
-0711 (no one but root lists them); in it control (root, 0644: read-only for
-everyone) and usage, owned by the vGPU's user (mode 0600, 0660 when a group
-shares it): writable by its tenant and the daemon alone. Adoption gives a
-usage block back to its recorded user, whatever changed it.
+Run dir layout (docs/security.md, "Files, owners and the API"): run_dir and
+each <run_dir>/<vgpu_id>/ 0711 (no one but root lists them); in it control
+(root, 0644: read-only for everyone) and usage, owned by the vGPU's user
+(mode 0600, 0660 when a group shares it): writable by its tenant and the
+daemon alone. Adoption gives a usage block back to its recorded user,
+whatever changed it.
 <run_dir>/gpus/<uuid> (0666): the arbiter block of each GPU
 a vGPU uses, shared by all vGPUs on it (made when a vGPU needs it, never
 replaced while valid). Adoption at start: each recorded vGPU's blocks are opened

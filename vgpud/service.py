@@ -46,6 +46,8 @@ class _Rendered:
     ticks: int
     at: float  # time.monotonic() when rendered
     body: bytes
+
+
 STANDALONE_READ_ONLY = "standalone vGPU: its limits come from the container's environment"
 
 
