@@ -122,12 +122,9 @@ CUresult cuGraphAddKernelNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CU
     return cu_graph_add_kernel(hGraph, &work, phGraphNode);
 }
 
-CUresult cuGraphAddMemAllocNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
-                                size_t numDependencies, CUDA_MEM_ALLOC_NODE_PARAMS *nodeParams)
+static CUresult add_mem_alloc(CUgraphNode *phGraphNode, CUgraph hGraph, CUDA_MEM_ALLOC_NODE_PARAMS *nodeParams)
 {
-    CUresult r = check_add(phGraphNode, hGraph, dependencies, numDependencies);
-    if (r != CUDA_SUCCESS)
-        return r;
+    CUresult r;
     if (nodeParams == NULL || nodeParams->bytesize == 0 ||
         nodeParams->poolProps.location.type != CU_MEM_LOCATION_TYPE_DEVICE)
         return CUDA_ERROR_INVALID_VALUE;
@@ -146,15 +143,56 @@ CUresult cuGraphAddMemAllocNode(CUgraphNode *phGraphNode, CUgraph hGraph, const 
     return r;
 }
 
+CUresult cuGraphAddMemAllocNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
+                                size_t numDependencies, CUDA_MEM_ALLOC_NODE_PARAMS *nodeParams)
+{
+    CUresult r = check_add(phGraphNode, hGraph, dependencies, numDependencies);
+    return r == CUDA_SUCCESS ? add_mem_alloc(phGraphNode, hGraph, nodeParams) : r;
+}
+
+static CUresult add_mem_free(CUgraphNode *phGraphNode, CUgraph hGraph, CUdeviceptr dptr)
+{
+    if (!cu_range_known(dptr, 1))
+        return CUDA_ERROR_INVALID_VALUE;
+    return add_node(hGraph, &(struct CUgraphNode_st){.type = NODE_MEM_FREE, .ptr = dptr}, phGraphNode);
+}
+
 CUresult cuGraphAddMemFreeNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
                                size_t numDependencies, CUdeviceptr dptr)
 {
     CUresult r = check_add(phGraphNode, hGraph, dependencies, numDependencies);
+    return r == CUDA_SUCCESS ? add_mem_free(phGraphNode, hGraph, dptr) : r;
+}
+
+/* The generic road (CUDA 12.2+): memory nodes behave as through their own
+ * calls; the simulator models no other node type through it. */
+static CUresult add_generic(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
+                            size_t numDependencies, CUgraphNodeParams *nodeParams)
+{
+    CUresult r = check_add(phGraphNode, hGraph, dependencies, numDependencies);
     if (r != CUDA_SUCCESS)
         return r;
-    if (!cu_range_known(dptr, 1))
+    if (nodeParams == NULL)
         return CUDA_ERROR_INVALID_VALUE;
-    return add_node(hGraph, &(struct CUgraphNode_st){.type = NODE_MEM_FREE, .ptr = dptr}, phGraphNode);
+    if (nodeParams->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC)
+        return add_mem_alloc(phGraphNode, hGraph, &nodeParams->u.alloc);
+    if (nodeParams->type == CU_GRAPH_NODE_TYPE_MEM_FREE)
+        return add_mem_free(phGraphNode, hGraph, nodeParams->u.free.dptr);
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+CUresult cuGraphAddNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
+                        size_t numDependencies, CUgraphNodeParams *nodeParams)
+{
+    return add_generic(phGraphNode, hGraph, dependencies, numDependencies, nodeParams);
+}
+
+CUresult cuGraphAddNode_v2(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
+                           const CUgraphEdgeData *dependencyData, size_t numDependencies,
+                           CUgraphNodeParams *nodeParams)
+{
+    (void)dependencyData; /* edges carry no meaning for the simulated device */
+    return add_generic(phGraphNode, hGraph, dependencies, numDependencies, nodeParams);
 }
 
 static CUresult instantiate(CUgraphExec *phGraphExec, CUgraph hGraph)

@@ -60,6 +60,7 @@ static const struct variant_version VARIANT_VERSIONS[] = {
     {"cuStreamBeginCapture_v2", 10010},
     {"cuEventElapsedTime_v2", 12080},
     {"cuGetProcAddress_v2", 12000},
+    {"cuGraphAddNode_v2", 12030},
 };
 
 static bool ends_with(const char *s, size_t len, const char *suffix)
