@@ -23,6 +23,7 @@ struct pool_state {
     int index;
     uint64_t live; /* bytes of allocations not freed yet */
     uint64_t held; /* freed bytes the pool may still hold */
+    bool destroyed; /* destroyed with allocations outstanding */
 };
 
 static struct pool_state pools[MAX_POOLS];
@@ -84,13 +85,19 @@ void pools_hold(CUmemoryPool pool, int index, uint64_t bytes)
 {
     pthread_mutex_lock(&lock);
     struct pool_state *p = find(pool, index, false);
-    if (p != NULL) {
+    bool keep = p != NULL && !p->destroyed;
+    if (p != NULL)
         p->live -= bytes < p->live ? bytes : p->live;
+    if (keep)
         p->held += bytes;
-    }
+    /* A destroyed pool keeps nothing: the driver releases what is freed
+     * once the pool is gone (and forgets it after the last allocation). */
+    if (p != NULL && p->destroyed && p->live == 0)
+        p->in_use = false;
     pthread_mutex_unlock(&lock);
-    /* A pool we could not track (table full): plain accounting. */
-    if (p == NULL)
+    /* A destroyed pool, or one we could not track (table full): plain
+     * accounting. */
+    if (!keep)
         budget_release(index, bytes);
 }
 
@@ -130,7 +137,9 @@ void pools_destroyed(CUmemoryPool pool)
             continue;
         release_held(p, 0);
         /* Allocations still live keep their charge until freed (the driver
-         * defers the destroy until then); forget the pool once empty. */
+         * defers the destroy until then, and gives each back as it is
+         * freed: pools_hold); forget the pool once empty. */
+        p->destroyed = true;
         if (p->live == 0)
             p->in_use = false;
     }
