@@ -405,6 +405,7 @@ _Static_assert(sizeof(CUgraphEdgeData) == 8, "CUgraphEdgeData ABI");
     X(CUresult, cuMemAddressFree, (CUdeviceptr ptr, size_t size), (ptr, size)) \
     X(CUresult, cuMemMap, (CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle, unsigned long long flags), (ptr, size, offset, handle, flags)) \
     X(CUresult, cuMemUnmap, (CUdeviceptr ptr, size_t size), (ptr, size)) \
+    X(CUresult, cuMemRetainAllocationHandle, (CUmemGenericAllocationHandle *handle, void *addr), (handle, addr)) \
     X(CUresult, cuMemSetAccess, (CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count), (ptr, size, desc, count)) \
     X(CUresult, cuMemGetAllocationGranularity, (size_t *granularity, const CUmemAllocationProp *prop, CUmemAllocationGranularity_flags option), (granularity, prop, option)) \
     X(CUresult, cuMemExportToShareableHandle, (void *shareableHandle, CUmemGenericAllocationHandle handle, int handleType, unsigned long long flags), (shareableHandle, handle, handleType, flags)) \

@@ -81,6 +81,7 @@
     X(cuMemRelease, cuMemRelease, 10020, 0) \
     X(cuMemMap, cuMemMap, 10020, 0) \
     X(cuMemUnmap, cuMemUnmap, 10020, 0) \
+    X(cuMemRetainAllocationHandle, cuMemRetainAllocationHandle, 11000, 0) \
     X(cuMemAddressFree, cuMemAddressFree, 10020, 0) \
     X(cuArrayCreate, cuArrayCreate, 2000, 0) \
     X(cuArrayCreate_v2, cuArrayCreate, 3020, 0) \

@@ -692,12 +692,13 @@ VGPU_EXPORT CUresult cuDeviceGraphMemTrim(CUdevice device)
 }
 
 /* ---- virtual memory management (PyTorch expandable segments) -------------
- * Physical memory is created by cuMemCreate and lives until the handle is
- * released AND its last mapping is unmapped: the charge follows it. Each of
- * our handles counts its mappings (taken before cuMemMap, so a concurrent
- * cuMemRelease can never see "unmapped" while a mapping is being made); a
- * released handle with mappings stays charged until the last one goes
- * (cuMemUnmap, or cuMemAddressFree of its range). Reserving address space
+ * Physical memory is created by cuMemCreate and lives until every reference
+ * to its handle is released (cuMemCreate's, and one per
+ * cuMemRetainAllocationHandle) AND its last mapping is unmapped: the charge
+ * follows it. Each of our handles counts both (a mapping is counted before
+ * cuMemMap, so a concurrent cuMemRelease can never see "unmapped" while a
+ * mapping is being made); a released handle with mappings stays charged
+ * until the last one goes (cuMemUnmap, or cuMemAddressFree of its range). Reserving address space
  * costs nothing. Handles imported from another process are the exporter's
  * bytes. */
 
@@ -712,7 +713,7 @@ VGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t si
     if (rc != CUDA_SUCCESS)
         return rc;
     rc = vgpu_real_cuda.cuMemCreate(handle, size, prop, flags);
-    struct alloc_info info = {.size = size, .kind = ALLOC_VMM};
+    struct alloc_info info = {.size = size, .kind = ALLOC_VMM, .refs = 1};
     return settle(&r, rc, SPACE_HANDLE, rc == CUDA_SUCCESS ? *handle : 0, &info);
 }
 
@@ -730,14 +731,22 @@ static bool vmm_map_drop(struct alloc_info *info, const void *arg)
     (void)arg;
     if (info->maps > 0)
         info->maps--;
-    return info->released && info->maps == 0;
+    return info->refs == 0 && info->maps == 0;
+}
+
+static bool vmm_retain(struct alloc_info *info, const void *arg)
+{
+    (void)arg;
+    info->refs++;
+    return false;
 }
 
 static bool vmm_release(struct alloc_info *info, const void *arg)
 {
     (void)arg;
-    info->released = true;
-    return info->maps == 0;
+    if (info->refs > 0)
+        info->refs--;
+    return info->refs == 0 && info->maps == 0;
 }
 
 static void vmm_unmapped(CUmemGenericAllocationHandle handle)
@@ -755,6 +764,16 @@ VGPU_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
     if (rc == CUDA_SUCCESS && vgpu_limited() &&
         allocmap_update(SPACE_HANDLE, handle, vmm_release, NULL, &info) == 1)
         give_back(&info);
+    return rc;
+}
+
+/* Another reference to one of our handles, found by an address it maps. */
+VGPU_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
+{
+    VGPU_CUDA_ENTER(cuMemRetainAllocationHandle);
+    CUresult rc = vgpu_real_cuda.cuMemRetainAllocationHandle(handle, addr);
+    if (rc == CUDA_SUCCESS && vgpu_limited())
+        allocmap_update(SPACE_HANDLE, *handle, vmm_retain, NULL, NULL);
     return rc;
 }
 

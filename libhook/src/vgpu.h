@@ -241,7 +241,7 @@ struct alloc_info {
     CUmemoryPool pool; /* ALLOC_ASYNC: the pool it came from */
     CUcontext ctx;     /* the context whose destruction frees it; NULL: none */
     uint32_t maps;     /* ALLOC_VMM: mappings in place */
-    bool released;     /* ALLOC_VMM: handle released, its mappings hold the memory */
+    uint32_t refs;     /* ALLOC_VMM: handle references (cuMemCreate's, retains) */
     uint64_t aux;      /* ALLOC_MAPPING: the handle mapped; ALLOC_LIMIT: the
                         * limit's value when first seen (counted as overhead) */
 };

@@ -36,6 +36,9 @@
  *                     context, the current context staying device --device's
  *   pool-on:N:SIZE    cuMemAllocFromPoolAsync from a new pool of device N on
  *                     the current (--device) context's stream
+ *   vmm-retain:SIZE   cuMemCreate + map + cuMemRelease, then the handle taken
+ *                     back with cuMemRetainAllocationHandle and everything
+ *                     unmapped: the retained handle alone keeps the memory
  *   graph-drop:SIZE   a graph with an allocation node (and its free node),
  *                     destroyed without being instantiated
  *   ipc-export        export the most recent allocation; prints its handle
@@ -91,6 +94,7 @@
     X(cuMemMap, cuMemMap, cuMemMap) \
     X(cuMemUnmap, cuMemUnmap, cuMemUnmap) \
     X(cuMemSetAccess, cuMemSetAccess, cuMemSetAccess) \
+    X(cuMemRetainAllocationHandle, cuMemRetainAllocationHandle, cuMemRetainAllocationHandle) \
     X(cuGraphAddNode, cuGraphAddNode, cuGraphAddNode) \
     X(cuGraphAddNode_v2, cuGraphAddNode_v2, cuGraphAddNode) \
     X(cuMemGetInfo, cuMemGetInfo_v2, cuMemGetInfo) \
@@ -798,6 +802,20 @@ static void cmd_pool_on(const char *arg)
     report("pool-on", "pool", size, rc);
 }
 
+static void cmd_vmm_retain(const char *arg)
+{
+    struct allocation a = {.path = P_VMMMAP};
+    if (parse_size(arg, &a.size) != 0)
+        usage_exit("expected vmm-retain:SIZE");
+    CUmemGenericAllocationHandle again = 0;
+    CUresult rc = alloc_vmm_mapped(&a);
+    if (rc == CUDA_SUCCESS)
+        rc = cu.cuMemRetainAllocationHandle(&again, (void *)(uintptr_t)a.ptr);
+    if (rc == CUDA_SUCCESS)
+        rc = do_free(&a);
+    report("vmm-retain", "vmm", a.size, rc);
+}
+
 /* A graph that allocates and frees SIZE, destroyed before any
  * instantiation: its memory never existed. */
 static void cmd_graph_drop(const char *arg)
@@ -874,6 +892,8 @@ static void run(const char *cmd)
         cmd_async_on(cmd + 9);
     else if (strncmp(cmd, "pool-on:", 8) == 0)
         cmd_pool_on(cmd + 8);
+    else if (strncmp(cmd, "vmm-retain:", 11) == 0)
+        cmd_vmm_retain(cmd + 11);
     else if (strncmp(cmd, "graph-drop:", 11) == 0)
         cmd_graph_drop(cmd + 11);
     else if (strcmp(cmd, "ipc-export") == 0)

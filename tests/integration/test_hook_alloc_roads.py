@@ -77,6 +77,15 @@ def test_unmapping_the_last_mapping_gives_a_released_handle_back(
     assert (used(freed), used(again)) == (0, 60 * MiB)
 
 
+def test_a_handle_retained_from_its_mapping_keeps_the_memory_charged(
+    sim_env: dict[str, str], tmp_path: Path
+) -> None:
+    run = probe(limited(sim_env, tmp_path), "vmm-retain:60m", "meminfo", "alloc:alloc:60m")
+    assert run.ops("vmm-retain")[0]["result"] == OK
+    assert used(run.ops("meminfo")[0]) == 60 * MiB
+    assert run.ops("alloc")[0]["result"] == OOM
+
+
 # ---- item 5b: context limits --------------------------------------------------
 
 

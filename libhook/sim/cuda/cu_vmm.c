@@ -26,7 +26,8 @@ struct vmm_handle {
     size_t size;
     unsigned dev;
     uint64_t charged;
-    int refs; /* the handle until released, plus one per mapping (cu_lock) */
+    int refs;    /* handle references plus mappings (cu_lock) */
+    int handles; /* handle references: cuMemCreate's, plus one per retain */
 };
 #define VMM_TAG 0x564d4d31u
 
@@ -66,7 +67,7 @@ static CUresult new_handle(int fd, size_t size, unsigned dev, uint64_t charged, 
     struct vmm_handle *v = malloc(sizeof(*v));
     if (v == NULL)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    *v = (struct vmm_handle){.tag = VMM_TAG, .fd = fd, .size = size, .dev = dev, .charged = charged, .refs = 1};
+    *v = (struct vmm_handle){.tag = VMM_TAG, .fd = fd, .size = size, .dev = dev, .charged = charged, .refs = 1, .handles = 1};
     *out = (CUmemGenericAllocationHandle)(uintptr_t)v;
     return CUDA_SUCCESS;
 }
@@ -115,7 +116,8 @@ CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
     if (v == NULL) {
         r = CUDA_ERROR_INVALID_VALUE;
     } else {
-        v->tag = CU_TAG_DEAD; /* the handle is gone; its mappings keep the memory */
+        if (--v->handles == 0)
+            v->tag = CU_TAG_DEAD; /* the handle is gone; its mappings keep the memory */
         vmm_unref(v);
     }
     pthread_mutex_unlock(&cu_lock);
@@ -309,5 +311,29 @@ CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, vo
     r = new_handle(fd, (size_t)sb.st_size, cu_proc->devices[0].dev, 0, handle);
     if (r != CUDA_SUCCESS)
         close(fd);
+    return r;
+}
+
+/* The handle of the memory mapped at addr, one more reference to it (to be
+ * released with cuMemRelease): it keeps the memory alive like the first. */
+CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
+{
+    CUresult r = cu_ready();
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (handle == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&cu_lock);
+    struct cu_alloc *a = cu_table_find((uintptr_t)addr);
+    if (a == NULL || a->kind != CU_ALLOC_VMM) {
+        r = CUDA_ERROR_INVALID_VALUE;
+    } else {
+        struct vmm_handle *v = a->vmm;
+        v->tag = VMM_TAG;
+        v->handles++;
+        v->refs++;
+        *handle = (CUmemGenericAllocationHandle)(uintptr_t)v;
+    }
+    pthread_mutex_unlock(&cu_lock);
     return r;
 }
