@@ -85,9 +85,17 @@ static int grow(struct table *t)
     return 0;
 }
 
+/* Memos (a mapping, a pool's home, a graph freed or run) charge nothing. */
+static bool memo(const struct alloc_info *info)
+{
+    return info->kind == ALLOC_MAPPING || info->kind == ALLOC_POOL ||
+           info->kind == ALLOC_GRAPH_FREED || info->kind == ALLOC_GRAPH_RUN;
+}
+
+/* Host memory and memos are not device memory this process holds. */
 static bool device_resident(const struct alloc_info *info)
 {
-    return info->kind != ALLOC_HOST_BACKED && info->index >= 0;
+    return info->kind != ALLOC_HOST_BACKED && !memo(info) && info->index >= 0;
 }
 
 int allocmap_put(enum alloc_space space, uint64_t key, const struct alloc_info *info)
@@ -103,7 +111,8 @@ int allocmap_put(enum alloc_space space, uint64_t key, const struct alloc_info *
          * stale. Give its bytes back before recording the new one. */
         if (device_resident(&e->info))
             tracked[e->info.index] -= e->info.size;
-        budget_release(e->info.index, e->info.size);
+        if (!memo(&e->info))
+            budget_release(e->info.index, e->info.size);
         e->state = SLOT_TOMB;
     }
     insert(t, key, info);

@@ -94,6 +94,12 @@
     X(cuGraphAddMemFreeNode, cuGraphAddMemFreeNode, 11040, 0) \
     X(cuGraphAddNode, cuGraphAddNode, 12020, 0) \
     X(cuGraphAddNode_v2, cuGraphAddNode, 12030, 0) \
+    X(cuGraphInstantiate, cuGraphInstantiate, 10000, 0) \
+    X(cuGraphInstantiate_v2, cuGraphInstantiate, 11000, 0) \
+    X(cuGraphInstantiateWithFlags, cuGraphInstantiateWithFlags, 11040, 0) \
+    X(cuGraphInstantiateWithParams, cuGraphInstantiateWithParams, 12000, 0) \
+    X(cuGraphInstantiateWithParams_ptsz, cuGraphInstantiateWithParams, 12000, 1) \
+    X(cuGraphDestroy, cuGraphDestroy, 10000, 0) \
     X(cuDeviceGraphMemTrim, cuDeviceGraphMemTrim, 11040, 0)
 
 /*

@@ -540,7 +540,16 @@ VGPU_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
  * cuGraphAddNode(_v2) with a memory node type - goes through the same two
  * functions. The parameters of a memory node cannot be changed afterwards
  * (cuGraphNodeSetParams and cuGraphExecNodeSetParams refuse memory nodes),
- * so no other road changes what a node allocates. */
+ * so no other road changes what a node allocates.
+ *
+ * A graph's memory exists only once it runs. A graph destroyed before any
+ * instantiation therefore gives back what its nodes were charged - its
+ * allocations, and what its free nodes moved to the graph pool. A graph
+ * that may have run (any instantiation road, marked BEFORE the driver call
+ * so that a destroy racing an instantiation keeps the charge) keeps its
+ * unfreed allocations charged past its destruction, as the driver keeps
+ * them until cuMemFree(Async); what it freed stays held by the graph pool
+ * until cuDeviceGraphMemTrim. */
 
 /* One call that adds a node, whatever its road. */
 struct node_add {
@@ -592,7 +601,110 @@ static CUresult add_graph_free(const struct node_add *add, CUdeviceptr dptr)
         allocmap_put(SPACE_PTR, dptr, &info);
         return rc;
     }
+    if (ours && rc == CUDA_SUCCESS && info.aux == (uintptr_t)add->graph) {
+        struct alloc_info memo = {.size = info.size, .index = info.index,
+                                  .kind = ALLOC_GRAPH_FREED, .aux = info.aux};
+        if (allocmap_put(SPACE_GRAPH_FREED, dptr, &memo) != 0)
+            log_error("%s: the graph's freed memory stays held until a trim", vgpu_error());
+    }
     return finish_free(ours, SPACE_PTR, dptr, &info, rc);
+}
+
+/* ---- graphs: may they have run? -------------------------------------------- */
+
+static void graph_may_run(CUgraph graph)
+{
+    struct alloc_info run = {.index = VGPU_DEV_UNTRACKED, .kind = ALLOC_GRAPH_RUN};
+    if (vgpu_limited() && allocmap_put(SPACE_GRAPH_RUN, (uintptr_t)graph, &run) != 0)
+        log_error("%s", vgpu_error()); /* unmarked: its destroy then keeps nothing back */
+}
+
+VGPU_EXPORT CUresult cuGraphInstantiate(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                        CUgraphNode *phErrorNode, char *logBuffer,
+                                        size_t bufferSize)
+{
+    VGPU_CUDA_ENTER(cuGraphInstantiate);
+    graph_may_run(hGraph);
+    return vgpu_real_cuda.cuGraphInstantiate(phGraphExec, hGraph, phErrorNode, logBuffer,
+                                             bufferSize);
+}
+
+VGPU_EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                           CUgraphNode *phErrorNode, char *logBuffer,
+                                           size_t bufferSize)
+{
+    VGPU_CUDA_ENTER(cuGraphInstantiate_v2);
+    graph_may_run(hGraph);
+    return vgpu_real_cuda.cuGraphInstantiate_v2(phGraphExec, hGraph, phErrorNode, logBuffer,
+                                                bufferSize);
+}
+
+VGPU_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                                 unsigned long long flags)
+{
+    VGPU_CUDA_ENTER(cuGraphInstantiateWithFlags);
+    graph_may_run(hGraph);
+    return vgpu_real_cuda.cuGraphInstantiateWithFlags(phGraphExec, hGraph, flags);
+}
+
+VGPU_EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                                  CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams)
+{
+    VGPU_CUDA_ENTER(cuGraphInstantiateWithParams);
+    graph_may_run(hGraph);
+    return vgpu_real_cuda.cuGraphInstantiateWithParams(phGraphExec, hGraph, instantiateParams);
+}
+
+VGPU_EXPORT CUresult cuGraphInstantiateWithParams_ptsz(
+    CUgraphExec *phGraphExec, CUgraph hGraph, CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams)
+{
+    VGPU_CUDA_ENTER(cuGraphInstantiateWithParams_ptsz);
+    graph_may_run(hGraph);
+    return vgpu_real_cuda.cuGraphInstantiateWithParams_ptsz(phGraphExec, hGraph,
+                                                            instantiateParams);
+}
+
+static bool of_graph(uint64_t key, const struct alloc_info *info, const void *graph)
+{
+    (void)key;
+    return (info->kind == ALLOC_GRAPH || info->kind == ALLOC_GRAPH_FREED) &&
+           info->aux == (uintptr_t)graph;
+}
+
+/* A graph that never ran held no memory: give back what its nodes were
+ * charged. Its unfreed allocations leave the pool's "live" count too. */
+static void graph_never_ran(CUgraph graph)
+{
+    struct alloc_entry *gone;
+    size_t n = allocmap_take_all(SPACE_PTR, of_graph, graph, &gone);
+    for (size_t i = 0; i < n; i++) {
+        pools_untake(NULL, gone[i].info.index, gone[i].info.size, 0);
+        budget_release(gone[i].info.index, gone[i].info.size);
+    }
+    free(gone);
+    n = allocmap_take_all(SPACE_GRAPH_FREED, of_graph, graph, &gone);
+    for (size_t i = 0; i < n; i++)
+        pools_unhold(NULL, gone[i].info.index, gone[i].info.size);
+    free(gone);
+}
+
+VGPU_EXPORT CUresult cuGraphDestroy(CUgraph hGraph)
+{
+    VGPU_CUDA_ENTER(cuGraphDestroy);
+    CUresult rc = vgpu_real_cuda.cuGraphDestroy(hGraph);
+    if (rc != CUDA_SUCCESS || !vgpu_limited())
+        return rc;
+    struct alloc_info run;
+    if (allocmap_take(SPACE_GRAPH_RUN, (uintptr_t)hGraph, &run) != 0) {
+        graph_never_ran(hGraph);
+    } else {
+        /* It may have run: what it freed stays held by the graph pool, what
+         * it did not free stays live. Only the memos go. */
+        struct alloc_entry *memos;
+        allocmap_take_all(SPACE_GRAPH_FREED, of_graph, hGraph, &memos);
+        free(memos);
+    }
+    return rc;
 }
 
 static CUresult call_add_alloc(const struct node_add *add, CUDA_MEM_ALLOC_NODE_PARAMS *alloc,

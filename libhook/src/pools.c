@@ -113,6 +113,15 @@ static int reserved_now(CUmemoryPool pool, uint64_t *bytes)
     return 0;
 }
 
+void pools_unhold(CUmemoryPool pool, int index, uint64_t bytes)
+{
+    pthread_mutex_lock(&lock);
+    struct pool_state *p = find(pool, index, false);
+    if (p != NULL)
+        release_held(p, p->held > bytes ? p->held - bytes : 0);
+    pthread_mutex_unlock(&lock);
+}
+
 void pools_trimmed(CUmemoryPool pool, int index, uint64_t keep)
 {
     pthread_mutex_lock(&lock);

@@ -232,6 +232,9 @@ enum alloc_kind {
     ALLOC_MAPPING,     /* a cuMemMap of one of our handles: charges nothing */
     ALLOC_LIMIT,       /* a context limit's memory (cuCtxSetLimit) */
     ALLOC_POOL,        /* a memory pool's home device: charges nothing */
+    ALLOC_GRAPH_FREED, /* a graph allocation freed in its own graph (a memo:
+                        * its bytes are held by the graph pool) */
+    ALLOC_GRAPH_RUN,   /* a graph that may have run (instantiated): a memo */
 };
 struct alloc_info {
     uint64_t size;
@@ -243,12 +246,15 @@ struct alloc_info {
     uint32_t maps;     /* ALLOC_VMM: mappings in place */
     uint32_t refs;     /* ALLOC_VMM: handle references (cuMemCreate's, retains) */
     uint64_t aux;      /* ALLOC_MAPPING: the handle mapped; ALLOC_LIMIT: the
-                        * limit's value when first seen (counted as overhead) */
+                        * limit's value when first seen (counted as overhead);
+                        * ALLOC_GRAPH, ALLOC_GRAPH_FREED: the graph */
 };
 /* Keys live in separate spaces: device pointers, VMM handles, arrays, VMM
- * mappings (by address), context limits ((ctx << 2) | limit), pools. */
+ * mappings (by address), context limits ((ctx << 2) | limit), pools, graph
+ * allocations freed in their graph (by address), graphs instantiated. */
 enum alloc_space {
-    SPACE_PTR = 0, SPACE_HANDLE, SPACE_ARRAY, SPACE_MAP, SPACE_LIMIT, SPACE_POOL, SPACE_COUNT
+    SPACE_PTR = 0, SPACE_HANDLE, SPACE_ARRAY, SPACE_MAP, SPACE_LIMIT, SPACE_POOL,
+    SPACE_GRAPH_FREED, SPACE_GRAPH_RUN, SPACE_COUNT
 };
 int allocmap_put(enum alloc_space space, uint64_t key, const struct alloc_info *info);
 /* Copy an entry out, leaving it; -1 if the key is not ours. */
@@ -286,6 +292,9 @@ uint64_t pools_take(CUmemoryPool pool, int index, uint64_t bytes);
 void pools_untake(CUmemoryPool pool, int index, uint64_t bytes, uint64_t reused);
 /* A free: the bytes stay charged, held by the pool. */
 void pools_hold(CUmemoryPool pool, int index, uint64_t bytes);
+/* Bytes a pool was said to hold that it never got (a graph destroyed
+ * before it ran): give back up to `bytes` of what is held. */
+void pools_unhold(CUmemoryPool pool, int index, uint64_t bytes);
 /* After cuMemPoolTrimTo / cuMemPoolDestroy / cuDeviceGraphMemTrim. */
 void pools_trimmed(CUmemoryPool pool, int index, uint64_t keep);
 void pools_destroyed(CUmemoryPool pool);

@@ -41,6 +41,9 @@
  *                     unmapped: the retained handle alone keeps the memory
  *   graph-drop:SIZE   a graph with an allocation node (and its free node),
  *                     destroyed without being instantiated
+ *   graph-keep:SIZE   the graph path's graph run, then destroyed (and its
+ *                     executable graph), its allocation kept: it outlives
+ *                     the graph until freed (free frees it)
  *   ipc-export        export the most recent allocation; prints its handle
  *   ipc-open:HEX      open an exported handle and read its first u32
  *   churn:PATH:SIZE   allocate and free through PATH forever (for kill tests)
@@ -838,6 +841,26 @@ static void cmd_graph_drop(const char *arg)
     report("graph-drop", "graph", size, rc);
 }
 
+static void cmd_graph_keep(const char *arg)
+{
+    if (nallocs == MAX_ALLOCS)
+        usage_exit("too many allocations");
+    struct allocation *a = &allocs[nallocs];
+    memset(a, 0, sizeof(*a));
+    a->path = P_ALLOC; /* once its graph is gone it is freed like any pointer */
+    if (parse_size(arg, &a->size) != 0)
+        usage_exit("expected graph-keep:SIZE");
+    struct allocation g = {.path = P_GRAPH, .size = a->size};
+    CUresult rc = alloc_graph(&g);
+    if (rc == CUDA_SUCCESS) {
+        cu.cuGraphExecDestroy(g.exec);
+        rc = cu.cuGraphDestroy((CUgraph)g.handle);
+        a->ptr = g.ptr;
+        nallocs++;
+    }
+    report("graph-keep", "graph", a->size, rc);
+}
+
 static void cmd_wait(void)
 {
     char line[64];
@@ -894,6 +917,8 @@ static void run(const char *cmd)
         cmd_pool_on(cmd + 8);
     else if (strncmp(cmd, "vmm-retain:", 11) == 0)
         cmd_vmm_retain(cmd + 11);
+    else if (strncmp(cmd, "graph-keep:", 11) == 0)
+        cmd_graph_keep(cmd + 11);
     else if (strncmp(cmd, "graph-drop:", 11) == 0)
         cmd_graph_drop(cmd + 11);
     else if (strcmp(cmd, "ipc-export") == 0)

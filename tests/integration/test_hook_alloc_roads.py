@@ -194,6 +194,21 @@ def test_a_graph_destroyed_before_instantiation_gives_its_memory_back(
     assert run.ops("alloc")[0]["result"] == OK
 
 
+def test_a_graph_that_ran_keeps_its_unfreed_memory_charged_past_its_destruction(
+    sim_env: dict[str, str], tmp_path: Path
+) -> None:
+    run = probe(
+        limited(sim_env, tmp_path),
+        "graph-keep:60m", "meminfo", "alloc:alloc:60m", "free", "trim", "meminfo",
+    )
+    assert run.ops("graph-keep")[0]["result"] == OK
+    kept, freed = run.ops("meminfo")
+    assert used(kept) == 60 * MiB
+    assert run.ops("alloc")[0]["result"] == OOM
+    assert run.ops("free")[0]["result"] == OK
+    assert used(freed) == 0
+
+
 def test_a_layered_mipmap_is_charged_for_every_level_and_layer(
     sim_env: dict[str, str], tmp_path: Path
 ) -> None:

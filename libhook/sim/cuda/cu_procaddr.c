@@ -61,6 +61,7 @@ static const struct variant_version VARIANT_VERSIONS[] = {
     {"cuEventElapsedTime_v2", 12080},
     {"cuGetProcAddress_v2", 12000},
     {"cuGraphAddNode_v2", 12030},
+    {"cuGraphInstantiate_v2", 11000},
 };
 
 static bool ends_with(const char *s, size_t len, const char *suffix)

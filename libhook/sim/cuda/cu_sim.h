@@ -127,6 +127,7 @@ struct cu_alloc {
     CUmemoryPool pool; /* stream-ordered allocations: the owning pool */
     bool in_pool;      /* freed to the pool, held until trimmed */
     void *vmm;         /* CU_ALLOC_VMM: the physical allocation mapped here */
+    bool launched;     /* a graph memory node's allocation: its graph ran */
 };
 
 /* Charge bytes on dev to this process: CUDA_SUCCESS or OUT_OF_MEMORY. */
