@@ -48,6 +48,7 @@ typedef struct CUgraphNode_st *CUgraphNode;
 typedef struct CUmemPoolHandle_st *CUmemoryPool;
 typedef struct CUlib_st *CUlibrary;
 typedef struct CUkern_st *CUkernel;
+typedef struct CUarrayMapInfo_st CUarrayMapInfo; /* read by the driver only */
 
 typedef struct {
     char bytes[16];
@@ -413,6 +414,8 @@ _Static_assert(sizeof(CUgraphEdgeData) == 8, "CUgraphEdgeData ABI");
     X(CUresult, cuMemAddressFree, (CUdeviceptr ptr, size_t size), (ptr, size)) \
     X(CUresult, cuMemMap, (CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle, unsigned long long flags), (ptr, size, offset, handle, flags)) \
     X(CUresult, cuMemUnmap, (CUdeviceptr ptr, size_t size), (ptr, size)) \
+    X(CUresult, cuMemMapArrayAsync, (CUarrayMapInfo *mapInfoList, unsigned int count, CUstream hStream), (mapInfoList, count, hStream)) \
+    X(CUresult, cuMemMapArrayAsync_ptsz, (CUarrayMapInfo *mapInfoList, unsigned int count, CUstream hStream), (mapInfoList, count, hStream)) \
     X(CUresult, cuMemRetainAllocationHandle, (CUmemGenericAllocationHandle *handle, void *addr), (handle, addr)) \
     X(CUresult, cuMemSetAccess, (CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count), (ptr, size, desc, count)) \
     X(CUresult, cuMemGetAllocationGranularity, (size_t *granularity, const CUmemAllocationProp *prop, CUmemAllocationGranularity_flags option), (granularity, prop, option)) \

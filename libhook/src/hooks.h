@@ -82,6 +82,8 @@
     X(cuMemMap, cuMemMap, 10020, 0) \
     X(cuMemUnmap, cuMemUnmap, 10020, 0) \
     X(cuMemRetainAllocationHandle, cuMemRetainAllocationHandle, 11000, 0) \
+    X(cuMemMapArrayAsync, cuMemMapArrayAsync, 11010, 0) \
+    X(cuMemMapArrayAsync_ptsz, cuMemMapArrayAsync, 11010, 1) \
     X(cuMemAddressFree, cuMemAddressFree, 10020, 0) \
     X(cuArrayCreate, cuArrayCreate, 2000, 0) \
     X(cuArrayCreate_v2, cuArrayCreate, 3020, 0) \

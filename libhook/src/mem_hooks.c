@@ -939,6 +939,34 @@ VGPU_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
     return rc;
 }
 
+/* Mapping memory into a sparse array is a mapping the hook cannot count (a
+ * handle released while so mapped would keep its memory uncharged): closed
+ * in a limited process rather than left open. Sparse arrays (tiled
+ * textures) are rare in compute work. */
+static CUresult sparse_refused(void)
+{
+    static _Atomic bool told;
+    if (!atomic_exchange(&told, true))
+        log_warn("cuMemMapArrayAsync refused: mappings into sparse arrays are not accounted");
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+VGPU_EXPORT CUresult cuMemMapArrayAsync(CUarrayMapInfo *mapInfoList, unsigned int count,
+                                        CUstream hStream)
+{
+    VGPU_CUDA_ENTER(cuMemMapArrayAsync);
+    return vgpu_limited() ? sparse_refused()
+                          : vgpu_real_cuda.cuMemMapArrayAsync(mapInfoList, count, hStream);
+}
+
+VGPU_EXPORT CUresult cuMemMapArrayAsync_ptsz(CUarrayMapInfo *mapInfoList, unsigned int count,
+                                             CUstream hStream)
+{
+    VGPU_CUDA_ENTER(cuMemMapArrayAsync_ptsz);
+    return vgpu_limited() ? sparse_refused()
+                          : vgpu_real_cuda.cuMemMapArrayAsync_ptsz(mapInfoList, count, hStream);
+}
+
 /* Freeing a reservation drops whatever is still mapped in it. */
 VGPU_EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
 {

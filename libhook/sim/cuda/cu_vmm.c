@@ -337,3 +337,22 @@ CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void 
     pthread_mutex_unlock(&cu_lock);
     return r;
 }
+
+/* Sparse arrays are not simulated. */
+CUresult cuMemMapArrayAsync(CUarrayMapInfo *mapInfoList, unsigned int count, CUstream hStream)
+{
+    (void)mapInfoList;
+    (void)count;
+    (void)hStream;
+    CUresult r = cu_ready();
+    return r != CUDA_SUCCESS ? r : CUDA_ERROR_NOT_SUPPORTED;
+}
+
+CUresult cuMemMapArrayAsync_ptsz(CUarrayMapInfo *mapInfoList, unsigned int count, CUstream hStream)
+{
+    (void)mapInfoList;
+    (void)count;
+    (void)hStream;
+    CUresult r = cu_ready();
+    return r != CUDA_SUCCESS ? r : CUDA_ERROR_NOT_SUPPORTED;
+}
