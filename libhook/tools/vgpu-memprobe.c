@@ -36,6 +36,9 @@
  *                     context, the current context staying device --device's
  *   pool-on:N:SIZE    cuMemAllocFromPoolAsync from a new pool of device N on
  *                     the current (--device) context's stream
+ *   pools:N:SIZE      create N pools on the device; allocate 4 KiB from each
+ *                     but the last, SIZE from the last, and free each back
+ *                     to its pool (the pools keep them)
  *   vmm-retain:SIZE   cuMemCreate + map + cuMemRelease, then the handle taken
  *                     back with cuMemRetainAllocationHandle and everything
  *                     unmapped: the retained handle alone keeps the memory
@@ -819,6 +822,29 @@ static void cmd_vmm_retain(const char *arg)
     report("vmm-retain", "vmm", a.size, rc);
 }
 
+static void cmd_pools(const char *arg)
+{
+    CUdevice count;
+    uint64_t size;
+    parse_on(arg, "expected pools:N:SIZE", &count, &size);
+    CUmemPoolProps props;
+    memset(&props, 0, sizeof(props));
+    props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    props.location.id = device;
+    CUmemoryPool pool = NULL;
+    CUdeviceptr ptr = 0;
+    CUresult rc = CUDA_SUCCESS;
+    for (CUdevice i = 0; i < count && rc == CUDA_SUCCESS; i++) {
+        rc = cu.cuMemPoolCreate(&pool, &props);
+        if (rc == CUDA_SUCCESS)
+            rc = cu.cuMemAllocFromPoolAsync(&ptr, i + 1 < count ? 4096 : size, pool, NULL);
+        if (rc == CUDA_SUCCESS)
+            rc = cu.cuMemFreeAsync(ptr, NULL);
+    }
+    report("pools", "pool", size, rc);
+}
+
 /* A graph that allocates and frees SIZE, destroyed before any
  * instantiation: its memory never existed. */
 static void cmd_graph_drop(const char *arg)
@@ -915,6 +941,8 @@ static void run(const char *cmd)
         cmd_async_on(cmd + 9);
     else if (strncmp(cmd, "pool-on:", 8) == 0)
         cmd_pool_on(cmd + 8);
+    else if (strncmp(cmd, "pools:", 6) == 0)
+        cmd_pools(cmd + 6);
     else if (strncmp(cmd, "vmm-retain:", 11) == 0)
         cmd_vmm_retain(cmd + 11);
     else if (strncmp(cmd, "graph-keep:", 11) == 0)

@@ -160,6 +160,17 @@ def test_stream_ordered_memory_is_charged_to_the_device_it_lands_on(
         assert [d.oom_count for d in usage.devices()[:2]] == [0, 2]
 
 
+def test_what_any_of_many_pools_keeps_stays_charged(
+    sim_env: dict[str, str], tmp_path: Path
+) -> None:
+    # A pool keeps what is freed to it (until a synchronisation or a trim),
+    # however many pools the process made before it.
+    run = probe(limited(sim_env, tmp_path), "pools:100:60m", "meminfo", "alloc:alloc:60m")
+    assert run.ops("pools")[0]["result"] == OK
+    assert used(run.ops("meminfo")[0]) == 60 * MiB + 99 * 4096
+    assert run.ops("alloc")[0]["result"] == OOM
+
+
 # ---- item 9: what the driver frees is given back ------------------------------
 
 
