@@ -70,7 +70,11 @@ def test_unmapping_the_last_mapping_gives_a_released_handle_back(
 ) -> None:
     run = probe(
         limited(sim_env, tmp_path),
-        "alloc:vmmmap:60m", "free", "meminfo", "alloc:vmmmap:60m", "meminfo",
+        "alloc:vmmmap:60m",
+        "free",
+        "meminfo",
+        "alloc:vmmmap:60m",
+        "meminfo",
     )
     assert [x["result"] for x in run.ops("alloc")] == [OK, OK]
     freed, again = run.ops("meminfo")
@@ -96,9 +100,12 @@ def test_a_stack_limit_is_charged_before_the_driver_reserves_it(
     env = limited(sim_env, tmp_path, VGPU_SIM_SMS="4")
     run = probe(
         env,
-        "limit:stack:4096", "meminfo",        # +3 KiB per thread: 24 MiB
-        "limit:stack:16384", "meminfo",       # +15 KiB: 120 MiB, over the limit
-        "limit:stack:1024", "meminfo",        # back to the default
+        "limit:stack:4096",
+        "meminfo",  # +3 KiB per thread: 24 MiB
+        "limit:stack:16384",
+        "meminfo",  # +15 KiB: 120 MiB, over the limit
+        "limit:stack:1024",
+        "meminfo",  # back to the default
         args=["--device", "0"],
     )
     assert [x["result"] for x in run.ops("limit")] == [OK, OOM, OK]
@@ -136,8 +143,14 @@ def test_memory_nodes_added_by_cuGraphAddNode_are_charged(
     for args in (["--resolve", "procaddr"], ["--resolve", "dlsym"]):
         for path in ("graphnode", "graphnode2"):
             run = probe(
-                env, f"alloc:{path}:60m", "meminfo", f"alloc:{path}:60m", "free", "trim",
-                "meminfo", args=args,
+                env,
+                f"alloc:{path}:60m",
+                "meminfo",
+                f"alloc:{path}:60m",
+                "free",
+                "trim",
+                "meminfo",
+                args=args,
             )
             assert [x["result"] for x in run.ops("alloc")] == [OK, OOM], (path, args)
             charged, trimmed = run.ops("meminfo")
@@ -151,8 +164,7 @@ def test_stream_ordered_memory_is_charged_to_the_device_it_lands_on(
     sim_env: dict[str, str], tmp_path: Path
 ) -> None:
     env = limited(sim_env, tmp_path, CUDA_MEM_LIMIT_1="10m")
-    run = probe(env, "async-on:1:30m", "pool-on:1:30m", "async-on:1:4m", "pool-on:1:4m",
-                "meminfo")
+    run = probe(env, "async-on:1:30m", "pool-on:1:30m", "async-on:1:4m", "pool-on:1:4m", "meminfo")
     assert [x["result"] for x in run.ops("async-on")] == [OOM, OK]
     assert [x["result"] for x in run.ops("pool-on")] == [OOM, OK]
     assert used(run.ops("meminfo")[0]) == 0  # device 0, the current context's
@@ -188,8 +200,15 @@ def test_a_destroyed_pool_gives_back_what_is_freed_after_it(
 ) -> None:
     run = probe(
         limited(sim_env, tmp_path),
-        "alloc:pool:60m", "pool-destroy", "free", "meminfo",
-        "alloc:pool:60m", "free", "pool-destroy", "meminfo", "alloc:alloc:90m",
+        "alloc:pool:60m",
+        "pool-destroy",
+        "free",
+        "meminfo",
+        "alloc:pool:60m",
+        "free",
+        "pool-destroy",
+        "meminfo",
+        "alloc:alloc:90m",
     )
     assert [x["result"] for x in run.ops("pool-destroy")] == [OK, OK]
     assert [used(m) for m in run.ops("meminfo")] == [0, 0]
@@ -210,7 +229,12 @@ def test_a_graph_that_ran_keeps_its_unfreed_memory_charged_past_its_destruction(
 ) -> None:
     run = probe(
         limited(sim_env, tmp_path),
-        "graph-keep:60m", "meminfo", "alloc:alloc:60m", "free", "trim", "meminfo",
+        "graph-keep:60m",
+        "meminfo",
+        "alloc:alloc:60m",
+        "free",
+        "trim",
+        "meminfo",
     )
     assert run.ops("graph-keep")[0]["result"] == OK
     kept, freed = run.ops("meminfo")
