@@ -89,7 +89,7 @@ static int grow(struct table *t)
 static bool memo(const struct alloc_info *info)
 {
     return info->kind == ALLOC_MAPPING || info->kind == ALLOC_POOL ||
-           info->kind == ALLOC_GRAPH_FREED || info->kind == ALLOC_GRAPH_RUN;
+           info->kind == ALLOC_GRAPH_FREED || info->kind == ALLOC_GRAPH_MARK;
 }
 
 /* Host memory and memos are not device memory this process holds. */

@@ -551,6 +551,15 @@ VGPU_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
  * them until cuMemFree(Async); what it freed stays held by the graph pool
  * until cuDeviceGraphMemTrim. */
 
+/* Remember something about a graph (SPACE_GRAPH_RUN: it may have run;
+ * SPACE_GRAPH_MEM: it has memory nodes, so its destroy must look at them). */
+static void graph_mark(enum alloc_space space, CUgraph graph)
+{
+    struct alloc_info mark = {.index = VGPU_DEV_UNTRACKED, .kind = ALLOC_GRAPH_MARK};
+    if (vgpu_limited() && allocmap_put(space, (uintptr_t)graph, &mark) != 0)
+        log_error("%s: graph memory stays charged until the process exits", vgpu_error());
+}
+
 /* One call that adds a node, whatever its road. */
 struct node_add {
     CUgraphNode *node;
@@ -589,6 +598,7 @@ static CUresult add_graph_alloc(const struct node_add *add, CUDA_MEM_ALLOC_NODE_
                               .aux = (uintptr_t)add->graph};
     if (allocmap_put(SPACE_PTR, params->dptr, &info) != 0)
         log_error("%s: the allocation stays charged until the process exits", vgpu_error());
+    graph_mark(SPACE_GRAPH_MEM, add->graph);
     return rc;
 }
 
@@ -614,9 +624,7 @@ static CUresult add_graph_free(const struct node_add *add, CUdeviceptr dptr)
 
 static void graph_may_run(CUgraph graph)
 {
-    struct alloc_info run = {.index = VGPU_DEV_UNTRACKED, .kind = ALLOC_GRAPH_RUN};
-    if (vgpu_limited() && allocmap_put(SPACE_GRAPH_RUN, (uintptr_t)graph, &run) != 0)
-        log_error("%s", vgpu_error()); /* unmarked: its destroy then keeps nothing back */
+    graph_mark(SPACE_GRAPH_RUN, graph);
 }
 
 VGPU_EXPORT CUresult cuGraphInstantiate(CUgraphExec *phGraphExec, CUgraph hGraph,
@@ -692,10 +700,15 @@ VGPU_EXPORT CUresult cuGraphDestroy(CUgraph hGraph)
 {
     VGPU_CUDA_ENTER(cuGraphDestroy);
     CUresult rc = vgpu_real_cuda.cuGraphDestroy(hGraph);
+    struct alloc_info mark;
     if (rc != CUDA_SUCCESS || !vgpu_limited())
         return rc;
-    struct alloc_info run;
-    if (allocmap_take(SPACE_GRAPH_RUN, (uintptr_t)hGraph, &run) != 0) {
+    bool ran = allocmap_take(SPACE_GRAPH_RUN, (uintptr_t)hGraph, &mark) == 0;
+    /* Most graphs have no memory node: nothing to look for (the look is a
+     * scan of every allocation of the process). */
+    if (allocmap_take(SPACE_GRAPH_MEM, (uintptr_t)hGraph, &mark) != 0)
+        return rc;
+    if (!ran) {
         graph_never_ran(hGraph);
     } else {
         /* It may have run: what it freed stays held by the graph pool, what

@@ -234,7 +234,8 @@ enum alloc_kind {
     ALLOC_POOL,        /* a memory pool's home device: charges nothing */
     ALLOC_GRAPH_FREED, /* a graph allocation freed in its own graph (a memo:
                         * its bytes are held by the graph pool) */
-    ALLOC_GRAPH_RUN,   /* a graph that may have run (instantiated): a memo */
+    ALLOC_GRAPH_MARK,  /* a memo about a graph: it may have run, or it has
+                        * memory nodes */
 };
 struct alloc_info {
     uint64_t size;
@@ -251,10 +252,11 @@ struct alloc_info {
 };
 /* Keys live in separate spaces: device pointers, VMM handles, arrays, VMM
  * mappings (by address), context limits ((ctx << 2) | limit), pools, graph
- * allocations freed in their graph (by address), graphs instantiated. */
+ * allocations freed in their graph (by address), graphs instantiated,
+ * graphs with memory nodes. */
 enum alloc_space {
     SPACE_PTR = 0, SPACE_HANDLE, SPACE_ARRAY, SPACE_MAP, SPACE_LIMIT, SPACE_POOL,
-    SPACE_GRAPH_FREED, SPACE_GRAPH_RUN, SPACE_COUNT
+    SPACE_GRAPH_FREED, SPACE_GRAPH_RUN, SPACE_GRAPH_MEM, SPACE_COUNT
 };
 int allocmap_put(enum alloc_space space, uint64_t key, const struct alloc_info *info);
 /* Copy an entry out, leaving it; -1 if the key is not ours. */
