@@ -126,7 +126,6 @@ static CUresult primary_release(CUdevice dev)
                : vgpu_real_cuda.cuDevicePrimaryCtxRelease(dev);
 }
 
-/* Only the retain that brings the primary context to life costs memory. */
 static void note_primary(CUdevice dev, CUresult rc, const CUcontext *pctx)
 {
     int index = devmap_index(dev);
@@ -134,6 +133,8 @@ static void note_primary(CUdevice dev, CUresult rc, const CUcontext *pctx)
         atomic_store(&primary_ctx[index], *pctx);
 }
 
+/* Only the retain that brings the primary context to life costs memory;
+ * every retain tells which handle the primary context has. */
 VGPU_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
     VGPU_CUDA_ENTER(cuDevicePrimaryCtxRetain);
