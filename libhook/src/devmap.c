@@ -119,6 +119,15 @@ int devmap_current(CUdevice *dev_out)
     return devmap_index(dev);
 }
 
+bool devmap_stream_capturing(CUstream h, bool ptsz)
+{
+    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+    CUresult rc = ptsz && vgpu_real_cuda.cuStreamIsCapturing_ptsz != NULL
+                      ? vgpu_real_cuda.cuStreamIsCapturing_ptsz(h, &status)
+                      : vgpu_real_cuda.cuStreamIsCapturing(h, &status);
+    return rc == CUDA_SUCCESS && status != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
 int devmap_ctx_device(CUcontext ctx, CUdevice *dev)
 {
     CUcontext current = NULL;

@@ -435,7 +435,11 @@ VGPU_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *p
 /*
  * Charged to the pool's device, from `pool` (NULL: the current pool of the
  * stream's device). Bytes the pool holds from earlier frees are reused
- * before new ones are reserved.
+ * before new ones are reserved. On a stream being captured, the call adds a
+ * memory allocation node to the capture's graph instead: its memory comes
+ * from the device's graph pool, and is charged like any memory node (what
+ * it frees stays held by the graph pool until cuDeviceGraphMemTrim; asking
+ * the stream's pool how much it reserves would say nothing of it).
  */
 static CUresult alloc_async(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CUstream stream,
                             bool ptsz, async_call call, const char *what)
@@ -446,11 +450,13 @@ static CUresult alloc_async(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, 
         index = stream_index(stream, ptsz, &dev);
     if (index == VGPU_DEV_UNTRACKED)
         return call(dptr, bytes, pool, stream);
-    CUmemoryPool charged_pool = pool;
-    if (charged_pool == NULL && vgpu_real_cuda.cuDeviceGetMemPool != NULL &&
+    bool captured = devmap_stream_capturing(stream, ptsz);
+    CUmemoryPool charged_pool = captured ? NULL : pool; /* NULL when captured: the graph pool */
+    if (!captured && charged_pool == NULL && vgpu_real_cuda.cuDeviceGetMemPool != NULL &&
         vgpu_real_cuda.cuDeviceGetMemPool(&charged_pool, dev) != CUDA_SUCCESS)
         charged_pool = NULL;
-    uint64_t reused = charged_pool != NULL ? pools_take(charged_pool, index, bytes) : 0;
+    bool pooled = captured || charged_pool != NULL;
+    uint64_t reused = pooled ? pools_take(charged_pool, index, bytes) : 0;
     struct reservation r;
     CUresult rc = reserve_on(&r, dev, index, bytes - reused, what);
     if (rc == CUDA_SUCCESS) {
@@ -459,12 +465,12 @@ static CUresult alloc_async(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, 
             budget_release(index, r.bytes);
     }
     if (rc != CUDA_SUCCESS) {
-        if (charged_pool != NULL)
+        if (pooled)
             pools_untake(charged_pool, index, bytes, reused);
         return rc;
     }
-    struct alloc_info info = {.size = bytes, .index = index, .kind = ALLOC_ASYNC,
-                              .pool = charged_pool};
+    struct alloc_info info = {.size = bytes, .index = index,
+                              .kind = captured ? ALLOC_GRAPH : ALLOC_ASYNC, .pool = charged_pool};
     if (allocmap_put(SPACE_PTR, *dptr, &info) != 0)
         log_error("%s: the allocation stays charged until the process exits", vgpu_error());
     return rc;

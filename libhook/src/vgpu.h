@@ -162,6 +162,9 @@ int devmap_index(CUdevice dev);
 /* Budget index of the calling thread's current context's device;
  * VGPU_DEV_UNTRACKED without a context (the driver call then fails itself). */
 int devmap_current(CUdevice *dev_out);
+/* Is the stream (the per-thread default stream when ptsz and h is NULL)
+ * being captured into a graph? */
+bool devmap_stream_capturing(CUstream h, bool ptsz);
 /* The device of a context that may not be current: 0, or -1. */
 int devmap_ctx_device(CUcontext ctx, CUdevice *dev);
 /* Budget index of an NVML device (by UUID). */

@@ -36,6 +36,8 @@
  *                     context, the current context staying device --device's
  *   pool-on:N:SIZE    cuMemAllocFromPoolAsync from a new pool of device N on
  *                     the current (--device) context's stream
+ *   capture:SIZE      capture cuMemAllocAsync + cuMemFreeAsync of SIZE on a
+ *                     new stream into a graph, run it once, destroy it
  *   pools:N:SIZE      create N pools on the device; allocate 4 KiB from each
  *                     but the last, SIZE from the last, and free each back
  *                     to its pool (the pools keep them)
@@ -94,6 +96,8 @@
     X(cuCtxPopCurrent, cuCtxPopCurrent_v2, cuCtxPopCurrent) \
     X(cuCtxSetLimit, cuCtxSetLimit, cuCtxSetLimit) \
     X(cuStreamCreate, cuStreamCreate, cuStreamCreate) \
+    X(cuStreamBeginCapture, cuStreamBeginCapture_v2, cuStreamBeginCapture) \
+    X(cuStreamEndCapture, cuStreamEndCapture, cuStreamEndCapture) \
     X(cuMemPoolDestroy, cuMemPoolDestroy, cuMemPoolDestroy) \
     X(cuMemAddressReserve, cuMemAddressReserve, cuMemAddressReserve) \
     X(cuMemAddressFree, cuMemAddressFree, cuMemAddressFree) \
@@ -822,6 +826,38 @@ static void cmd_vmm_retain(const char *arg)
     report("vmm-retain", "vmm", a.size, rc);
 }
 
+static void cmd_capture(const char *arg)
+{
+    uint64_t size = 0;
+    if (parse_size(arg, &size) != 0)
+        usage_exit("expected capture:SIZE");
+    CUstream stream = NULL;
+    CUgraph graph = NULL;
+    CUgraphExec exec = NULL;
+    CUdeviceptr ptr = 0;
+    CUresult rc = cu.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING);
+    if (rc == CUDA_SUCCESS)
+        rc = cu.cuStreamBeginCapture(stream, 2 /* relaxed */);
+    if (rc == CUDA_SUCCESS) {
+        rc = cu.cuMemAllocAsync(&ptr, size, stream);
+        if (rc == CUDA_SUCCESS)
+            rc = cu.cuMemFreeAsync(ptr, stream);
+        CUresult ended = cu.cuStreamEndCapture(stream, &graph);
+        rc = rc != CUDA_SUCCESS ? rc : ended;
+    }
+    if (rc == CUDA_SUCCESS)
+        rc = cu.cuGraphInstantiateWithFlags(&exec, graph, 0);
+    if (rc == CUDA_SUCCESS)
+        rc = cu.cuGraphLaunch(exec, stream);
+    if (rc == CUDA_SUCCESS)
+        rc = cu.cuCtxSynchronize();
+    if (exec != NULL)
+        cu.cuGraphExecDestroy(exec);
+    if (graph != NULL)
+        cu.cuGraphDestroy(graph);
+    report("capture", "async", size, rc);
+}
+
 static void cmd_pools(const char *arg)
 {
     CUdevice count;
@@ -941,6 +977,8 @@ static void run(const char *cmd)
         cmd_async_on(cmd + 9);
     else if (strncmp(cmd, "pool-on:", 8) == 0)
         cmd_pool_on(cmd + 8);
+    else if (strncmp(cmd, "capture:", 8) == 0)
+        cmd_capture(cmd + 8);
     else if (strncmp(cmd, "pools:", 6) == 0)
         cmd_pools(cmd + 6);
     else if (strncmp(cmd, "vmm-retain:", 11) == 0)

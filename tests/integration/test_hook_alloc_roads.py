@@ -157,6 +157,29 @@ def test_memory_nodes_added_by_cuGraphAddNode_are_charged(
             assert (used(charged), used(trimmed)) == (60 * MiB, 0), (path, args)
 
 
+def test_captured_stream_ordered_memory_is_graph_memory(
+    sim_env: dict[str, str], tmp_path: Path
+) -> None:
+    """cuMemAllocAsync on a capturing stream adds a memory node: after the
+    graph runs, what it freed is held by the device's graph pool (on the
+    real driver until cuDeviceGraphMemTrim; the simulator has no graph pool
+    and frees it at once, so here the hook's charge is the driver's, not
+    the simulator's), never given back by asking the stream's pool."""
+    run = probe(
+        limited(sim_env, tmp_path),
+        "capture:60m",
+        "meminfo",
+        "alloc:alloc:60m",
+        "trim",
+        "meminfo",
+        "alloc:alloc:60m",
+    )
+    assert run.ops("capture")[0]["result"] == OK
+    held, trimmed = run.ops("meminfo")
+    assert (used(held), used(trimmed)) == (60 * MiB, 0)
+    assert [x["result"] for x in run.ops("alloc")] == [OOM, OK]
+
+
 # ---- item 6: stream-ordered memory on the pool's or stream's device -----------
 
 
