@@ -80,6 +80,13 @@ def test_graph_memory_nodes_by_every_road_stay_inside_the_slice(hooked: Hooked, 
     assert res.nvml_peak <= SLICE
 
 
+def test_captured_stream_ordered_memory_stays_inside_the_slice(hooked: Hooked) -> None:
+    """What a captured graph frees stays in the graph pool until a trim."""
+    res, lines = memprobe(hooked, *["capture:512m", "alloc:alloc:512m"] * 4)
+    assert OOM in results(lines, "alloc")
+    assert res.nvml_peak <= SLICE
+
+
 def test_what_the_driver_frees_is_given_back(hooked: Hooked) -> None:
     """A destroyed context, a destroyed pool, a graph destroyed before it
     ran: the memory is gone on the GPU, so the slice can be used again."""
