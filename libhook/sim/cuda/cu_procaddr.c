@@ -64,6 +64,18 @@ static const struct variant_version VARIANT_VERSIONS[] = {
     {"cuGraphInstantiate_v2", 11000},
 };
 
+/* Base names whose CUDA header maps them onto another entry point from a
+ * version on: the driver then answers with that entry point's newest
+ * variant (CUDA 12's cuda.h: #define cuGraphInstantiate
+ * cuGraphInstantiateWithFlags). */
+static const struct {
+    const char *base;
+    int version;
+    const char *target;
+} RENAMED[] = {
+    {"cuGraphInstantiate", 12000, "cuGraphInstantiateWithFlags"},
+};
+
 static bool ends_with(const char *s, size_t len, const char *suffix)
 {
     size_t n = strlen(suffix);
@@ -104,6 +116,9 @@ static const struct export *find_export(const char *name)
 
 static CUdriverProcAddressQueryResult resolve(const char *symbol, int version, cuuint64_t flags, void **pfn)
 {
+    for (size_t i = 0; i < sizeof(RENAMED) / sizeof(RENAMED[0]); i++)
+        if (strcmp(symbol, RENAMED[i].base) == 0 && version >= RENAMED[i].version)
+            symbol = RENAMED[i].target;
     size_t len = strlen(symbol);
     const struct export *best = NULL;
     int best_version = -1;
