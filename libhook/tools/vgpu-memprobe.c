@@ -57,6 +57,8 @@
  *   fork              fork: the child runs the remaining commands and exits
  *                     normally; the parent waits for it, prints
  *                     {"op":"forked","status":S}, then runs them too
+ *   reinit            cuInit and the primary context again, made current (a
+ *                     forked child on the simulator; a real driver refuses)
  *   wait              print {"op":"wait"} and block until a line on stdin
  *   exit              exit at once, leaving everything allocated
  * or, alone and before anything is initialised:
@@ -923,6 +925,17 @@ static void cmd_graph_keep(const char *arg)
     report("graph-keep", "graph", a->size, rc);
 }
 
+static void cmd_reinit(void)
+{
+    CUcontext ctx = NULL;
+    CUresult rc = cu.cuInit(0);
+    if (rc == CUDA_SUCCESS)
+        rc = cu.cuDevicePrimaryCtxRetain(&ctx, device);
+    if (rc == CUDA_SUCCESS)
+        rc = cu.cuCtxSetCurrent(ctx);
+    report("reinit", "", 0, rc);
+}
+
 static void cmd_wait(void)
 {
     char line[64];
@@ -997,6 +1010,8 @@ static void run(const char *cmd)
         cmd_bench(cmd + 6);
     else if (strcmp(cmd, "wait") == 0)
         cmd_wait();
+    else if (strcmp(cmd, "reinit") == 0)
+        cmd_reinit();
     else if (strcmp(cmd, "exit") == 0)
         _exit(0);
     else
