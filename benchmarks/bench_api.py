@@ -39,6 +39,7 @@ from bench_daemon import (
     make_vgpus,
     percentile,
     start_daemon,
+    wait_tracked,
 )
 
 from vgpud import __version__
@@ -127,10 +128,7 @@ def main() -> int:
     try:
         vgpus = make_vgpus(client, a.vgpus)
         sleepers = give_slots(vgpus, a.procs)
-        deadline = time.monotonic() + 60
-        while len(client.get("/v1/processes")) < a.procs and time.monotonic() < deadline:
-            time.sleep(0.5)
-        tracked = len(client.get("/v1/processes"))
+        tracked = wait_tracked(client, a.procs)
         routes = [
             "/v1/vgpus",
             f"/v1/vgpus/{vgpus[0]['id']}",
