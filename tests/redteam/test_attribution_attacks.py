@@ -34,7 +34,6 @@ from vgpud.tracker import ProcessKind, Tracker
 
 GIB = 1 << 30
 GPU0 = GPU_UUIDS[0]
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "proc"
 DOCKER_NS = 4026532201  # docker-cgroupfs-v1: 4100 = ns pid 1, 4150 = ns pid 7
 
 
@@ -242,13 +241,6 @@ def test_a_bypass_in_a_vgpu_container_is_charged_by_its_mounts_and_killed(
 
 
 # --- on fixture /proc trees -------------------------------------------------
-
-
-@pytest.fixture
-def proc(tmp_path: Path) -> Path:
-    root = tmp_path / "proc"
-    shutil.copytree(FIXTURES / "docker-cgroupfs-v1", root, symlinks=True)
-    return root
 
 
 @pytest.fixture
