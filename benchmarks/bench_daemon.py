@@ -124,6 +124,15 @@ def give_slots(vgpus: list[dict[str, object]], procs: int) -> MappedSleepers:
     return sleepers
 
 
+def wait_tracked(client: Client, procs: int) -> int:
+    """How many processes the daemon tracks once it has seen them all (first
+    sight reads status, ns and maps once each), or after a minute."""
+    deadline = time.monotonic() + 60
+    while len(client.get("/v1/processes")) < procs and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return len(client.get("/v1/processes"))
+
+
 def load(sock: str, paths: list[str], rate: float, seconds: float, out: Queue) -> None:  # type: ignore[type-arg]
     client = Client(sock)
     latencies = []
@@ -206,11 +215,7 @@ def main() -> int:
         idle = (cpu_seconds(daemon.pid) - idle_before) / 5 * 100
         vgpus = make_vgpus(client, a.vgpus)
         sleepers = give_slots(vgpus, a.procs)
-        # Let the tracker see them all (first sight reads status and ns once).
-        deadline = time.monotonic() + 60
-        while len(client.get("/v1/processes")) < a.procs and time.monotonic() < deadline:
-            time.sleep(0.5)
-        tracked = len(client.get("/v1/processes"))
+        tracked = wait_tracked(client, a.procs)
         time.sleep(2)
         before, t0 = cpu_seconds(daemon.pid), time.monotonic()
         time.sleep(a.cpu_seconds)

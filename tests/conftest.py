@@ -19,6 +19,7 @@ Import the constants with ``from tests.conftest import BUILD``.
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -59,3 +60,15 @@ def sim_env(tmp_path: Path) -> Iterator[dict[str, str]]:
     state = tmp_path / "vgpu-sim-state"
     yield sim_environment(state)
     state.unlink(missing_ok=True)
+
+
+@pytest.fixture
+def proc(tmp_path: Path) -> Path:
+    """A /proc tree of one docker container (tests/fixtures/proc/
+    docker-cgroupfs-v1): host pids 4100 (ns pid 1) and 4150 (ns pid 7) in PID
+    namespace 4026532201, start time 1000 + host pid, and the host's pid 1."""
+    root = tmp_path / "proc"
+    shutil.copytree(
+        ROOT / "tests" / "fixtures" / "proc" / "docker-cgroupfs-v1", root, symlinks=True
+    )
+    return root

@@ -570,7 +570,7 @@ def _seqlock_read(atomics: Atomics, base: int) -> Throttle | None:
     only a writer that died mid-write, or a tenant that wrote an odd seq into
     its own usage block, makes a read fail; an unbounded retry would let that
     tenant stall whichever daemon thread reads (DESIGN.md, "Trust";
-    docs/security-perm.md)."""
+    docs/security.md, "Files, owners and the API")."""
     t = ThrottleC
     for _ in range(SEQLOCK_TRIES):
         seq = atomics.load_u32(base + t.seq.offset)

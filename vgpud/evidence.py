@@ -32,7 +32,7 @@ its filesystem (what mountinfo shows for a bind mount of it), or None.
 ``Evidence(procfs, reads_per_scan=...)``:
     ``begin_scan()``; ``maps(process, budget_key) -> MapsFacts | None``
     (None: not read yet, the budget of ``budget_key`` is spent, or the
-    process is gone); ``mounts(process) -> frozenset[Mount]``;
+    process is gone); ``mounts(process) -> Mounts`` (with their maker);
     ``keep(identities, mntns)`` drops what belongs to processes gone.
 ``proves(facts, key) -> bool | None``: True maps it, False does not, None
 unknown (maps cut short).
@@ -54,6 +54,7 @@ READS_PER_SCAN = 16
 class BlockFile:
     key: FileKey
     fs_path: str | None  # None: its filesystem's mount was not found
+    uid: int = 0  # its owner: the vGPU's user for a usage block
 
     @staticmethod
     def of(path: str | os.PathLike[str]) -> BlockFile | None:
@@ -63,11 +64,8 @@ class BlockFile:
             st = os.stat(path, follow_symlinks=False)
         except OSError:
             return None
-        return BlockFile((st.st_dev, st.st_ino), _fs_path(os.path.realpath(path), st.st_dev))
-
-    def mounted_in(self, mounts: Collection[Mount]) -> bool:
-        return self.fs_path is not None and any(
-            m.dev == self.key[0] and m.root == self.fs_path for m in mounts
+        return BlockFile(
+            (st.st_dev, st.st_ino), _fs_path(os.path.realpath(path), st.st_dev), st.st_uid
         )
 
 
@@ -76,6 +74,23 @@ class MapsFacts:
     shared: frozenset[FileKey]  # files it maps MAP_SHARED
     candidates: tuple[MappedFile, ...]  # shared mappings, for the tracker's block search
     complete: bool  # False: the maps file was cut at the limit
+
+
+@dataclass(frozen=True)
+class Mounts:
+    """A mount namespace's mounts, and who could have made them: any user
+    may bind-mount a file it can reach into a namespace of its own
+    (``unshare -Urm``), so a mount is evidence only where its maker is root
+    (the container runtime) or the vGPU's own user (rootless runtimes)."""
+
+    mounts: frozenset[Mount]
+    maker: int | None  # uid owning the namespace's user namespace; None: unknown
+
+    def made_by(self, uid: int) -> bool:
+        return self.maker is not None and self.maker in (0, uid)
+
+
+NO_MOUNTS = Mounts(frozenset(), None)
 
 
 def proves(facts: MapsFacts | None, key: FileKey | None) -> bool | None:
@@ -92,7 +107,7 @@ class Evidence:
         self.procfs = procfs
         self.reads_per_scan = reads_per_scan
         self._maps: dict[Identity, MapsFacts] = {}
-        self._mounts: dict[int, frozenset[Mount]] = {}  # by mount namespace inode
+        self._mounts: dict[int, Mounts] = {}  # by mount namespace inode
         self._mntns: dict[Identity, int | None] = {}
         self._spent: dict[str, int] = {}
 
@@ -115,15 +130,18 @@ class Evidence:
         self._maps[process.identity] = facts
         return facts
 
-    def mounts(self, process: Process) -> frozenset[Mount]:
+    def mounts(self, process: Process) -> Mounts:
         if process.identity not in self._mntns:
             self._mntns[process.identity] = self.procfs.mntns(process.pid)
         ns = self._mntns[process.identity]
         if ns is None:
-            return frozenset()
+            return NO_MOUNTS
         mounts = self._mounts.get(ns)
         if mounts is None:
-            mounts = frozenset(self.procfs.mountinfo(process.pid) or ())
+            mounts = Mounts(
+                frozenset(self.procfs.mountinfo(process.pid) or ()),
+                self.procfs.mount_maker(process.pid),
+            )
             self._mounts[ns] = mounts
         return mounts
 

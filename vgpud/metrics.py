@@ -43,9 +43,12 @@ class Metrics:
             registry=self.registry,
         )
         self.registry.register(_StateCollector(service))
+        self._service = service
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        """The exposition, generated once per state of the daemon (a scrape
+        of 100 vGPUs costs milliseconds; many scrapers need not multiply it)."""
+        return self._service.rendered("metrics", lambda: generate_latest(self.registry))
 
 
 class _StateCollector(Collector):

@@ -70,7 +70,7 @@ class Credentials:
 class BlockUser:
     """Who may write a vGPU's usage block besides the daemon: the host uid
     its processes run as and, when given, a group that shares it. Nobody
-    else can open it for writing (docs/security-perm.md)."""
+    else can open it for writing (docs/security.md, "Files, owners and the API")."""
 
     uid: int
     gid: int | None = None  # None: the uid alone

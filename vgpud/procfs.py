@@ -19,6 +19,7 @@ process is gone or unreadable:
                                             ``limit`` bytes of the file read
     ``mountinfo(pid) -> list[Mount] | None`` its mount namespace's mounts
     ``mntns(pid) -> int | None``            inode of its mount namespace
+    ``mount_maker(pid) -> int | None``      uid owning that namespace's user namespace
     ``open_mapped(pid, mapping, write) -> int`` an fd on the mapped object
 ``ProcessTable(procfs)`` — the incremental scan the tracker uses:
     ``refresh(watch=()) -> dict[int, Process]``  every live process by host pid
@@ -43,8 +44,10 @@ PID namespace inodes come from readlink of /proc/<pid>/ns/pid
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import re
+import struct
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +66,9 @@ MAPS_LIMIT = 2 << 20
 _MOUNTINFO_LIMIT = 1 << 20
 _SMALL_FILE = 8192
 _PRUNE_MIN = 1024
+# ioctl_ns(2): _IO(0xb7, 0x1) and _IO(0xb7, 0x4).
+_NS_GET_USERNS = 0xB701
+_NS_GET_OWNER_UID = 0xB704
 
 
 Identity = tuple[int, int]  # (host pid, start time): one process, never a reused pid
@@ -232,6 +238,31 @@ class ProcFS:
             _raise_unless_vanished(err)
             return None
         return parse_ns_link(link)
+
+    def mount_maker(self, pid: int) -> int | None:
+        """The host uid that owns the user namespace of the process's mount
+        namespace: who could make its mounts. 0 for the host's (and for
+        namespaces root made); another uid for a namespace an unprivileged
+        user made (``unshare -Urm``), whose mounts are that user's doing.
+        None when it cannot be told (gone, or not this kernel's /proc)."""
+        try:
+            fd = os.open(f"{self._prefix}/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as err:
+            _raise_unless_vanished(err)
+            return None
+        try:
+            userns = fcntl.ioctl(fd, _NS_GET_USERNS)
+        except OSError:  # a fixture tree's plain file, or a kernel without it
+            return None
+        finally:
+            os.close(fd)
+        try:
+            raw = fcntl.ioctl(userns, _NS_GET_OWNER_UID, bytes(4))
+        except OSError:
+            return None
+        finally:
+            os.close(userns)
+        return int(struct.unpack("=I", raw)[0])
 
     def open_mapped(self, pid: int, mapping: MappedFile, *, write: bool) -> int:
         """An fd on the object behind a mapping, never by its path in the container.

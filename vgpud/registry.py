@@ -5,14 +5,14 @@ it made; an update is saved before it is applied to the control block, so a
 crash in between is repaired at the next start (the state file is the truth
 and adoption re-applies it).
 
-Run dir layout (docs/security-perm.md): run_dir and each
-<run_dir>/<vgpu_id>/ 0711 (no one but root lists them); in it control (root,
-0644: read-only for everyone) and usage, owned by the vGPU's user (mode
-0600, 0660 when a group shares it): writable by its tenant and the daemon
-alone. Adoption gives a usage block back to its recorded user, whatever
-changed it. No file is shared by two vGPUs: every vGPU's blocks are entered
-in the turn broker (``TurnBroker``), which grants each GPU's turn to one
-vGPU at a time through the control blocks (docs/security-arbiter.md).
+Run dir layout (docs/security.md, "Files, owners and the API"): run_dir and
+each <run_dir>/<vgpu_id>/ 0711 (no one but root lists them); in it control
+(root, 0644: read-only for everyone) and usage, owned by the vGPU's user
+(mode 0600, 0660 when a group shares it): writable by its tenant and the
+daemon alone. Adoption gives a usage block back to its recorded user,
+whatever changed it. No file is shared by two vGPUs: every vGPU's blocks are
+entered in the turn broker (``TurnBroker``), which grants each GPU's turn to
+one vGPU at a time through the control blocks (docs/security-arbiter.md).
 Adoption at start: each recorded vGPU's blocks are opened and validated, not
 recreated, so running processes do not notice; a missing or corrupt block is
 recreated and reported. What a crash left is removed and logged: directories

@@ -8,7 +8,6 @@ and nothing global.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
@@ -36,6 +35,19 @@ from vgpud.units import parse_memory
 
 PPM_PER_PERCENT = 10_000
 RENDERED_MAX = 256  # rendered answers kept (one per route and query string)
+# How stale a figure an answer may show: NVML's per-process samples are
+# 200 ms apart anyway, and rendering 100 vGPUs costs milliseconds.
+RENDER_MAX_AGE = 0.2
+
+
+@dataclass(frozen=True)
+class _Rendered:
+    changes: int
+    ticks: int
+    at: float  # time.monotonic() when rendered
+    body: bytes
+
+
 STANDALONE_READ_ONLY = "standalone vGPU: its limits come from the container's environment"
 
 
@@ -94,12 +106,15 @@ class Service:
         self.gpus = gpus
         self.events = events
         self.started = time.time()
-        # The read routes render the daemon's state once per state, not once
-        # per request (64 clients listing 100 vGPUs must not rebuild it 64
-        # times): a new sample, scan or control tick, or a change through
-        # the API, starts a new state (``ticked``).
-        self._state = 0
-        self._rendered: dict[Hashable, tuple[int, bytes]] = {}
+        # The read routes render the daemon's state, not one answer per
+        # request (64 clients listing 100 vGPUs must not rebuild it 64
+        # times): a change (``changed``: through the API, or a new scan) makes
+        # every answer stale at once; the loops' ticks (``ticked``: new NVML
+        # figures, new quotas and counters, ten times a second) make them
+        # stale once they are RENDER_MAX_AGE old.
+        self._changes = 0
+        self._ticks = 0
+        self._rendered: dict[Hashable, _Rendered] = {}
         self._recipes: dict[str, tuple[Vgpu, recipe.Paths, dict[str, Any], dict[str, str]]] = {}
         self._figures: dict[str, GpuFigures] = {}  # by GPU uuid, from the sampler
         self._sample: NvmlSample | None = None  # the sampler's latest
@@ -139,24 +154,31 @@ class Service:
     @track.setter
     def track(self, value: TrackSnapshot | None) -> None:
         self._track = value
-        self.ticked()
+        self.changed()  # who runs where: shown from the scan that found it
+
+    def changed(self) -> None:
+        """vGPUs or processes changed: every answer rendered before is stale."""
+        self._changes += 1
 
     def ticked(self) -> None:
-        """The state changed (a loop ran, a vGPU changed): answers rendered
-        before are stale. The blocks' counters are read when an answer is
-        rendered, so they are as fresh as the last tick (the control loop's,
-        every ``control_interval``)."""
-        self._state += 1
+        """A loop moved the figures on (NVML's, the blocks' counters, the
+        quotas): answers rendered before are stale once RENDER_MAX_AGE old."""
+        self._ticks += 1
 
-    def rendered(self, key: Hashable, build: Callable[[], object]) -> bytes:
-        """The JSON body of a read route, built at most once per state."""
+    def rendered(self, key: Hashable, build: Callable[[], bytes]) -> bytes:
+        """The body of a read route, built at most once per state."""
+        now = time.monotonic()
         hit = self._rendered.get(key)
-        if hit is not None and hit[0] == self._state:
-            return hit[1]
-        body = json.dumps(build()).encode()
+        if (
+            hit is not None
+            and hit.changes == self._changes
+            and (hit.ticks == self._ticks or now - hit.at < RENDER_MAX_AGE)
+        ):
+            return hit.body
+        body = build()
         if len(self._rendered) >= RENDERED_MAX:  # keys carry query strings: bounded
             self._rendered.clear()
-        self._rendered[key] = (self._state, body)
+        self._rendered[key] = _Rendered(self._changes, self._ticks, now, body)
         return body
 
     # --- rules ------------------------------------------------------------------
@@ -192,7 +214,7 @@ class Service:
             self.gpus.topology,
             user=user_for(req.user, caller),
         )
-        self.ticked()
+        self.changed()
         return entry
 
     def update(self, key: str, req: UpdateRequest) -> tuple[Entry, list[str]]:
@@ -200,7 +222,7 @@ class Service:
         try:
             return self.registry.update(key, req, self.devices(), self.rules())
         finally:
-            self.ticked()
+            self.changed()
 
     async def delete(self, key: str, force: bool) -> Vgpu:
         # No wait for a running scan: the registry keeps the blocks mapped
@@ -210,7 +232,7 @@ class Service:
         try:
             return self.registry.delete(key, force=force, processes=self.process_count(entry))
         finally:
-            self.ticked()
+            self.changed()
 
     # --- views ------------------------------------------------------------------
 

@@ -258,9 +258,12 @@ class _VgpuFiles:
     def usage_key(self) -> FileKey | None:
         return None if self.usage is None else self.usage.key
 
-    def mount_keys(self) -> list[tuple[int, str]]:
+    def mount_keys(self) -> list[tuple[tuple[int, str], int]]:
+        """(device, path in its filesystem) of each block file, as a bind
+        mount of it shows in mountinfo, with the vGPU's user."""
+        user = self.usage.uid if self.usage is not None else 0
         return [
-            (f.key[0], f.fs_path)
+            ((f.key[0], f.fs_path), user)
             for f in (self.usage, self.control)
             if f is not None and f.fs_path is not None
         ]
@@ -268,15 +271,16 @@ class _VgpuFiles:
 
 class _Membership:
     """Which vGPU the host puts a process in, by facts a tenant cannot forge:
-    a daemon-owned vGPU's block file mounted into its mount namespace, else
-    a workload cgroup whose proven members are all of one vGPU."""
+    a daemon-owned vGPU's block file mounted into its mount namespace by
+    root or by the vGPU's own user (``Mounts.made_by``), else a workload
+    cgroup whose proven members are all of one vGPU."""
 
     def __init__(
         self,
         evidence: Evidence,
         container: Callable[[Process], ContainerRef],
         *,
-        mounted: Mapping[tuple[int, str], str],
+        mounted: Mapping[tuple[int, str], tuple[str, int]],
         owners: Mapping[str, set[str]],
     ) -> None:
         self._evidence = evidence
@@ -286,10 +290,11 @@ class _Membership:
 
     def of(self, process: Process) -> str | None:
         if self._mounted:
+            ns = self._evidence.mounts(process)
             found = {
-                vgpu_id
-                for m in self._evidence.mounts(process)
-                if (vgpu_id := self._mounted.get((m.dev, m.root))) is not None
+                hit[0]
+                for m in ns.mounts
+                if (hit := self._mounted.get((m.dev, m.root))) is not None and ns.made_by(hit[1])
             }
             if found:  # two vGPUs' blocks in one container: nobody to charge
                 return found.pop() if len(found) == 1 else None
@@ -401,7 +406,11 @@ class Tracker:
         membership = _Membership(
             self._evidence,
             self._container,
-            mounted={key: vgpu_id for vgpu_id in vgpus for key in files[vgpu_id].mount_keys()},
+            mounted={
+                key: (vgpu_id, user)
+                for vgpu_id in vgpus
+                for key, user in files[vgpu_id].mount_keys()
+            },
             owners=_owners((vgpu_id, self._container(p)) for vgpu_id, _, p in claimed.values()),
         )
         slot_states: list[SlotState] = []

@@ -48,6 +48,7 @@ typedef struct CUgraphNode_st *CUgraphNode;
 typedef struct CUmemPoolHandle_st *CUmemoryPool;
 typedef struct CUlib_st *CUlibrary;
 typedef struct CUkern_st *CUkernel;
+typedef struct CUarrayMapInfo_st CUarrayMapInfo; /* read by the driver only */
 
 typedef struct {
     char bytes[16];
@@ -169,12 +170,50 @@ typedef struct {
     CUctxCigParam *cigParams;
 } CUctxCreateParams;
 
+/* Graph edges (cuGraphAddNode_v2): the hook passes them through unread. */
+typedef struct {
+    unsigned char from_port;
+    unsigned char to_port;
+    unsigned char type;
+    unsigned char reserved[5];
+} CUgraphEdgeData;
+
+typedef int CUgraphNodeType;
+#define CU_GRAPH_NODE_TYPE_MEM_ALLOC 10
+#define CU_GRAPH_NODE_TYPE_MEM_FREE 11
+
+/* cuGraphAddNode's parameters: a type and a union of every node kind's
+ * parameters; only the memory nodes' members are declared here. */
+typedef struct {
+    CUgraphNodeType type;
+    int reserved0[3];
+    union {
+        long long reserved1[29];
+        CUDA_MEM_ALLOC_NODE_PARAMS alloc; /* CUDA_MEM_ALLOC_NODE_PARAMS_v2: same layout */
+        struct {
+            CUdeviceptr dptr;
+        } free;
+    } u;
+    long long reserved2;
+} CUgraphNodeParams;
+
+/* cuGraphInstantiateWithParams: flags in, result out. */
+typedef struct {
+    cuuint64_t flags;
+    CUstream hUploadStream;
+    CUgraphNode hErrNode_out;
+    int result_out;
+} CUDA_GRAPH_INSTANTIATE_PARAMS;
+
 _Static_assert(sizeof(CUlaunchAttribute) == 72, "CUlaunchAttribute ABI");
 _Static_assert(sizeof(CUmemAllocationProp) == 32, "CUmemAllocationProp ABI");
 _Static_assert(sizeof(CUmemPoolProps) == 88, "CUmemPoolProps ABI");
 _Static_assert(sizeof(CUDA_ARRAY3D_DESCRIPTOR) == 40, "CUDA_ARRAY3D_DESCRIPTOR ABI");
 _Static_assert(sizeof(CUexecAffinityParam) == 8, "CUexecAffinityParam ABI");
 _Static_assert(sizeof(CUctxCreateParams) == 24, "CUctxCreateParams ABI");
+_Static_assert(sizeof(CUDA_MEM_ALLOC_NODE_PARAMS) == 120, "CUDA_MEM_ALLOC_NODE_PARAMS ABI");
+_Static_assert(sizeof(CUgraphNodeParams) == 256, "CUgraphNodeParams ABI");
+_Static_assert(sizeof(CUgraphEdgeData) == 8, "CUgraphEdgeData ABI");
 
 /* CUresult values used by vgpud */
 #define CUDA_SUCCESS 0
@@ -213,6 +252,7 @@ _Static_assert(sizeof(CUctxCreateParams) == 24, "CUctxCreateParams ABI");
 #define CU_DEVICE_ATTRIBUTE_INTEGRATED 18
 #define CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY 19
 #define CU_DEVICE_ATTRIBUTE_PCI_BUS_ID 33
+#define CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR 39
 #define CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID 34
 #define CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING 41
 #define CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID 50
@@ -246,6 +286,15 @@ _Static_assert(sizeof(CUctxCreateParams) == 24, "CUctxCreateParams ABI");
 #define CU_AD_FORMAT_SIGNED_INT32 0x0a
 #define CU_AD_FORMAT_HALF 0x10
 #define CU_AD_FORMAT_FLOAT 0x20
+
+/* context limits (cuCtxSetLimit) */
+#define CU_LIMIT_STACK_SIZE 0x00
+#define CU_LIMIT_PRINTF_FIFO_SIZE 0x01
+#define CU_LIMIT_MALLOC_HEAP_SIZE 0x02
+
+/* CUDA_ARRAY3D_DESCRIPTOR flags */
+#define CUDA_ARRAY3D_LAYERED 0x01
+#define CUDA_ARRAY3D_CUBEMAP 0x04
 
 /* streams and capture */
 #define CU_STREAM_DEFAULT 0x0
@@ -313,6 +362,8 @@ _Static_assert(sizeof(CUctxCreateParams) == 24, "CUctxCreateParams ABI");
     X(CUresult, cuCtxPopCurrent_v2, (CUcontext *pctx), (pctx)) \
     X(CUresult, cuCtxGetDevice, (CUdevice *device), (device)) \
     X(CUresult, cuCtxSynchronize, (void), ()) \
+    X(CUresult, cuCtxSetLimit, (CUlimit limit, size_t value), (limit, value)) \
+    X(CUresult, cuCtxGetLimit, (size_t *pvalue, CUlimit limit), (pvalue, limit)) \
     /* device memory */ \
     X(CUresult, cuMemGetInfo, (unsigned int *free, unsigned int *total), (free, total)) \
     X(CUresult, cuMemGetInfo_v2, (size_t *free, size_t *total), (free, total)) \
@@ -363,6 +414,9 @@ _Static_assert(sizeof(CUctxCreateParams) == 24, "CUctxCreateParams ABI");
     X(CUresult, cuMemAddressFree, (CUdeviceptr ptr, size_t size), (ptr, size)) \
     X(CUresult, cuMemMap, (CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle, unsigned long long flags), (ptr, size, offset, handle, flags)) \
     X(CUresult, cuMemUnmap, (CUdeviceptr ptr, size_t size), (ptr, size)) \
+    X(CUresult, cuMemMapArrayAsync, (CUarrayMapInfo *mapInfoList, unsigned int count, CUstream hStream), (mapInfoList, count, hStream)) \
+    X(CUresult, cuMemMapArrayAsync_ptsz, (CUarrayMapInfo *mapInfoList, unsigned int count, CUstream hStream), (mapInfoList, count, hStream)) \
+    X(CUresult, cuMemRetainAllocationHandle, (CUmemGenericAllocationHandle *handle, void *addr), (handle, addr)) \
     X(CUresult, cuMemSetAccess, (CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count), (ptr, size, desc, count)) \
     X(CUresult, cuMemGetAllocationGranularity, (size_t *granularity, const CUmemAllocationProp *prop, CUmemAllocationGranularity_flags option), (granularity, prop, option)) \
     X(CUresult, cuMemExportToShareableHandle, (void *shareableHandle, CUmemGenericAllocationHandle handle, int handleType, unsigned long long flags), (shareableHandle, handle, handleType, flags)) \
@@ -390,6 +444,8 @@ _Static_assert(sizeof(CUctxCreateParams) == 24, "CUctxCreateParams ABI");
     X(CUresult, cuStreamCreate, (CUstream *phStream, unsigned int Flags), (phStream, Flags)) \
     X(CUresult, cuStreamDestroy, (CUstream hStream), (hStream)) \
     X(CUresult, cuStreamDestroy_v2, (CUstream hStream), (hStream)) \
+    X(CUresult, cuStreamGetCtx, (CUstream hStream, CUcontext *pctx), (hStream, pctx)) \
+    X(CUresult, cuStreamGetCtx_ptsz, (CUstream hStream, CUcontext *pctx), (hStream, pctx)) \
     X(CUresult, cuStreamSynchronize, (CUstream hStream), (hStream)) \
     X(CUresult, cuStreamSynchronize_ptsz, (CUstream hStream), (hStream)) \
     X(CUresult, cuStreamQuery, (CUstream hStream), (hStream)) \
@@ -428,7 +484,12 @@ _Static_assert(sizeof(CUctxCreateParams) == 24, "CUctxCreateParams ABI");
     X(CUresult, cuGraphAddKernelNode, (CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies, size_t numDependencies, const void *nodeParams), (phGraphNode, hGraph, dependencies, numDependencies, nodeParams)) \
     X(CUresult, cuGraphAddMemAllocNode, (CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies, size_t numDependencies, CUDA_MEM_ALLOC_NODE_PARAMS *nodeParams), (phGraphNode, hGraph, dependencies, numDependencies, nodeParams)) \
     X(CUresult, cuGraphAddMemFreeNode, (CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies, size_t numDependencies, CUdeviceptr dptr), (phGraphNode, hGraph, dependencies, numDependencies, dptr)) \
-    X(CUresult, cuGraphInstantiate, (CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags), (phGraphExec, hGraph, flags)) \
+    X(CUresult, cuGraphAddNode, (CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies, size_t numDependencies, CUgraphNodeParams *nodeParams), (phGraphNode, hGraph, dependencies, numDependencies, nodeParams)) \
+    X(CUresult, cuGraphAddNode_v2, (CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies, const CUgraphEdgeData *dependencyData, size_t numDependencies, CUgraphNodeParams *nodeParams), (phGraphNode, hGraph, dependencies, dependencyData, numDependencies, nodeParams)) \
+    X(CUresult, cuGraphInstantiate, (CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode, char *logBuffer, size_t bufferSize), (phGraphExec, hGraph, phErrorNode, logBuffer, bufferSize)) \
+    X(CUresult, cuGraphInstantiate_v2, (CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode, char *logBuffer, size_t bufferSize), (phGraphExec, hGraph, phErrorNode, logBuffer, bufferSize)) \
+    X(CUresult, cuGraphInstantiateWithParams, (CUgraphExec *phGraphExec, CUgraph hGraph, CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams), (phGraphExec, hGraph, instantiateParams)) \
+    X(CUresult, cuGraphInstantiateWithParams_ptsz, (CUgraphExec *phGraphExec, CUgraph hGraph, CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams), (phGraphExec, hGraph, instantiateParams)) \
     X(CUresult, cuGraphInstantiateWithFlags, (CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags), (phGraphExec, hGraph, flags)) \
     X(CUresult, cuGraphLaunch, (CUgraphExec hGraphExec, CUstream hStream), (hGraphExec, hStream)) \
     X(CUresult, cuGraphLaunch_ptsz, (CUgraphExec hGraphExec, CUstream hStream), (hGraphExec, hStream)) \

@@ -2,7 +2,7 @@
  * allocmap.c - this process's allocations: key -> {size, device, kind}.
  *
  * One open-addressing hash table per key space (device pointers, VMM
- * handles, arrays), under one in-process mutex: a free must find exactly
+ * handles, arrays, VMM mappings, context limits), under one in-process mutex: a free must find exactly
  * what its allocation charged, and only this process's threads touch it.
  * Tombstones keep probe chains intact; the table doubles at 1/2 load
  * (counting tombstones) and starts small.
@@ -85,9 +85,17 @@ static int grow(struct table *t)
     return 0;
 }
 
+/* Memos (a mapping, a pool's home, a graph freed or run) charge nothing. */
+static bool memo(const struct alloc_info *info)
+{
+    return info->kind == ALLOC_MAPPING || info->kind == ALLOC_POOL ||
+           info->kind == ALLOC_GRAPH_FREED || info->kind == ALLOC_GRAPH_MARK;
+}
+
+/* Host memory and memos are not device memory this process holds. */
 static bool device_resident(const struct alloc_info *info)
 {
-    return info->kind != ALLOC_HOST_BACKED && info->index >= 0;
+    return info->kind != ALLOC_HOST_BACKED && !memo(info) && info->index >= 0;
 }
 
 int allocmap_put(enum alloc_space space, uint64_t key, const struct alloc_info *info)
@@ -103,7 +111,8 @@ int allocmap_put(enum alloc_space space, uint64_t key, const struct alloc_info *
          * stale. Give its bytes back before recording the new one. */
         if (device_resident(&e->info))
             tracked[e->info.index] -= e->info.size;
-        budget_release(e->info.index, e->info.size);
+        if (!memo(&e->info))
+            budget_release(e->info.index, e->info.size);
         e->state = SLOT_TOMB;
     }
     insert(t, key, info);
@@ -115,20 +124,86 @@ out:
     return rc;
 }
 
+/* Remove a full entry, returning its info. Lock held. */
+static void remove_entry(struct entry *e, struct alloc_info *out)
+{
+    if (out != NULL)
+        *out = e->info;
+    e->state = SLOT_TOMB;
+    if (device_resident(&e->info))
+        tracked[e->info.index] -= e->info.size;
+}
+
 int allocmap_take(enum alloc_space space, uint64_t key, struct alloc_info *out)
 {
     int rc = -1;
     pthread_mutex_lock(&lock);
     struct entry *e = find(&tables[space], key);
     if (e != NULL) {
-        *out = e->info;
-        e->state = SLOT_TOMB;
-        if (device_resident(out))
-            tracked[out->index] -= out->size;
+        remove_entry(e, out);
         rc = 0;
     }
     pthread_mutex_unlock(&lock);
     return rc;
+}
+
+int allocmap_get(enum alloc_space space, uint64_t key, struct alloc_info *out)
+{
+    pthread_mutex_lock(&lock);
+    struct entry *e = find(&tables[space], key);
+    if (e != NULL)
+        *out = e->info;
+    pthread_mutex_unlock(&lock);
+    return e != NULL ? 0 : -1;
+}
+
+int allocmap_update(enum alloc_space space, uint64_t key, alloc_change change, const void *arg,
+                    struct alloc_info *out)
+{
+    int rc = -1;
+    pthread_mutex_lock(&lock);
+    struct entry *e = find(&tables[space], key);
+    if (e != NULL) {
+        /* `change` may alter the size: keep the per-device total exact. */
+        if (device_resident(&e->info))
+            tracked[e->info.index] -= e->info.size;
+        bool remove = change(&e->info, arg);
+        if (device_resident(&e->info))
+            tracked[e->info.index] += e->info.size;
+        rc = 0;
+        if (remove) {
+            remove_entry(e, out);
+            rc = 1;
+        }
+    }
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
+
+size_t allocmap_take_all(enum alloc_space space, alloc_match match, const void *arg,
+                         struct alloc_entry **out)
+{
+    struct table *t = &tables[space];
+    size_t n = 0;
+    *out = NULL;
+    pthread_mutex_lock(&lock);
+    for (size_t i = 0; i < t->capacity; i++)
+        if (t->entries[i].state == SLOT_FULL && match(t->entries[i].key, &t->entries[i].info, arg))
+            n++;
+    /* Without room to hand them over, the entries stay (and stay charged). */
+    struct alloc_entry *items = n > 0 ? malloc(n * sizeof(*items)) : NULL;
+    size_t taken = 0;
+    for (size_t i = 0; items != NULL && i < t->capacity && taken < n; i++) {
+        struct entry *e = &t->entries[i];
+        if (e->state != SLOT_FULL || !match(e->key, &e->info, arg))
+            continue;
+        items[taken].key = e->key;
+        remove_entry(e, &items[taken].info);
+        taken++;
+    }
+    pthread_mutex_unlock(&lock);
+    *out = items;
+    return taken;
 }
 
 uint64_t allocmap_tracked(int index)

@@ -119,6 +119,27 @@ int devmap_current(CUdevice *dev_out)
     return devmap_index(dev);
 }
 
+bool devmap_stream_capturing(CUstream h, bool ptsz)
+{
+    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+    CUresult rc = ptsz && vgpu_real_cuda.cuStreamIsCapturing_ptsz != NULL
+                      ? vgpu_real_cuda.cuStreamIsCapturing_ptsz(h, &status)
+                      : vgpu_real_cuda.cuStreamIsCapturing(h, &status);
+    return rc == CUDA_SUCCESS && status != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+int devmap_ctx_device(CUcontext ctx, CUdevice *dev)
+{
+    CUcontext current = NULL;
+    if (vgpu_real_cuda.cuCtxGetCurrent(&current) == CUDA_SUCCESS && current == ctx)
+        return vgpu_real_cuda.cuCtxGetDevice(dev) == CUDA_SUCCESS ? 0 : -1;
+    if (vgpu_real_cuda.cuCtxPushCurrent_v2(ctx) != CUDA_SUCCESS)
+        return -1;
+    CUresult rc = vgpu_real_cuda.cuCtxGetDevice(dev);
+    vgpu_real_cuda.cuCtxPopCurrent_v2(&current);
+    return rc == CUDA_SUCCESS ? 0 : -1;
+}
+
 int devmap_nvml(nvmlDevice_t dev)
 {
     char uuid[VGPU_UUID_LEN];

@@ -721,15 +721,6 @@ static void flush_at_exit(void)
 
 /* ---- the launch path ---------------------------------------------------------- */
 
-static bool stream_capturing(CUstream h, bool ptsz)
-{
-    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
-    CUresult rc = ptsz && vgpu_real_cuda.cuStreamIsCapturing_ptsz != NULL
-                      ? vgpu_real_cuda.cuStreamIsCapturing_ptsz(h, &status)
-                      : vgpu_real_cuda.cuStreamIsCapturing(h, &status);
-    return rc == CUDA_SUCCESS && status != CU_STREAM_CAPTURE_STATUS_NONE;
-}
-
 /* A launch we could not put in a batch still counts its estimate (and costs
  * it, when paced). */
 static void charge_unmeasured(struct gt_dev *d, bool paced)
@@ -754,7 +745,7 @@ bool gt_before(struct gt_launch *l, CUstream h, bool ptsz, bool graph)
     struct pacer_quota q = pacer_quota_now(&d->pacer, now_ns());
     bool paced = !pacer_quota_full(&q);
     bool capturing = atomic_load_explicit(&gt.captures, memory_order_acquire) > 0 &&
-                     stream_capturing(h, ptsz);
+                     devmap_stream_capturing(h, ptsz);
     /* Unpaced, a stream is still measured and takes turns while a paced
      * process on its GPU needs that; it is never held back by the pacer. */
     if (capturing || (!paced && !turn_wanted(s->dev))) {

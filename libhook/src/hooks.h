@@ -36,7 +36,8 @@
     X(cuGetProcAddress, cuGetProcAddress, 11030, 0) \
     X(cuGetProcAddress_v2, cuGetProcAddress, 12000, 0)
 
-/* overhead.c: context creation and module loads (overhead measurement) */
+/* ctx_hooks.c: context creation and module loads (overhead measurement),
+ * context destruction (its allocations go with it), context limits */
 #define HOOK_CTX_LIST(X) \
     X(cuCtxCreate, cuCtxCreate, 2000, 0) \
     X(cuCtxCreate_v2, cuCtxCreate, 3020, 0) \
@@ -51,7 +52,8 @@
     X(cuDevicePrimaryCtxReset_v2, cuDevicePrimaryCtxReset, 11000, 0) \
     X(cuModuleLoadData, cuModuleLoadData, 2000, 0) \
     X(cuModuleLoadDataEx, cuModuleLoadDataEx, 2010, 0) \
-    X(cuModuleUnload, cuModuleUnload, 2000, 0)
+    X(cuModuleUnload, cuModuleUnload, 2000, 0) \
+    X(cuCtxSetLimit, cuCtxSetLimit, 3010, 0)
 
 /* mem_hooks.c: every device allocation path, its free, and the memory view */
 #define HOOK_MEM_LIST(X) \
@@ -72,10 +74,17 @@
     X(cuMemAllocFromPoolAsync_ptsz, cuMemAllocFromPoolAsync, 11020, 1) \
     X(cuMemFreeAsync, cuMemFreeAsync, 11020, 0) \
     X(cuMemFreeAsync_ptsz, cuMemFreeAsync, 11020, 1) \
+    X(cuMemPoolCreate, cuMemPoolCreate, 11020, 0) \
     X(cuMemPoolTrimTo, cuMemPoolTrimTo, 11020, 0) \
     X(cuMemPoolDestroy, cuMemPoolDestroy, 11020, 0) \
     X(cuMemCreate, cuMemCreate, 10020, 0) \
     X(cuMemRelease, cuMemRelease, 10020, 0) \
+    X(cuMemMap, cuMemMap, 10020, 0) \
+    X(cuMemUnmap, cuMemUnmap, 10020, 0) \
+    X(cuMemRetainAllocationHandle, cuMemRetainAllocationHandle, 11000, 0) \
+    X(cuMemMapArrayAsync, cuMemMapArrayAsync, 11010, 0) \
+    X(cuMemMapArrayAsync_ptsz, cuMemMapArrayAsync, 11010, 1) \
+    X(cuMemAddressFree, cuMemAddressFree, 10020, 0) \
     X(cuArrayCreate, cuArrayCreate, 2000, 0) \
     X(cuArrayCreate_v2, cuArrayCreate, 3020, 0) \
     X(cuArray3DCreate, cuArray3DCreate, 2000, 0) \
@@ -85,6 +94,14 @@
     X(cuMipmappedArrayDestroy, cuMipmappedArrayDestroy, 5000, 0) \
     X(cuGraphAddMemAllocNode, cuGraphAddMemAllocNode, 11040, 0) \
     X(cuGraphAddMemFreeNode, cuGraphAddMemFreeNode, 11040, 0) \
+    X(cuGraphAddNode, cuGraphAddNode, 12020, 0) \
+    X(cuGraphAddNode_v2, cuGraphAddNode, 12030, 0) \
+    X(cuGraphInstantiate, cuGraphInstantiate, 10000, 0) \
+    X(cuGraphInstantiate_v2, cuGraphInstantiate, 11000, 0) \
+    X(cuGraphInstantiateWithFlags, cuGraphInstantiateWithFlags, 11040, 0) \
+    X(cuGraphInstantiateWithParams, cuGraphInstantiateWithParams, 12000, 0) \
+    X(cuGraphInstantiateWithParams_ptsz, cuGraphInstantiateWithParams, 12000, 1) \
+    X(cuGraphDestroy, cuGraphDestroy, 10000, 0) \
     X(cuDeviceGraphMemTrim, cuDeviceGraphMemTrim, 11040, 0)
 
 /*

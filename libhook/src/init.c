@@ -169,6 +169,7 @@ static void atfork_child(void)
     pools_reset();
     overhead_reset();
     devmap_reset();
+    ctx_hooks_reset();
 }
 
 __attribute__((constructor)) static void vgpu_load(void)

@@ -11,19 +11,16 @@
  * count: it belongs to its owner, or is not device memory.
  */
 #include <limits.h>
+#include <stdlib.h>
 
 #include "vgpu.h"
-
-static uint64_t mul_sat(uint64_t a, uint64_t b)
-{
-    return a != 0 && b > UINT64_MAX / a ? UINT64_MAX : a * b;
-}
 
 /* A reservation made before a driver call; index VGPU_DEV_UNTRACKED means
  * nothing was reserved and the call is simply forwarded. */
 struct reservation {
     int index;
     uint64_t bytes;
+    CUcontext ctx; /* the context the allocation dies with; NULL: none */
 };
 
 static CUresult reserve_on(struct reservation *r, CUdevice dev, int index, uint64_t bytes,
@@ -31,6 +28,7 @@ static CUresult reserve_on(struct reservation *r, CUdevice dev, int index, uint6
 {
     r->index = index;
     r->bytes = bytes;
+    r->ctx = NULL;
     if (index == VGPU_DEV_UNTRACKED)
         return CUDA_SUCCESS;
     if (index >= 0 && overhead_ensure(dev, index) != 0)
@@ -40,11 +38,18 @@ static CUresult reserve_on(struct reservation *r, CUdevice dev, int index, uint6
     return CUDA_SUCCESS;
 }
 
+/* Memory of the current context: the driver frees it when that context is
+ * destroyed, so the context is recorded with it (mem_ctx_destroyed). */
 static CUresult reserve_current(struct reservation *r, uint64_t bytes, const char *what)
 {
     CUdevice dev = 0;
+    CUcontext ctx = NULL;
     int index = vgpu_limited() ? devmap_current(&dev) : VGPU_DEV_UNTRACKED;
-    return reserve_on(r, dev, index, bytes, what);
+    if (index != VGPU_DEV_UNTRACKED && vgpu_real_cuda.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS)
+        ctx = NULL;
+    CUresult rc = reserve_on(r, dev, index, bytes, what);
+    r->ctx = ctx;
+    return rc;
 }
 
 static CUresult reserve_device(struct reservation *r, CUdevice dev, uint64_t bytes,
@@ -66,6 +71,7 @@ static CUresult settle(const struct reservation *r, CUresult rc, enum alloc_spac
     }
     struct alloc_info info = *extra;
     info.index = r->index;
+    info.ctx = r->ctx;
     if (allocmap_put(space, key, &info) != 0)
         log_error("%s: the allocation stays charged until the process exits", vgpu_error());
     return rc;
@@ -80,6 +86,29 @@ static void give_back(const struct alloc_info *info)
         pools_hold(info->pool, info->index, info->size);
     else
         budget_release(info->index, info->size);
+}
+
+static bool of_ctx(uint64_t key, const struct alloc_info *info, const void *ctx)
+{
+    (void)key;
+    return info->ctx != NULL && info->ctx == ctx;
+}
+
+/* Memory of a context (linear, managed, host-backed, arrays, its limits)
+ * dies with it. Pool, graph and VMM memory belong to the device, not to a
+ * context, and carry no context. */
+void mem_ctx_destroyed(CUcontext ctx)
+{
+    static const enum alloc_space spaces[] = {SPACE_PTR, SPACE_ARRAY, SPACE_LIMIT};
+    if (!vgpu_limited() || ctx == NULL)
+        return;
+    for (size_t s = 0; s < sizeof(spaces) / sizeof(spaces[0]); s++) {
+        struct alloc_entry *gone;
+        size_t n = allocmap_take_all(spaces[s], of_ctx, ctx, &gone);
+        for (size_t i = 0; i < n; i++)
+            give_back(&gone[i].info);
+        free(gone);
+    }
 }
 
 /* Did we allocate `key`? Then it is taken out of the map while the driver
@@ -184,7 +213,7 @@ static CUresult alloc_pitch(CUdeviceptr *dptr, size_t *pitch, size_t width, size
                             unsigned int elem, pitch_call call)
 {
     struct reservation r;
-    CUresult rc = reserve_current(&r, mul_sat(width, height), "cuMemAllocPitch");
+    CUresult rc = reserve_current(&r, vgpu_mul_sat(width, height), "cuMemAllocPitch");
     if (rc != CUDA_SUCCESS)
         return rc;
     struct alloc_info info = {.kind = ALLOC_DEVICE};
@@ -194,13 +223,13 @@ static CUresult alloc_pitch(CUdeviceptr *dptr, size_t *pitch, size_t width, size
         goto out;
     if (rc == CUDA_ERROR_OUT_OF_MEMORY && vgpu_oversubscribe()) {
         got_pitch = (width + HOST_PITCH_ALIGN - 1) / HOST_PITCH_ALIGN * HOST_PITCH_ALIGN;
-        rc = grow_reservation(&r, mul_sat(got_pitch, height), "cuMemAllocPitch");
+        rc = grow_reservation(&r, vgpu_mul_sat(got_pitch, height), "cuMemAllocPitch");
         if (rc != CUDA_SUCCESS)
             return rc;
         info.kind = ALLOC_HOST_BACKED;
         rc = oversub_alloc(dptr, r.bytes, &info.host);
     } else if (rc == CUDA_SUCCESS) {
-        CUresult grown = grow_reservation(&r, mul_sat(got_pitch, height), "cuMemAllocPitch");
+        CUresult grown = grow_reservation(&r, vgpu_mul_sat(got_pitch, height), "cuMemAllocPitch");
         if (grown != CUDA_SUCCESS) {
             vgpu_real_cuda.cuMemFree_v2(*dptr);
             return grown;
@@ -334,22 +363,100 @@ static CUresult call_pool_async_ptsz(CUdeviceptr *dptr, size_t bytes, CUmemoryPo
 }
 
 /*
- * The allocation is charged to the current context's device, from `pool`
- * (NULL: the device's current pool). Bytes the pool holds from earlier
- * frees are reused before new ones are reserved.
+ * Where a stream-ordered allocation lands (CUDA driver API reference):
+ * cuMemAllocFromPoolAsync allocates from `pool`, whose location was fixed
+ * when it was created; cuMemAllocAsync from the current pool of the device
+ * of the STREAM's context. Neither depends on the calling thread's current
+ * context, so neither may be charged to it.
+ */
+
+/* Remember where a pool's memory lives: a budget index (VGPU_DEV_UNTRACKED
+ * for a pool of host memory). */
+static void pool_note(CUmemoryPool pool, CUdevice dev, int index)
+{
+    struct alloc_info home = {.index = index, .kind = ALLOC_POOL, .aux = (uint64_t)dev};
+    if (allocmap_put(SPACE_POOL, (uintptr_t)pool, &home) != 0)
+        log_error("%s: allocations from this pool go to their stream's device", vgpu_error());
+}
+
+/* The home of a pool we saw created, or of a device's default pool (found
+ * once by asking each device). false: unknown (imported) pool. */
+static bool pool_home(CUmemoryPool pool, CUdevice *dev, int *index)
+{
+    struct alloc_info home;
+    if (allocmap_get(SPACE_POOL, (uintptr_t)pool, &home) == 0) {
+        *dev = (CUdevice)home.aux;
+        *index = home.index;
+        return true;
+    }
+    int count = 0;
+    if (vgpu_real_cuda.cuDeviceGetCount == NULL || vgpu_real_cuda.cuDeviceGetDefaultMemPool == NULL ||
+        vgpu_real_cuda.cuDeviceGetCount(&count) != CUDA_SUCCESS)
+        return false;
+    for (CUdevice d = 0; d < count; d++) {
+        CUmemoryPool def = NULL;
+        if (vgpu_real_cuda.cuDeviceGetDefaultMemPool(&def, d) == CUDA_SUCCESS && def == pool) {
+            *dev = d;
+            *index = devmap_index(d);
+            pool_note(pool, d, *index);
+            return true;
+        }
+    }
+    return false;
+}
+
+/* The budget index of the device of a stream's context. */
+static int stream_index(CUstream stream, bool ptsz, CUdevice *dev)
+{
+    __typeof__(vgpu_real_cuda.cuStreamGetCtx) get =
+        ptsz && vgpu_real_cuda.cuStreamGetCtx_ptsz != NULL ? vgpu_real_cuda.cuStreamGetCtx_ptsz
+                                                           : vgpu_real_cuda.cuStreamGetCtx;
+    CUcontext ctx = NULL, current = NULL;
+    if (get != NULL && get(stream, &ctx) == CUDA_SUCCESS && ctx != NULL &&
+        vgpu_real_cuda.cuCtxGetCurrent(&current) == CUDA_SUCCESS && ctx != current &&
+        devmap_ctx_device(ctx, dev) == 0)
+        return devmap_index(*dev);
+    return devmap_current(dev);
+}
+
+VGPU_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps)
+{
+    VGPU_CUDA_ENTER(cuMemPoolCreate);
+    CUresult rc = vgpu_real_cuda.cuMemPoolCreate(pool, poolProps);
+    if (rc != CUDA_SUCCESS || !vgpu_limited() || poolProps == NULL)
+        return rc;
+    if (poolProps->location.type == CU_MEM_LOCATION_TYPE_DEVICE)
+        pool_note(*pool, poolProps->location.id, devmap_index(poolProps->location.id));
+    else /* host or host NUMA memory: not device memory */
+        pool_note(*pool, 0, VGPU_DEV_UNTRACKED);
+    return rc;
+}
+
+/*
+ * Charged to the pool's device, from `pool` (NULL: the current pool of the
+ * stream's device). Bytes the pool holds from earlier frees are reused
+ * before new ones are reserved. On a stream being captured, the call adds a
+ * memory allocation node to the capture's graph instead: its memory comes
+ * from the device's graph pool, and is charged like any memory node (what
+ * it frees stays held by the graph pool until cuDeviceGraphMemTrim; asking
+ * the stream's pool how much it reserves would say nothing of it).
  */
 static CUresult alloc_async(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CUstream stream,
-                            async_call call, const char *what)
+                            bool ptsz, async_call call, const char *what)
 {
     CUdevice dev = 0;
-    int index = vgpu_limited() ? devmap_current(&dev) : VGPU_DEV_UNTRACKED;
+    int index = VGPU_DEV_UNTRACKED;
+    if (vgpu_limited() && (pool == NULL || !pool_home(pool, &dev, &index)))
+        index = stream_index(stream, ptsz, &dev);
     if (index == VGPU_DEV_UNTRACKED)
         return call(dptr, bytes, pool, stream);
-    CUmemoryPool charged_pool = pool;
-    if (charged_pool == NULL && vgpu_real_cuda.cuDeviceGetMemPool != NULL &&
+    bool captured = devmap_stream_capturing(stream, ptsz);
+    CUmemoryPool charged_pool = captured ? NULL : pool; /* NULL when captured: the graph pool */
+    if (!captured && charged_pool == NULL && vgpu_real_cuda.cuDeviceGetMemPool != NULL &&
         vgpu_real_cuda.cuDeviceGetMemPool(&charged_pool, dev) != CUDA_SUCCESS)
         charged_pool = NULL;
-    uint64_t reused = charged_pool != NULL ? pools_take(charged_pool, index, bytes) : 0;
+    bool pooled = captured || charged_pool != NULL;
+    uint64_t reused = pooled ? pools_take(charged_pool, index, bytes) : 0;
     struct reservation r;
     CUresult rc = reserve_on(&r, dev, index, bytes - reused, what);
     if (rc == CUDA_SUCCESS) {
@@ -358,12 +465,12 @@ static CUresult alloc_async(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, 
             budget_release(index, r.bytes);
     }
     if (rc != CUDA_SUCCESS) {
-        if (charged_pool != NULL)
+        if (pooled)
             pools_untake(charged_pool, index, bytes, reused);
         return rc;
     }
-    struct alloc_info info = {.size = bytes, .index = index, .kind = ALLOC_ASYNC,
-                              .pool = charged_pool};
+    struct alloc_info info = {.size = bytes, .index = index,
+                              .kind = captured ? ALLOC_GRAPH : ALLOC_ASYNC, .pool = charged_pool};
     if (allocmap_put(SPACE_PTR, *dptr, &info) != 0)
         log_error("%s: the allocation stays charged until the process exits", vgpu_error());
     return rc;
@@ -372,27 +479,30 @@ static CUresult alloc_async(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, 
 VGPU_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
 {
     VGPU_CUDA_ENTER(cuMemAllocAsync);
-    return alloc_async(dptr, bytesize, NULL, hStream, call_async, "cuMemAllocAsync");
+    return alloc_async(dptr, bytesize, NULL, hStream, false, call_async, "cuMemAllocAsync");
 }
 
 VGPU_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
 {
     VGPU_CUDA_ENTER(cuMemAllocAsync_ptsz);
-    return alloc_async(dptr, bytesize, NULL, hStream, call_async_ptsz, "cuMemAllocAsync_ptsz");
+    return alloc_async(dptr, bytesize, NULL, hStream, true, call_async_ptsz,
+                       "cuMemAllocAsync_ptsz");
 }
 
 VGPU_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
                                              CUstream hStream)
 {
     VGPU_CUDA_ENTER(cuMemAllocFromPoolAsync);
-    return alloc_async(dptr, bytesize, pool, hStream, call_pool_async, "cuMemAllocFromPoolAsync");
+    return alloc_async(dptr, bytesize, pool, hStream, false, call_pool_async,
+                       "cuMemAllocFromPoolAsync");
 }
 
 VGPU_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize,
                                                   CUmemoryPool pool, CUstream hStream)
 {
     VGPU_CUDA_ENTER(cuMemAllocFromPoolAsync_ptsz);
-    return alloc_async(dptr, bytesize, pool, hStream, call_pool_async_ptsz, "cuMemAllocFromPoolAsync_ptsz");
+    return alloc_async(dptr, bytesize, pool, hStream, true, call_pool_async_ptsz,
+                       "cuMemAllocFromPoolAsync_ptsz");
 }
 
 VGPU_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
@@ -420,35 +530,67 @@ VGPU_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
 {
     VGPU_CUDA_ENTER(cuMemPoolDestroy);
     CUresult rc = vgpu_real_cuda.cuMemPoolDestroy(pool);
-    if (rc == CUDA_SUCCESS && vgpu_limited())
+    struct alloc_info home;
+    if (rc == CUDA_SUCCESS && vgpu_limited()) {
         pools_destroyed(pool);
+        allocmap_take(SPACE_POOL, (uintptr_t)pool, &home);
+    }
     return rc;
 }
 
 /* ---- graph memory nodes ---------------------------------------------------
  * The allocation is charged when the node is added (its address is fixed
  * then), held by the device's graph pool once a free node or a free call
- * releases it, and given back when the graph pool is trimmed. */
+ * releases it, and given back when the graph pool is trimmed. Every road
+ * that adds a node - cuGraphAddMemAllocNode/FreeNode and the generic
+ * cuGraphAddNode(_v2) with a memory node type - goes through the same two
+ * functions. The parameters of a memory node cannot be changed afterwards
+ * (cuGraphNodeSetParams and cuGraphExecNodeSetParams refuse memory nodes),
+ * so no other road changes what a node allocates.
+ *
+ * A graph's memory exists only once it runs. A graph destroyed before any
+ * instantiation therefore gives back what its nodes were charged - its
+ * allocations, and what its free nodes moved to the graph pool. A graph
+ * that may have run (any instantiation road, marked BEFORE the driver call
+ * so that a destroy racing an instantiation keeps the charge) keeps its
+ * unfreed allocations charged past its destruction, as the driver keeps
+ * them until cuMemFree(Async); what it freed stays held by the graph pool
+ * until cuDeviceGraphMemTrim. */
 
-VGPU_EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *phGraphNode, CUgraph hGraph,
-                                            const CUgraphNode *dependencies,
-                                            size_t numDependencies,
-                                            CUDA_MEM_ALLOC_NODE_PARAMS *nodeParams)
+/* Remember something about a graph (SPACE_GRAPH_RUN: it may have run;
+ * SPACE_GRAPH_MEM: it has memory nodes, so its destroy must look at them). */
+static void graph_mark(enum alloc_space space, CUgraph graph)
 {
-    VGPU_CUDA_ENTER(cuGraphAddMemAllocNode);
-    if (!vgpu_limited() || nodeParams == NULL ||
-        nodeParams->poolProps.location.type != CU_MEM_LOCATION_TYPE_DEVICE)
-        return vgpu_real_cuda.cuGraphAddMemAllocNode(phGraphNode, hGraph, dependencies,
-                                                     numDependencies, nodeParams);
-    CUdevice dev = nodeParams->poolProps.location.id;
+    struct alloc_info mark = {.index = VGPU_DEV_UNTRACKED, .kind = ALLOC_GRAPH_MARK};
+    if (vgpu_limited() && allocmap_put(space, (uintptr_t)graph, &mark) != 0)
+        log_error("%s: graph memory stays charged until the process exits", vgpu_error());
+}
+
+/* One call that adds a node, whatever its road. */
+struct node_add {
+    CUgraphNode *node;
+    CUgraph graph;
+    const CUgraphNode *deps;
+    const CUgraphEdgeData *edges; /* cuGraphAddNode_v2 only */
+    size_t ndeps;
+    CUgraphNodeParams *generic;   /* the generic roads' parameters, else NULL */
+    CUresult (*call)(const struct node_add *add, CUDA_MEM_ALLOC_NODE_PARAMS *alloc,
+                     CUdeviceptr dptr);
+};
+
+static CUresult add_graph_alloc(const struct node_add *add, CUDA_MEM_ALLOC_NODE_PARAMS *params)
+{
+    if (!vgpu_limited() || params == NULL ||
+        params->poolProps.location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return add->call(add, params, 0);
+    CUdevice dev = params->poolProps.location.id;
     int index = devmap_index(dev);
-    uint64_t bytes = nodeParams->bytesize;
+    uint64_t bytes = params->bytesize;
     uint64_t reused = index >= 0 ? pools_take(NULL, index, bytes) : 0;
     struct reservation r;
-    CUresult rc = reserve_on(&r, dev, index, bytes - reused, "cuGraphAddMemAllocNode");
+    CUresult rc = reserve_on(&r, dev, index, bytes - reused, "graph memory node");
     if (rc == CUDA_SUCCESS) {
-        rc = vgpu_real_cuda.cuGraphAddMemAllocNode(phGraphNode, hGraph, dependencies,
-                                                   numDependencies, nodeParams);
+        rc = add->call(add, params, 0);
         if (rc != CUDA_SUCCESS)
             budget_release(index, r.bytes);
     }
@@ -458,10 +600,185 @@ VGPU_EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *phGraphNode, CUgraph hG
         pools_untake(NULL, index, bytes, reused);
         return rc;
     }
-    struct alloc_info info = {.size = bytes, .index = index, .kind = ALLOC_GRAPH};
-    if (allocmap_put(SPACE_PTR, nodeParams->dptr, &info) != 0)
+    struct alloc_info info = {.size = bytes, .index = index, .kind = ALLOC_GRAPH,
+                              .aux = (uintptr_t)add->graph};
+    if (allocmap_put(SPACE_PTR, params->dptr, &info) != 0)
         log_error("%s: the allocation stays charged until the process exits", vgpu_error());
+    graph_mark(SPACE_GRAPH_MEM, add->graph);
     return rc;
+}
+
+static CUresult add_graph_free(const struct node_add *add, CUdeviceptr dptr)
+{
+    struct alloc_info info;
+    bool ours = take_own(SPACE_PTR, dptr, &info);
+    CUresult rc = add->call(add, NULL, dptr);
+    if (ours && info.kind != ALLOC_GRAPH) { /* not a graph allocation: untouched */
+        allocmap_put(SPACE_PTR, dptr, &info);
+        return rc;
+    }
+    if (ours && rc == CUDA_SUCCESS && info.aux == (uintptr_t)add->graph) {
+        struct alloc_info memo = {.size = info.size, .index = info.index,
+                                  .kind = ALLOC_GRAPH_FREED, .aux = info.aux};
+        if (allocmap_put(SPACE_GRAPH_FREED, dptr, &memo) != 0)
+            log_error("%s: the graph's freed memory stays held until a trim", vgpu_error());
+    }
+    return finish_free(ours, SPACE_PTR, dptr, &info, rc);
+}
+
+/* ---- graphs: may they have run? -------------------------------------------- */
+
+static void graph_may_run(CUgraph graph)
+{
+    graph_mark(SPACE_GRAPH_RUN, graph);
+}
+
+VGPU_EXPORT CUresult cuGraphInstantiate(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                        CUgraphNode *phErrorNode, char *logBuffer,
+                                        size_t bufferSize)
+{
+    VGPU_CUDA_ENTER(cuGraphInstantiate);
+    graph_may_run(hGraph);
+    return vgpu_real_cuda.cuGraphInstantiate(phGraphExec, hGraph, phErrorNode, logBuffer,
+                                             bufferSize);
+}
+
+VGPU_EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                           CUgraphNode *phErrorNode, char *logBuffer,
+                                           size_t bufferSize)
+{
+    VGPU_CUDA_ENTER(cuGraphInstantiate_v2);
+    graph_may_run(hGraph);
+    return vgpu_real_cuda.cuGraphInstantiate_v2(phGraphExec, hGraph, phErrorNode, logBuffer,
+                                                bufferSize);
+}
+
+VGPU_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                                 unsigned long long flags)
+{
+    VGPU_CUDA_ENTER(cuGraphInstantiateWithFlags);
+    graph_may_run(hGraph);
+    return vgpu_real_cuda.cuGraphInstantiateWithFlags(phGraphExec, hGraph, flags);
+}
+
+VGPU_EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                                  CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams)
+{
+    VGPU_CUDA_ENTER(cuGraphInstantiateWithParams);
+    graph_may_run(hGraph);
+    return vgpu_real_cuda.cuGraphInstantiateWithParams(phGraphExec, hGraph, instantiateParams);
+}
+
+VGPU_EXPORT CUresult cuGraphInstantiateWithParams_ptsz(
+    CUgraphExec *phGraphExec, CUgraph hGraph, CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams)
+{
+    VGPU_CUDA_ENTER(cuGraphInstantiateWithParams_ptsz);
+    graph_may_run(hGraph);
+    return vgpu_real_cuda.cuGraphInstantiateWithParams_ptsz(phGraphExec, hGraph,
+                                                            instantiateParams);
+}
+
+static bool of_graph(uint64_t key, const struct alloc_info *info, const void *graph)
+{
+    (void)key;
+    return (info->kind == ALLOC_GRAPH || info->kind == ALLOC_GRAPH_FREED) &&
+           info->aux == (uintptr_t)graph;
+}
+
+/* A graph that never ran held no memory: give back what its nodes were
+ * charged. Its unfreed allocations leave the pool's "live" count too. */
+static void graph_never_ran(CUgraph graph)
+{
+    struct alloc_entry *gone;
+    size_t n = allocmap_take_all(SPACE_PTR, of_graph, graph, &gone);
+    for (size_t i = 0; i < n; i++) {
+        pools_untake(NULL, gone[i].info.index, gone[i].info.size, 0);
+        budget_release(gone[i].info.index, gone[i].info.size);
+    }
+    free(gone);
+    n = allocmap_take_all(SPACE_GRAPH_FREED, of_graph, graph, &gone);
+    for (size_t i = 0; i < n; i++)
+        pools_unhold(NULL, gone[i].info.index, gone[i].info.size);
+    free(gone);
+}
+
+VGPU_EXPORT CUresult cuGraphDestroy(CUgraph hGraph)
+{
+    VGPU_CUDA_ENTER(cuGraphDestroy);
+    CUresult rc = vgpu_real_cuda.cuGraphDestroy(hGraph);
+    struct alloc_info mark;
+    if (rc != CUDA_SUCCESS || !vgpu_limited())
+        return rc;
+    bool ran = allocmap_take(SPACE_GRAPH_RUN, (uintptr_t)hGraph, &mark) == 0;
+    /* Most graphs have no memory node: nothing to look for (the look is a
+     * scan of every allocation of the process). */
+    if (allocmap_take(SPACE_GRAPH_MEM, (uintptr_t)hGraph, &mark) != 0)
+        return rc;
+    if (!ran) {
+        graph_never_ran(hGraph);
+    } else {
+        /* It may have run: what it freed stays held by the graph pool, what
+         * it did not free stays live. Only the memos go. */
+        struct alloc_entry *memos;
+        allocmap_take_all(SPACE_GRAPH_FREED, of_graph, hGraph, &memos);
+        free(memos);
+    }
+    return rc;
+}
+
+static CUresult call_add_alloc(const struct node_add *add, CUDA_MEM_ALLOC_NODE_PARAMS *alloc,
+                               CUdeviceptr dptr)
+{
+    (void)dptr;
+    return vgpu_real_cuda.cuGraphAddMemAllocNode(add->node, add->graph, add->deps, add->ndeps,
+                                                 alloc);
+}
+
+static CUresult call_add_free(const struct node_add *add, CUDA_MEM_ALLOC_NODE_PARAMS *alloc,
+                              CUdeviceptr dptr)
+{
+    (void)alloc;
+    return vgpu_real_cuda.cuGraphAddMemFreeNode(add->node, add->graph, add->deps, add->ndeps, dptr);
+}
+
+static CUresult call_add_node(const struct node_add *add, CUDA_MEM_ALLOC_NODE_PARAMS *alloc,
+                              CUdeviceptr dptr)
+{
+    (void)alloc;
+    (void)dptr;
+    return vgpu_real_cuda.cuGraphAddNode(add->node, add->graph, add->deps, add->ndeps,
+                                         add->generic);
+}
+
+static CUresult call_add_node_v2(const struct node_add *add, CUDA_MEM_ALLOC_NODE_PARAMS *alloc,
+                                 CUdeviceptr dptr)
+{
+    (void)alloc;
+    (void)dptr;
+    return vgpu_real_cuda.cuGraphAddNode_v2(add->node, add->graph, add->deps, add->edges,
+                                            add->ndeps, add->generic);
+}
+
+/* The generic roads: memory nodes are accounted, every other type passes. */
+static CUresult add_generic(const struct node_add *add)
+{
+    CUgraphNodeParams *p = add->generic;
+    if (p != NULL && p->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC)
+        return add_graph_alloc(add, &p->u.alloc);
+    if (p != NULL && p->type == CU_GRAPH_NODE_TYPE_MEM_FREE)
+        return add_graph_free(add, p->u.free.dptr);
+    return add->call(add, NULL, 0);
+}
+
+VGPU_EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *phGraphNode, CUgraph hGraph,
+                                            const CUgraphNode *dependencies,
+                                            size_t numDependencies,
+                                            CUDA_MEM_ALLOC_NODE_PARAMS *nodeParams)
+{
+    VGPU_CUDA_ENTER(cuGraphAddMemAllocNode);
+    struct node_add add = {phGraphNode, hGraph, dependencies, NULL, numDependencies, NULL,
+                           call_add_alloc};
+    return add_graph_alloc(&add, nodeParams);
 }
 
 VGPU_EXPORT CUresult cuGraphAddMemFreeNode(CUgraphNode *phGraphNode, CUgraph hGraph,
@@ -469,15 +786,30 @@ VGPU_EXPORT CUresult cuGraphAddMemFreeNode(CUgraphNode *phGraphNode, CUgraph hGr
                                            CUdeviceptr dptr)
 {
     VGPU_CUDA_ENTER(cuGraphAddMemFreeNode);
-    struct alloc_info info;
-    bool ours = take_own(SPACE_PTR, dptr, &info);
-    CUresult rc = vgpu_real_cuda.cuGraphAddMemFreeNode(phGraphNode, hGraph, dependencies,
-                                                       numDependencies, dptr);
-    if (ours && info.kind != ALLOC_GRAPH) { /* not a graph allocation: untouched */
-        allocmap_put(SPACE_PTR, dptr, &info);
-        return rc;
-    }
-    return finish_free(ours, SPACE_PTR, dptr, &info, rc);
+    struct node_add add = {phGraphNode, hGraph, dependencies, NULL, numDependencies, NULL,
+                           call_add_free};
+    return add_graph_free(&add, dptr);
+}
+
+VGPU_EXPORT CUresult cuGraphAddNode(CUgraphNode *phGraphNode, CUgraph hGraph,
+                                    const CUgraphNode *dependencies, size_t numDependencies,
+                                    CUgraphNodeParams *nodeParams)
+{
+    VGPU_CUDA_ENTER(cuGraphAddNode);
+    struct node_add add = {phGraphNode, hGraph, dependencies, NULL, numDependencies, nodeParams,
+                           call_add_node};
+    return add_generic(&add);
+}
+
+VGPU_EXPORT CUresult cuGraphAddNode_v2(CUgraphNode *phGraphNode, CUgraph hGraph,
+                                       const CUgraphNode *dependencies,
+                                       const CUgraphEdgeData *dependencyData,
+                                       size_t numDependencies, CUgraphNodeParams *nodeParams)
+{
+    VGPU_CUDA_ENTER(cuGraphAddNode_v2);
+    struct node_add add = {phGraphNode, hGraph, dependencies, dependencyData, numDependencies,
+                           nodeParams, call_add_node_v2};
+    return add_generic(&add);
 }
 
 VGPU_EXPORT CUresult cuDeviceGraphMemTrim(CUdevice device)
@@ -491,9 +823,15 @@ VGPU_EXPORT CUresult cuDeviceGraphMemTrim(CUdevice device)
 }
 
 /* ---- virtual memory management (PyTorch expandable segments) -------------
- * Physical memory is created by cuMemCreate and returned by cuMemRelease;
- * reserving and mapping address space costs no device memory. Handles
- * imported from another process are the exporter's bytes. */
+ * Physical memory is created by cuMemCreate and lives until every reference
+ * to its handle is released (cuMemCreate's, and one per
+ * cuMemRetainAllocationHandle) AND its last mapping is unmapped: the charge
+ * follows it. Each of our handles counts both (a mapping is counted before
+ * cuMemMap, so a concurrent cuMemRelease can never see "unmapped" while a
+ * mapping is being made); a released handle with mappings stays charged
+ * until the last one goes (cuMemUnmap, or cuMemAddressFree of its range). Reserving address space
+ * costs nothing. Handles imported from another process are the exporter's
+ * bytes. */
 
 VGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
                                  const CUmemAllocationProp *prop, unsigned long long flags)
@@ -506,16 +844,156 @@ VGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t si
     if (rc != CUDA_SUCCESS)
         return rc;
     rc = vgpu_real_cuda.cuMemCreate(handle, size, prop, flags);
-    struct alloc_info info = {.size = size, .kind = ALLOC_VMM};
+    struct alloc_info info = {.size = size, .kind = ALLOC_VMM, .refs = 1};
     return settle(&r, rc, SPACE_HANDLE, rc == CUDA_SUCCESS ? *handle : 0, &info);
+}
+
+/* allocmap_update changes, under the map's lock (see above). */
+static bool vmm_map_add(struct alloc_info *info, const void *arg)
+{
+    (void)arg;
+    info->maps++;
+    return false;
+}
+
+/* One mapping fewer: removed (to be given back) once released and unmapped. */
+static bool vmm_map_drop(struct alloc_info *info, const void *arg)
+{
+    (void)arg;
+    if (info->maps > 0)
+        info->maps--;
+    return info->refs == 0 && info->maps == 0;
+}
+
+static bool vmm_retain(struct alloc_info *info, const void *arg)
+{
+    (void)arg;
+    info->refs++;
+    return false;
+}
+
+static bool vmm_release(struct alloc_info *info, const void *arg)
+{
+    (void)arg;
+    if (info->refs > 0)
+        info->refs--;
+    return info->refs == 0 && info->maps == 0;
+}
+
+static void vmm_unmapped(CUmemGenericAllocationHandle handle)
+{
+    struct alloc_info info;
+    if (allocmap_update(SPACE_HANDLE, handle, vmm_map_drop, NULL, &info) == 1)
+        give_back(&info);
 }
 
 VGPU_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
     VGPU_CUDA_ENTER(cuMemRelease);
+    CUresult rc = vgpu_real_cuda.cuMemRelease(handle);
     struct alloc_info info;
-    bool ours = take_own(SPACE_HANDLE, handle, &info);
-    return finish_free(ours, SPACE_HANDLE, handle, &info, vgpu_real_cuda.cuMemRelease(handle));
+    if (rc == CUDA_SUCCESS && vgpu_limited() &&
+        allocmap_update(SPACE_HANDLE, handle, vmm_release, NULL, &info) == 1)
+        give_back(&info);
+    return rc;
+}
+
+/* Another reference to one of our handles, found by an address it maps. */
+VGPU_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
+{
+    VGPU_CUDA_ENTER(cuMemRetainAllocationHandle);
+    CUresult rc = vgpu_real_cuda.cuMemRetainAllocationHandle(handle, addr);
+    if (rc == CUDA_SUCCESS && vgpu_limited())
+        allocmap_update(SPACE_HANDLE, *handle, vmm_retain, NULL, NULL);
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+                              CUmemGenericAllocationHandle handle, unsigned long long flags)
+{
+    VGPU_CUDA_ENTER(cuMemMap);
+    bool ours = vgpu_limited() && allocmap_update(SPACE_HANDLE, handle, vmm_map_add, NULL, NULL) == 0;
+    CUresult rc = vgpu_real_cuda.cuMemMap(ptr, size, offset, handle, flags);
+    if (!ours)
+        return rc;
+    if (rc != CUDA_SUCCESS) {
+        vmm_unmapped(handle);
+        return rc;
+    }
+    struct alloc_info mapping = {.size = size, .index = VGPU_DEV_UNTRACKED, .kind = ALLOC_MAPPING,
+                                 .aux = handle};
+    if (allocmap_put(SPACE_MAP, ptr, &mapping) != 0)
+        log_error("%s: the handle stays charged until the process exits", vgpu_error());
+    return rc;
+}
+
+struct range {
+    uint64_t lo, hi;
+};
+
+static bool mapping_in(uint64_t key, const struct alloc_info *info, const void *arg)
+{
+    const struct range *r = arg;
+    (void)info;
+    return key >= r->lo && key < r->hi;
+}
+
+/* [ptr, ptr + size) is no longer mapped: drop the mappings that start in it. */
+static void unmapped_range(CUdeviceptr ptr, size_t size)
+{
+    struct range r = {ptr, ptr + size < ptr ? UINT64_MAX : ptr + size};
+    struct alloc_entry *gone;
+    size_t n = allocmap_take_all(SPACE_MAP, mapping_in, &r, &gone);
+    for (size_t i = 0; i < n; i++)
+        vmm_unmapped(gone[i].info.aux);
+    free(gone);
+}
+
+VGPU_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+    VGPU_CUDA_ENTER(cuMemUnmap);
+    CUresult rc = vgpu_real_cuda.cuMemUnmap(ptr, size);
+    if (rc == CUDA_SUCCESS && vgpu_limited())
+        unmapped_range(ptr, size);
+    return rc;
+}
+
+/* Mapping memory into a sparse array is a mapping the hook cannot count (a
+ * handle released while so mapped would keep its memory uncharged): closed
+ * in a limited process rather than left open. Sparse arrays (tiled
+ * textures) are rare in compute work. */
+static CUresult sparse_refused(void)
+{
+    static _Atomic bool told;
+    if (!atomic_exchange(&told, true))
+        log_warn("cuMemMapArrayAsync refused: mappings into sparse arrays are not accounted");
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+VGPU_EXPORT CUresult cuMemMapArrayAsync(CUarrayMapInfo *mapInfoList, unsigned int count,
+                                        CUstream hStream)
+{
+    VGPU_CUDA_ENTER(cuMemMapArrayAsync);
+    return vgpu_limited() ? sparse_refused()
+                          : vgpu_real_cuda.cuMemMapArrayAsync(mapInfoList, count, hStream);
+}
+
+VGPU_EXPORT CUresult cuMemMapArrayAsync_ptsz(CUarrayMapInfo *mapInfoList, unsigned int count,
+                                             CUstream hStream)
+{
+    VGPU_CUDA_ENTER(cuMemMapArrayAsync_ptsz);
+    return vgpu_limited() ? sparse_refused()
+                          : vgpu_real_cuda.cuMemMapArrayAsync_ptsz(mapInfoList, count, hStream);
+}
+
+/* Freeing a reservation drops whatever is still mapped in it. */
+VGPU_EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
+{
+    VGPU_CUDA_ENTER(cuMemAddressFree);
+    CUresult rc = vgpu_real_cuda.cuMemAddressFree(ptr, size);
+    if (rc == CUDA_SUCCESS && vgpu_limited())
+        unmapped_range(ptr, size);
+    return rc;
 }
 
 /* ---- arrays ---------------------------------------------------------------
@@ -540,21 +1018,32 @@ static uint64_t element_bytes(CUarray_format format)
 static uint64_t array_bytes(size_t width, size_t height, size_t depth, unsigned channels,
                             CUarray_format format)
 {
-    uint64_t bytes = mul_sat(width, height ? height : 1);
-    bytes = mul_sat(bytes, depth ? depth : 1);
-    return mul_sat(bytes, mul_sat(channels, element_bytes(format)));
+    uint64_t bytes = vgpu_mul_sat(width, height ? height : 1);
+    bytes = vgpu_mul_sat(bytes, depth ? depth : 1);
+    return vgpu_mul_sat(bytes, vgpu_mul_sat(channels, element_bytes(format)));
 }
 
+/* Every level the driver makes: it clamps the count to the full chain of
+ * the extent (1 + floor(log2(largest extent)), at most 64 for a 64-bit
+ * extent, so the loop is bounded by what can exist), and a layered or
+ * cubemap array keeps its layers (or faces) at every level. */
 static uint64_t mipmap_bytes(const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned levels)
 {
-    uint64_t total = 0;
+    bool layered = (d->Flags & (CUDA_ARRAY3D_LAYERED | CUDA_ARRAY3D_CUBEMAP)) != 0;
     size_t w = d->Width, h = d->Height, z = d->Depth;
-    for (unsigned l = 0; l < levels && l < 64; l++) {
+    size_t extent = w > h ? w : h;
+    if (!layered && z > extent)
+        extent = z;
+    unsigned chain = 1;
+    while (extent >>= 1)
+        chain++;
+    uint64_t total = 0;
+    for (unsigned l = 0; l < levels && l < chain; l++) {
         uint64_t level = array_bytes(w, h, z, d->NumChannels, d->Format);
         total = total + level < total ? UINT64_MAX : total + level;
         w = w > 1 ? w / 2 : 1;
         h = h > 1 ? h / 2 : h;
-        z = z > 1 ? z / 2 : z;
+        z = z > 1 && !layered ? z / 2 : z;
     }
     return total;
 }

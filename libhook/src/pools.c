@@ -9,13 +9,16 @@
  * synchronisation, as the default pool does, never causes a false refusal).
  */
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "vgpu.h"
 
 /* CUmemPool_attribute: bytes of device memory the pool holds now. */
 #define CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT 5
-#define MAX_POOLS 64
+/* The table grows on demand: a pool left untracked would have its freed
+ * bytes given back while the driver still holds them. */
+#define INITIAL_POOLS 64
 
 struct pool_state {
     bool in_use;
@@ -23,20 +26,32 @@ struct pool_state {
     int index;
     uint64_t live; /* bytes of allocations not freed yet */
     uint64_t held; /* freed bytes the pool may still hold */
+    bool destroyed; /* destroyed with allocations outstanding */
 };
 
-static struct pool_state pools[MAX_POOLS];
+static struct pool_state *pools;
+static size_t pool_count; /* entries of `pools` */
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 
 static struct pool_state *find(CUmemoryPool pool, int index, bool add)
 {
     struct pool_state *spare = NULL;
-    for (int i = 0; i < MAX_POOLS; i++) {
+    for (size_t i = 0; i < pool_count; i++) {
         struct pool_state *p = &pools[i];
         if (p->in_use && p->pool == pool && p->index == index)
             return p;
         if (!p->in_use && spare == NULL)
             spare = p;
+    }
+    if (add && spare == NULL) {
+        size_t count = pool_count ? pool_count * 2 : INITIAL_POOLS;
+        struct pool_state *grown = realloc(pools, count * sizeof(*grown));
+        if (grown == NULL)
+            return NULL; /* out of host memory: plain accounting */
+        memset(grown + pool_count, 0, (count - pool_count) * sizeof(*grown));
+        spare = grown + pool_count;
+        pools = grown;
+        pool_count = count;
     }
     if (!add || spare == NULL)
         return NULL;
@@ -84,13 +99,19 @@ void pools_hold(CUmemoryPool pool, int index, uint64_t bytes)
 {
     pthread_mutex_lock(&lock);
     struct pool_state *p = find(pool, index, false);
-    if (p != NULL) {
+    bool keep = p != NULL && !p->destroyed;
+    if (p != NULL)
         p->live -= bytes < p->live ? bytes : p->live;
+    if (keep)
         p->held += bytes;
-    }
+    /* A destroyed pool keeps nothing: the driver releases what is freed
+     * once the pool is gone (and forgets it after the last allocation). */
+    if (p != NULL && p->destroyed && p->live == 0)
+        p->in_use = false;
     pthread_mutex_unlock(&lock);
-    /* A pool we could not track (table full): plain accounting. */
-    if (p == NULL)
+    /* A destroyed pool, or one we could not track (table full): plain
+     * accounting. */
+    if (!keep)
         budget_release(index, bytes);
 }
 
@@ -106,10 +127,19 @@ static int reserved_now(CUmemoryPool pool, uint64_t *bytes)
     return 0;
 }
 
+void pools_unhold(CUmemoryPool pool, int index, uint64_t bytes)
+{
+    pthread_mutex_lock(&lock);
+    struct pool_state *p = find(pool, index, false);
+    if (p != NULL)
+        release_held(p, p->held > bytes ? p->held - bytes : 0);
+    pthread_mutex_unlock(&lock);
+}
+
 void pools_trimmed(CUmemoryPool pool, int index, uint64_t keep)
 {
     pthread_mutex_lock(&lock);
-    for (int i = 0; i < MAX_POOLS; i++) {
+    for (size_t i = 0; i < pool_count; i++) {
         struct pool_state *p = &pools[i];
         if (!p->in_use || p->pool != pool || (pool == NULL && p->index != index))
             continue;
@@ -124,13 +154,15 @@ void pools_trimmed(CUmemoryPool pool, int index, uint64_t keep)
 void pools_destroyed(CUmemoryPool pool)
 {
     pthread_mutex_lock(&lock);
-    for (int i = 0; i < MAX_POOLS; i++) {
+    for (size_t i = 0; i < pool_count; i++) {
         struct pool_state *p = &pools[i];
         if (!p->in_use || p->pool != pool)
             continue;
         release_held(p, 0);
         /* Allocations still live keep their charge until freed (the driver
-         * defers the destroy until then); forget the pool once empty. */
+         * defers the destroy until then, and gives each back as it is
+         * freed: pools_hold); forget the pool once empty. */
+        p->destroyed = true;
         if (p->live == 0)
             p->in_use = false;
     }
@@ -141,7 +173,7 @@ int pools_settle_all(void)
 {
     int settled = 0;
     pthread_mutex_lock(&lock);
-    for (int i = 0; i < MAX_POOLS; i++) {
+    for (size_t i = 0; i < pool_count; i++) {
         struct pool_state *p = &pools[i];
         uint64_t reserved;
         if (!p->in_use || p->held == 0 || reserved_now(p->pool, &reserved) != 0)
@@ -157,7 +189,7 @@ uint64_t pools_held(int index)
 {
     uint64_t bytes = 0;
     pthread_mutex_lock(&lock);
-    for (int i = 0; i < MAX_POOLS; i++)
+    for (size_t i = 0; i < pool_count; i++)
         if (pools[i].in_use && pools[i].index == index)
             bytes += pools[i].held;
     pthread_mutex_unlock(&lock);
@@ -167,5 +199,7 @@ uint64_t pools_held(int index)
 void pools_reset(void)
 {
     pthread_mutex_init(&lock, NULL);
-    memset(pools, 0, sizeof(pools));
+    free(pools);
+    pools = NULL;
+    pool_count = 0;
 }

@@ -25,6 +25,12 @@
 /* The library's version string (exported). */
 VGPU_EXPORT const char *vgpu_version(void);
 
+/* a * b, saturating at UINT64_MAX (sizes a caller chose). */
+static inline uint64_t vgpu_mul_sat(uint64_t a, uint64_t b)
+{
+    return a != 0 && b > UINT64_MAX / a ? UINT64_MAX : a * b;
+}
+
 /* Subtract without wrapping below zero (counters another process may have
  * left too small must not wrap to 2^64). */
 static inline void vgpu_sub_clamp(_Atomic uint64_t *counter, uint64_t bytes)
@@ -156,6 +162,11 @@ int devmap_index(CUdevice dev);
 /* Budget index of the calling thread's current context's device;
  * VGPU_DEV_UNTRACKED without a context (the driver call then fails itself). */
 int devmap_current(CUdevice *dev_out);
+/* Is the stream (the per-thread default stream when ptsz and h is NULL)
+ * being captured into a graph? */
+bool devmap_stream_capturing(CUstream h, bool ptsz);
+/* The device of a context that may not be current: 0, or -1. */
+int devmap_ctx_device(CUcontext ctx, CUdevice *dev);
 /* Budget index of an NVML device (by UUID). */
 int devmap_nvml(nvmlDevice_t dev);
 /* The UUID of a budget index, for logs; never NULL. */
@@ -222,6 +233,13 @@ enum alloc_kind {
     ALLOC_GRAPH,       /* a graph memory node's allocation */
     ALLOC_VMM,         /* cuMemCreate handle */
     ALLOC_ARRAY,       /* CUarray / CUmipmappedArray */
+    ALLOC_MAPPING,     /* a cuMemMap of one of our handles: charges nothing */
+    ALLOC_LIMIT,       /* a context limit's memory (cuCtxSetLimit) */
+    ALLOC_POOL,        /* a memory pool's home device: charges nothing */
+    ALLOC_GRAPH_FREED, /* a graph allocation freed in its own graph (a memo:
+                        * its bytes are held by the graph pool) */
+    ALLOC_GRAPH_MARK,  /* a memo about a graph: it may have run, or it has
+                        * memory nodes */
 };
 struct alloc_info {
     uint64_t size;
@@ -229,12 +247,41 @@ struct alloc_info {
     enum alloc_kind kind;
     void *host;        /* ALLOC_HOST_BACKED: the host allocation to free */
     CUmemoryPool pool; /* ALLOC_ASYNC: the pool it came from */
+    CUcontext ctx;     /* the context whose destruction frees it; NULL: none */
+    uint32_t maps;     /* ALLOC_VMM: mappings in place */
+    uint32_t refs;     /* ALLOC_VMM: handle references (cuMemCreate's, retains) */
+    uint64_t aux;      /* ALLOC_MAPPING: the handle mapped; ALLOC_LIMIT: the
+                        * limit's value when first seen (counted as overhead);
+                        * ALLOC_GRAPH, ALLOC_GRAPH_FREED: the graph */
 };
-/* Keys live in separate spaces: device pointers, VMM handles, arrays. */
-enum alloc_space { SPACE_PTR = 0, SPACE_HANDLE, SPACE_ARRAY, SPACE_COUNT };
+/* Keys live in separate spaces: device pointers, VMM handles, arrays, VMM
+ * mappings (by address), context limits ((ctx << 2) | limit), pools, graph
+ * allocations freed in their graph (by address), graphs instantiated,
+ * graphs with memory nodes. */
+enum alloc_space {
+    SPACE_PTR = 0, SPACE_HANDLE, SPACE_ARRAY, SPACE_MAP, SPACE_LIMIT, SPACE_POOL,
+    SPACE_GRAPH_FREED, SPACE_GRAPH_RUN, SPACE_GRAPH_MEM, SPACE_COUNT
+};
 int allocmap_put(enum alloc_space space, uint64_t key, const struct alloc_info *info);
+/* Copy an entry out, leaving it; -1 if the key is not ours. */
+int allocmap_get(enum alloc_space space, uint64_t key, struct alloc_info *out);
 /* Remove and return an entry; -1 if the key is not ours. */
 int allocmap_take(enum alloc_space space, uint64_t key, struct alloc_info *out);
+/* Change an entry in place, atomically with respect to every other map
+ * operation: `change` edits it and returns true to remove it (copied to
+ * *out). -1 if the key is not ours, 0 kept, 1 removed. */
+typedef bool (*alloc_change)(struct alloc_info *info, const void *arg);
+int allocmap_update(enum alloc_space space, uint64_t key, alloc_change change, const void *arg,
+                    struct alloc_info *out);
+/* Remove every entry of a space that `match` selects; returns how many, in
+ * a malloc'd array (*out, the caller frees it; NULL when none). */
+struct alloc_entry {
+    uint64_t key;
+    struct alloc_info info;
+};
+typedef bool (*alloc_match)(uint64_t key, const struct alloc_info *info, const void *arg);
+size_t allocmap_take_all(enum alloc_space space, alloc_match match, const void *arg,
+                         struct alloc_entry **out);
 /* Tracked bytes of this process on a device (for overhead measurement). */
 uint64_t allocmap_tracked(int index);
 void allocmap_reset(void);
@@ -251,6 +298,9 @@ uint64_t pools_take(CUmemoryPool pool, int index, uint64_t bytes);
 void pools_untake(CUmemoryPool pool, int index, uint64_t bytes, uint64_t reused);
 /* A free: the bytes stay charged, held by the pool. */
 void pools_hold(CUmemoryPool pool, int index, uint64_t bytes);
+/* Bytes a pool was said to hold that it never got (a graph destroyed
+ * before it ran): give back up to `bytes` of what is held. */
+void pools_unhold(CUmemoryPool pool, int index, uint64_t bytes);
 /* After cuMemPoolTrimTo / cuMemPoolDestroy / cuDeviceGraphMemTrim. */
 void pools_trimmed(CUmemoryPool pool, int index, uint64_t keep);
 void pools_destroyed(CUmemoryPool pool);
@@ -288,6 +338,13 @@ int overhead_end(struct overhead_probe *probe);
  * overhead does not fit (refuse). */
 int overhead_ensure(CUdevice dev, int index);
 void overhead_reset(void);
+
+/* ---- mem_hooks.c / ctx_hooks.c ------------------------------------------ */
+/* A context is gone (destroyed, or a primary context released or reset):
+ * the driver freed every allocation made in it; give their bytes back. */
+void mem_ctx_destroyed(CUcontext ctx);
+/* Fork child: forget the parent's contexts, re-initialise the locks. */
+void ctx_hooks_reset(void);
 
 /* ---- oversub.c: host-backed allocations -------------------------------- */
 /* Serve `bytes` from pinned host memory mapped into the device. */

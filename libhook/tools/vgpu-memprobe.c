@@ -9,7 +9,12 @@
  *
  * Commands run in order; each prints one JSON object on stdout:
  *   alloc:PATH:SIZE   allocate through PATH (alloc, alloc_v1, pitch, managed,
- *                     async, pool, vmm, array, array3d, mipmap, graph, host)
+ *                     async, pool, vmm, array, array3d, mipmap, graph, host;
+ *                     vmmmap: cuMemCreate + map + cuMemRelease, the mapping
+ *                     kept, freed by unmapping; graphnode, graphnode2: the
+ *                     graph path through cuGraphAddNode / cuGraphAddNode_v2;
+ *                     mipmaplayered: a layered 2D mipmapped array of 32
+ *                     layers asking for 100 levels)
  *   free              free the most recent allocation through its own free
  *   freeall           free every allocation, newest first
  *   fill:VALUE        write VALUE (u32) over every linear allocation, read
@@ -23,6 +28,27 @@
  *   nvml              NVML memory info and compute process pids of the device
  *   trim              trim the pools (default pool, graph memory) after a sync
  *   sync              cuCtxSynchronize
+ *   limit:NAME:VALUE  cuCtxSetLimit of stack, fifo or heap to VALUE bytes
+ *   ctx-leak:SIZE     create a context, allocate SIZE in it, destroy the
+ *                     context without freeing, make the primary current again
+ *   pool-destroy      destroy the pool of the pool path (allocations may live)
+ *   async-on:N:SIZE   cuMemAllocAsync on a stream of device N's primary
+ *                     context, the current context staying device --device's
+ *   pool-on:N:SIZE    cuMemAllocFromPoolAsync from a new pool of device N on
+ *                     the current (--device) context's stream
+ *   capture:SIZE      capture cuMemAllocAsync + cuMemFreeAsync of SIZE on a
+ *                     new stream into a graph, run it once, destroy it
+ *   pools:N:SIZE      create N pools on the device; allocate 4 KiB from each
+ *                     but the last, SIZE from the last, and free each back
+ *                     to its pool (the pools keep them)
+ *   vmm-retain:SIZE   cuMemCreate + map + cuMemRelease, then the handle taken
+ *                     back with cuMemRetainAllocationHandle and everything
+ *                     unmapped: the retained handle alone keeps the memory
+ *   graph-drop:SIZE   a graph with an allocation node (and its free node),
+ *                     destroyed without being instantiated
+ *   graph-keep:SIZE   the graph path's graph run, then destroyed (and its
+ *                     executable graph), its allocation kept: it outlives
+ *                     the graph until freed (free frees it)
  *   ipc-export        export the most recent allocation; prints its handle
  *   ipc-open:HEX      open an exported handle and read its first u32
  *   churn:PATH:SIZE   allocate and free through PATH forever (for kill tests)
@@ -31,6 +57,8 @@
  *   fork              fork: the child runs the remaining commands and exits
  *                     normally; the parent waits for it, prints
  *                     {"op":"forked","status":S}, then runs them too
+ *   reinit            cuInit and the primary context again, made current (a
+ *                     forked child on the simulator; a real driver refuses)
  *   wait              print {"op":"wait"} and block until a line on stdin
  *   exit              exit at once, leaving everything allocated
  * or, alone and before anything is initialised:
@@ -64,6 +92,23 @@
     X(cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain) \
     X(cuCtxSetCurrent, cuCtxSetCurrent, cuCtxSetCurrent) \
     X(cuCtxSynchronize, cuCtxSynchronize, cuCtxSynchronize) \
+    X(cuCtxCreate, cuCtxCreate_v3, cuCtxCreate) \
+    X(cuCtxDestroy, cuCtxDestroy_v2, cuCtxDestroy) \
+    X(cuCtxPushCurrent, cuCtxPushCurrent_v2, cuCtxPushCurrent) \
+    X(cuCtxPopCurrent, cuCtxPopCurrent_v2, cuCtxPopCurrent) \
+    X(cuCtxSetLimit, cuCtxSetLimit, cuCtxSetLimit) \
+    X(cuStreamCreate, cuStreamCreate, cuStreamCreate) \
+    X(cuStreamBeginCapture, cuStreamBeginCapture_v2, cuStreamBeginCapture) \
+    X(cuStreamEndCapture, cuStreamEndCapture, cuStreamEndCapture) \
+    X(cuMemPoolDestroy, cuMemPoolDestroy, cuMemPoolDestroy) \
+    X(cuMemAddressReserve, cuMemAddressReserve, cuMemAddressReserve) \
+    X(cuMemAddressFree, cuMemAddressFree, cuMemAddressFree) \
+    X(cuMemMap, cuMemMap, cuMemMap) \
+    X(cuMemUnmap, cuMemUnmap, cuMemUnmap) \
+    X(cuMemSetAccess, cuMemSetAccess, cuMemSetAccess) \
+    X(cuMemRetainAllocationHandle, cuMemRetainAllocationHandle, cuMemRetainAllocationHandle) \
+    X(cuGraphAddNode, cuGraphAddNode, cuGraphAddNode) \
+    X(cuGraphAddNode_v2, cuGraphAddNode_v2, cuGraphAddNode) \
     X(cuMemGetInfo, cuMemGetInfo_v2, cuMemGetInfo) \
     X(cuDeviceTotalMem, cuDeviceTotalMem_v2, cuDeviceTotalMem) \
     X(cuMemAlloc, cuMemAlloc_v2, cuMemAlloc) \
@@ -125,11 +170,11 @@ static struct {
 
 enum path {
     P_ALLOC, P_ALLOC_V1, P_PITCH, P_MANAGED, P_ASYNC, P_POOL, P_VMM, P_ARRAY, P_ARRAY3D,
-    P_MIPMAP, P_GRAPH, P_HOST, P_COUNT
+    P_MIPMAP, P_GRAPH, P_HOST, P_VMMMAP, P_GRAPHNODE, P_GRAPHNODE2, P_MIPMAPLAYERED, P_COUNT
 };
 static const char *const path_names[P_COUNT] = {
     "alloc", "alloc_v1", "pitch", "managed", "async", "pool", "vmm", "array", "array3d",
-    "mipmap", "graph", "host",
+    "mipmap", "graph", "host", "vmmmap", "graphnode", "graphnode2", "mipmaplayered",
 };
 
 struct allocation {
@@ -212,6 +257,9 @@ static int resolve_cuda(const char *how, int version, int ptsz)
 #undef BY_PROC
     /* The v1 ABI is only handed out to callers of old versions. */
     cu.cuMemAllocV1 = (__typeof__(cuMemAlloc) *)dlsym(lib, "cuMemAlloc");
+    /* The first generic cuGraphAddNode is what a CUDA 12.2 caller gets. */
+    if (gpa("cuGraphAddNode", (void **)&cu.cuGraphAddNode, 12020, flags, &status) != CUDA_SUCCESS)
+        cu.cuGraphAddNode = NULL;
     return 0;
 }
 
@@ -236,22 +284,36 @@ static void report(const char *op, const char *path, uint64_t size, CUresult rc)
     fflush(stdout);
 }
 
+/* Add an allocation node of `size` on the probe's device through the road
+ * of `path` (cuGraphAddMemAllocNode, cuGraphAddNode, cuGraphAddNode_v2). */
+static CUresult add_alloc_node(enum path path, CUgraph graph, uint64_t size, CUdeviceptr *ptr)
+{
+    CUgraphNodeParams generic;
+    memset(&generic, 0, sizeof(generic));
+    generic.type = CU_GRAPH_NODE_TYPE_MEM_ALLOC;
+    CUDA_MEM_ALLOC_NODE_PARAMS *params = &generic.u.alloc;
+    params->poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    params->poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    params->poolProps.location.id = device;
+    params->bytesize = size;
+    CUgraphNode node;
+    CUresult rc = path == P_GRAPHNODE    ? cu.cuGraphAddNode(&node, graph, NULL, 0, &generic)
+                  : path == P_GRAPHNODE2 ? cu.cuGraphAddNode_v2(&node, graph, NULL, NULL, 0, &generic)
+                                         : cu.cuGraphAddMemAllocNode(&node, graph, NULL, 0, params);
+    *ptr = params->dptr;
+    return rc;
+}
+
 /* A graph with one memory allocation node, instantiated and launched so
  * that the allocation exists (and may be freed outside the graph). */
 static CUresult alloc_graph(struct allocation *a)
 {
     CUgraph graph = NULL;
     CUgraphExec exec = NULL;
-    CUDA_MEM_ALLOC_NODE_PARAMS params;
-    memset(&params, 0, sizeof(params));
-    params.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
-    params.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    params.poolProps.location.id = device;
-    params.bytesize = a->size;
-    CUgraphNode node;
+    CUdeviceptr ptr = 0;
     CUresult rc = cu.cuGraphCreate(&graph, 0);
     if (rc == CUDA_SUCCESS)
-        rc = cu.cuGraphAddMemAllocNode(&node, graph, NULL, 0, &params);
+        rc = add_alloc_node(a->path, graph, a->size, &ptr);
     if (rc == CUDA_SUCCESS)
         rc = cu.cuGraphInstantiateWithFlags(&exec, graph, 0);
     if (rc == CUDA_SUCCESS)
@@ -265,9 +327,35 @@ static CUresult alloc_graph(struct allocation *a)
             cu.cuGraphDestroy(graph);
         return rc;
     }
-    a->ptr = params.dptr;
+    a->ptr = ptr;
     a->handle = graph;
     a->exec = exec;
+    return rc;
+}
+
+/* Physical memory mapped, then its handle released at once: the mapping
+ * alone keeps the memory (PyTorch's expandable segments release early). */
+static CUresult alloc_vmm_mapped(struct allocation *a)
+{
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof(prop));
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = device;
+    CUmemAccessDesc access = {{CU_MEM_LOCATION_TYPE_DEVICE, device}, 3 /* read-write */};
+    CUresult rc = cu.cuMemCreate(&a->vmm, a->size, &prop, 0);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    rc = cu.cuMemAddressReserve(&a->ptr, a->size, 0, 0, 0);
+    if (rc == CUDA_SUCCESS && (rc = cu.cuMemMap(a->ptr, a->size, 0, a->vmm, 0)) == CUDA_SUCCESS)
+        rc = cu.cuMemSetAccess(a->ptr, a->size, &access, 1);
+    CUresult released = cu.cuMemRelease(a->vmm);
+    if (rc == CUDA_SUCCESS)
+        rc = released;
+    if (rc != CUDA_SUCCESS && a->ptr != 0) {
+        cu.cuMemUnmap(a->ptr, a->size);
+        cu.cuMemAddressFree(a->ptr, a->size);
+    }
     return rc;
 }
 
@@ -320,9 +408,19 @@ static CUresult do_alloc(struct allocation *a)
         d3.Depth = 0;
         return cu.cuMipmappedArrayCreate((CUmipmappedArray *)&a->handle, &d3, 2);
     case P_GRAPH:
+    case P_GRAPHNODE:
+    case P_GRAPHNODE2:
         return alloc_graph(a);
     case P_HOST:
         return cu.cuMemHostAlloc(&a->handle, a->size, CU_MEMHOSTALLOC_DEVICEMAP);
+    case P_VMMMAP:
+        return alloc_vmm_mapped(a);
+    case P_MIPMAPLAYERED:
+        d3.Width = 512;
+        d3.Height = 512;
+        d3.Depth = 32;
+        d3.Flags = CUDA_ARRAY3D_LAYERED;
+        return cu.cuMipmappedArrayCreate((CUmipmappedArray *)&a->handle, &d3, 100);
     default:
         return CUDA_ERROR_INVALID_VALUE;
     }
@@ -340,8 +438,16 @@ static CUresult do_free(struct allocation *a)
     case P_ARRAY3D:
         return cu.cuArrayDestroy((CUarray)a->handle);
     case P_MIPMAP:
+    case P_MIPMAPLAYERED:
         return cu.cuMipmappedArrayDestroy((CUmipmappedArray)a->handle);
-    case P_GRAPH: {
+    case P_VMMMAP: {
+        CUresult rc = cu.cuMemUnmap(a->ptr, a->size);
+        CUresult freed = cu.cuMemAddressFree(a->ptr, a->size);
+        return rc != CUDA_SUCCESS ? rc : freed;
+    }
+    case P_GRAPH:
+    case P_GRAPHNODE:
+    case P_GRAPHNODE2: {
         /* The graph memory is freed like any stream-ordered allocation. */
         CUresult rc = cu.cuMemFreeAsync(a->ptr, NULL);
         if (rc == CUDA_SUCCESS)
@@ -615,6 +721,221 @@ static void cmd_bench(const char *arg)
     free(pairs);
 }
 
+static void cmd_limit(const char *arg)
+{
+    static const char *const names[] = {"stack", "fifo", "heap"}; /* CU_LIMIT_* 0, 1, 2 */
+    const char *colon = strchr(arg, ':');
+    uint64_t value = 0;
+    if (colon == NULL || parse_size(colon + 1, &value) != 0)
+        usage_exit("expected limit:NAME:VALUE");
+    for (CUlimit l = 0; l < 3; l++)
+        if (strlen(names[l]) == (size_t)(colon - arg) && strncmp(names[l], arg, (size_t)(colon - arg)) == 0) {
+            report("limit", names[l], value, cu.cuCtxSetLimit(l, (size_t)value));
+            return;
+        }
+    usage_exit("limit NAME is stack, fifo or heap");
+}
+
+/* A context destroyed with SIZE still allocated in it. */
+static void cmd_ctx_leak(const char *arg)
+{
+    uint64_t size = 0;
+    CUcontext ctx = NULL, primary = NULL;
+    CUdeviceptr ptr = 0;
+    if (parse_size(arg, &size) != 0)
+        usage_exit("expected ctx-leak:SIZE");
+    CUresult rc = cu.cuCtxPopCurrent(&primary);
+    if (rc == CUDA_SUCCESS)
+        rc = cu.cuCtxCreate(&ctx, NULL, 0, 0, device);
+    if (rc == CUDA_SUCCESS)
+        rc = cu.cuMemAlloc(&ptr, size);
+    if (ctx != NULL) {
+        CUresult destroyed = cu.cuCtxDestroy(ctx);
+        rc = rc != CUDA_SUCCESS ? rc : destroyed;
+    }
+    if (primary != NULL)
+        cu.cuCtxSetCurrent(primary);
+    report("ctx-leak", "alloc", size, rc);
+}
+
+static void cmd_pool_destroy(void)
+{
+    CUresult rc = cu.cuMemPoolDestroy(own_pool);
+    own_pool = NULL;
+    report("pool-destroy", "pool", 0, rc);
+}
+
+/* "N:SIZE" */
+static void parse_on(const char *arg, const char *what, CUdevice *dev, uint64_t *size)
+{
+    char *end = NULL;
+    long n = strtol(arg, &end, 10);
+    if (end == arg || *end != ':' || n < 0 || parse_size(end + 1, size) != 0)
+        usage_exit(what);
+    *dev = (CUdevice)n;
+}
+
+/* Stream-ordered memory that lands on another device than the current
+ * context's: on a stream of device N, or from a pool of device N. Left
+ * allocated (these probes look at where it is charged). */
+static void cmd_async_on(const char *arg)
+{
+    CUdevice dev;
+    uint64_t size;
+    parse_on(arg, "expected async-on:N:SIZE", &dev, &size);
+    CUcontext other = NULL, popped = NULL;
+    CUstream stream = NULL;
+    CUdeviceptr ptr = 0;
+    CUresult rc = cu.cuDevicePrimaryCtxRetain(&other, dev);
+    if (rc == CUDA_SUCCESS && (rc = cu.cuCtxPushCurrent(other)) == CUDA_SUCCESS) {
+        rc = cu.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING);
+        cu.cuCtxPopCurrent(&popped);
+    }
+    if (rc == CUDA_SUCCESS)
+        rc = cu.cuMemAllocAsync(&ptr, size, stream);
+    report("async-on", "async", size, rc);
+}
+
+static void cmd_pool_on(const char *arg)
+{
+    CUdevice dev;
+    uint64_t size;
+    parse_on(arg, "expected pool-on:N:SIZE", &dev, &size);
+    CUmemPoolProps props;
+    memset(&props, 0, sizeof(props));
+    props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    props.location.id = dev;
+    CUmemoryPool pool = NULL;
+    CUdeviceptr ptr = 0;
+    CUresult rc = cu.cuMemPoolCreate(&pool, &props);
+    if (rc == CUDA_SUCCESS)
+        rc = cu.cuMemAllocFromPoolAsync(&ptr, size, pool, NULL);
+    report("pool-on", "pool", size, rc);
+}
+
+static void cmd_vmm_retain(const char *arg)
+{
+    struct allocation a = {.path = P_VMMMAP};
+    if (parse_size(arg, &a.size) != 0)
+        usage_exit("expected vmm-retain:SIZE");
+    CUmemGenericAllocationHandle again = 0;
+    CUresult rc = alloc_vmm_mapped(&a);
+    if (rc == CUDA_SUCCESS)
+        rc = cu.cuMemRetainAllocationHandle(&again, (void *)(uintptr_t)a.ptr);
+    if (rc == CUDA_SUCCESS)
+        rc = do_free(&a);
+    report("vmm-retain", "vmm", a.size, rc);
+}
+
+static void cmd_capture(const char *arg)
+{
+    uint64_t size = 0;
+    if (parse_size(arg, &size) != 0)
+        usage_exit("expected capture:SIZE");
+    CUstream stream = NULL;
+    CUgraph graph = NULL;
+    CUgraphExec exec = NULL;
+    CUdeviceptr ptr = 0;
+    CUresult rc = cu.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING);
+    if (rc == CUDA_SUCCESS)
+        rc = cu.cuStreamBeginCapture(stream, 2 /* relaxed */);
+    if (rc == CUDA_SUCCESS) {
+        rc = cu.cuMemAllocAsync(&ptr, size, stream);
+        if (rc == CUDA_SUCCESS)
+            rc = cu.cuMemFreeAsync(ptr, stream);
+        CUresult ended = cu.cuStreamEndCapture(stream, &graph);
+        rc = rc != CUDA_SUCCESS ? rc : ended;
+    }
+    if (rc == CUDA_SUCCESS)
+        rc = cu.cuGraphInstantiateWithFlags(&exec, graph, 0);
+    if (rc == CUDA_SUCCESS)
+        rc = cu.cuGraphLaunch(exec, stream);
+    if (rc == CUDA_SUCCESS)
+        rc = cu.cuCtxSynchronize();
+    if (exec != NULL)
+        cu.cuGraphExecDestroy(exec);
+    if (graph != NULL)
+        cu.cuGraphDestroy(graph);
+    report("capture", "async", size, rc);
+}
+
+static void cmd_pools(const char *arg)
+{
+    CUdevice count;
+    uint64_t size;
+    parse_on(arg, "expected pools:N:SIZE", &count, &size);
+    CUmemPoolProps props;
+    memset(&props, 0, sizeof(props));
+    props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    props.location.id = device;
+    CUmemoryPool pool = NULL;
+    CUdeviceptr ptr = 0;
+    CUresult rc = CUDA_SUCCESS;
+    for (CUdevice i = 0; i < count && rc == CUDA_SUCCESS; i++) {
+        rc = cu.cuMemPoolCreate(&pool, &props);
+        if (rc == CUDA_SUCCESS)
+            rc = cu.cuMemAllocFromPoolAsync(&ptr, i + 1 < count ? 4096 : size, pool, NULL);
+        if (rc == CUDA_SUCCESS)
+            rc = cu.cuMemFreeAsync(ptr, NULL);
+    }
+    report("pools", "pool", size, rc);
+}
+
+/* A graph that allocates and frees SIZE, destroyed before any
+ * instantiation: its memory never existed. */
+static void cmd_graph_drop(const char *arg)
+{
+    uint64_t size = 0;
+    if (parse_size(arg, &size) != 0)
+        usage_exit("expected graph-drop:SIZE");
+    CUgraph graph = NULL;
+    CUgraphNode node;
+    CUdeviceptr ptr = 0;
+    CUresult rc = cu.cuGraphCreate(&graph, 0);
+    if (rc == CUDA_SUCCESS)
+        rc = add_alloc_node(P_GRAPH, graph, size, &ptr);
+    if (rc == CUDA_SUCCESS)
+        rc = cu.cuGraphAddMemFreeNode(&node, graph, NULL, 0, ptr);
+    if (graph != NULL) {
+        CUresult destroyed = cu.cuGraphDestroy(graph);
+        rc = rc != CUDA_SUCCESS ? rc : destroyed;
+    }
+    report("graph-drop", "graph", size, rc);
+}
+
+static void cmd_graph_keep(const char *arg)
+{
+    if (nallocs == MAX_ALLOCS)
+        usage_exit("too many allocations");
+    struct allocation *a = &allocs[nallocs];
+    memset(a, 0, sizeof(*a));
+    a->path = P_ALLOC; /* once its graph is gone it is freed like any pointer */
+    if (parse_size(arg, &a->size) != 0)
+        usage_exit("expected graph-keep:SIZE");
+    struct allocation g = {.path = P_GRAPH, .size = a->size};
+    CUresult rc = alloc_graph(&g);
+    if (rc == CUDA_SUCCESS) {
+        cu.cuGraphExecDestroy(g.exec);
+        rc = cu.cuGraphDestroy((CUgraph)g.handle);
+        a->ptr = g.ptr;
+        nallocs++;
+    }
+    report("graph-keep", "graph", a->size, rc);
+}
+
+static void cmd_reinit(void)
+{
+    CUcontext ctx = NULL;
+    CUresult rc = cu.cuInit(0);
+    if (rc == CUDA_SUCCESS)
+        rc = cu.cuDevicePrimaryCtxRetain(&ctx, device);
+    if (rc == CUDA_SUCCESS)
+        rc = cu.cuCtxSetCurrent(ctx);
+    report("reinit", "", 0, rc);
+}
+
 static void cmd_wait(void)
 {
     char line[64];
@@ -659,6 +980,26 @@ static void run(const char *cmd)
         cmd_trim();
     else if (strcmp(cmd, "sync") == 0)
         report("sync", "", 0, cu.cuCtxSynchronize());
+    else if (strncmp(cmd, "limit:", 6) == 0)
+        cmd_limit(cmd + 6);
+    else if (strncmp(cmd, "ctx-leak:", 9) == 0)
+        cmd_ctx_leak(cmd + 9);
+    else if (strcmp(cmd, "pool-destroy") == 0)
+        cmd_pool_destroy();
+    else if (strncmp(cmd, "async-on:", 9) == 0)
+        cmd_async_on(cmd + 9);
+    else if (strncmp(cmd, "pool-on:", 8) == 0)
+        cmd_pool_on(cmd + 8);
+    else if (strncmp(cmd, "capture:", 8) == 0)
+        cmd_capture(cmd + 8);
+    else if (strncmp(cmd, "pools:", 6) == 0)
+        cmd_pools(cmd + 6);
+    else if (strncmp(cmd, "vmm-retain:", 11) == 0)
+        cmd_vmm_retain(cmd + 11);
+    else if (strncmp(cmd, "graph-keep:", 11) == 0)
+        cmd_graph_keep(cmd + 11);
+    else if (strncmp(cmd, "graph-drop:", 11) == 0)
+        cmd_graph_drop(cmd + 11);
     else if (strcmp(cmd, "ipc-export") == 0)
         cmd_ipc_export();
     else if (strncmp(cmd, "ipc-open:", 9) == 0)
@@ -669,6 +1010,8 @@ static void run(const char *cmd)
         cmd_bench(cmd + 6);
     else if (strcmp(cmd, "wait") == 0)
         cmd_wait();
+    else if (strcmp(cmd, "reinit") == 0)
+        cmd_reinit();
     else if (strcmp(cmd, "exit") == 0)
         _exit(0);
     else

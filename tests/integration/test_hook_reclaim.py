@@ -128,3 +128,39 @@ def test_forked_child_has_its_own_slot(sim_env: dict[str, str], tmp_path: Path) 
     assert run.ops("meminfo")[-1]["free"] == LIMIT - 12 * MiB
     with UsageBlock.open(tmp_path / "usage") as usage:
         assert usage.devices()[0].used == 0 and usage.slots() == []
+
+
+def test_forked_child_that_uses_cuda_is_charged_on_a_slot_of_its_own(
+    sim_env: dict[str, str], tmp_path: Path
+) -> None:
+    """A child that starts CUDA anew (the simulator lets it; a real driver
+    refuses CUDA in the child of a process that had started it) takes its
+    own slot: its bytes are its own, and its exit returns only them."""
+    proc = InteractiveProbe(
+        env_for(sim_env, tmp_path),
+        ["alloc:alloc:8m", "fork", "reinit", "alloc:alloc:4m", "wait"],
+    )
+    try:
+        child = proc.until_wait()
+        assert [x["result"] for x in child if x["op"] in ("reinit", "alloc")][-2:] == [
+            "CUDA_SUCCESS",
+            "CUDA_SUCCESS",
+        ]
+        with UsageBlock.open(tmp_path / "usage") as usage:
+            slots = usage.slots()
+            assert len({s.pid for s in slots}) == 2
+            assert sorted(s.devices[0].used for s in slots) == [4 * MiB, 8 * MiB]
+            assert usage.devices()[0].used == 12 * MiB
+        proc.resume()  # the child exits
+        parent = proc.until_wait()
+        assert {"op": "forked", "status": 0} in parent
+        with UsageBlock.open(tmp_path / "usage") as usage:
+            # The child's 4 MiB went with it; the parent's 8 MiB and the
+            # parent's own 4 MiB (it ran the same commands) stay.
+            assert [s.devices[0].used for s in usage.slots()] == [12 * MiB]
+        proc.resume()
+    finally:
+        run = proc.finish()
+    assert run.returncode == 0, run.stderr
+    with UsageBlock.open(tmp_path / "usage") as usage:
+        assert usage.devices()[0].used == 0 and usage.slots() == []

@@ -14,6 +14,8 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,7 +34,6 @@ from vgpud.tracker import ProcessKind, Tracker
 
 GIB = 1 << 30
 GPU0 = GPU_UUIDS[0]
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "proc"
 DOCKER_NS = 4026532201  # docker-cgroupfs-v1: 4100 = ns pid 1, 4150 = ns pid 7
 
 
@@ -243,13 +244,6 @@ def test_a_bypass_in_a_vgpu_container_is_charged_by_its_mounts_and_killed(
 
 
 @pytest.fixture
-def proc(tmp_path: Path) -> Path:
-    root = tmp_path / "proc"
-    shutil.copytree(FIXTURES / "docker-cgroupfs-v1", root, symlinks=True)
-    return root
-
-
-@pytest.fixture
 def vgpu(tmp_path: Path, proc: Path) -> Iterator[FakeVgpu]:
     v = FakeVgpu(tmp_path / "v1", "v1", (4 * GIB,))
     v.mapped_by(proc, 4100)  # 4100 is the vGPU's proven process
@@ -423,3 +417,49 @@ def test_a_slot_is_reclaimed_once_its_process_unmaps_the_block(
         p.kill()
         p.wait()
         v.close()
+
+
+@pytest.mark.root
+@pytest.mark.parametrize(("maker", "charged"), [("nobody", False), ("root", True)])
+def test_a_mount_counts_only_when_root_or_the_vgpus_user_made_it(
+    cgroup: Cgroup, maker: str, charged: bool
+) -> None:
+    """Any local user can bind-mount a file it can reach into a mount
+    namespace of its own (``unshare -Urm``), a vGPU's block included: such
+    a mount must not put its processes (and their memory) in that vGPU. The
+    same mount made by root — a container runtime — does."""
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        pytest.skip("needs root and unshare(1)")
+    # A run dir as vgpud makes it: every user may pass through (0711).
+    run_dir = Path(tempfile.mkdtemp(dir="/tmp"))
+    run_dir.chmod(0o711)
+    target = run_dir / "mountpoint"
+    target.touch()
+    b = FakeVgpu(run_dir / "victim", "victim", (8 * GIB,))
+    (run_dir / "victim").chmod(0o711)
+    victim = mapping_process(b.usage.path)
+    cgroup.add(victim.pid)  # the victim's own container
+    pidns, start = identity(victim.pid)
+    b.hook.claim(0, pid=victim.pid, pidns=pidns, start_time=start, used={0: GIB})
+    script = f"mount --bind {b.control.path} {target} && exec sleep 600"
+    cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script]
+    if maker == "nobody":
+        cmd = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "unshare", "--user"]
+        cmd += ["--map-root-user", "--mount", "sh", "-c", script]
+    attacker = subprocess.Popen(cmd)
+    try:
+        deadline = time.monotonic() + 10
+        while (stat := ProcFS().stat(attacker.pid)) is None or stat.comm != "sleep":
+            assert time.monotonic() < deadline and attacker.poll() is None, "mount refused"
+            time.sleep(0.01)
+        snap = Tracker(sees_all_pids=True).scan(
+            {"victim": b.blocks}, nvml({victim.pid: GIB, attacker.pid: 5 * GIB})
+        )
+        assert snap.processes[attacker.pid].vgpu_id == ("victim" if charged else None)
+        assert snap.vgpus["victim"].gpus[GPU0].nvml_used == (6 if charged else 1) * GIB
+    finally:
+        for p in (attacker, victim):
+            p.kill()
+            p.wait()
+        b.close()
+        shutil.rmtree(run_dir)

@@ -16,19 +16,11 @@ from vgpud.nvml import GpuSample, NvmlSample
 from vgpud.procfs import ProcFS
 from vgpud.tracker import Tracker
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "proc"
 GIB = 1 << 30
 MIB = 1 << 20
 GPU0 = GPU_UUIDS[0]
 # docker-cgroupfs-v1: 4100 (ns pid 1) and 4150 (ns pid 7) in one container.
 DOCKER_NS = 4026532201
-
-
-@pytest.fixture
-def proc(tmp_path: Path) -> Path:
-    root = tmp_path / "proc"
-    shutil.copytree(FIXTURES / "docker-cgroupfs-v1", root, symlinks=True)
-    return root
 
 
 @pytest.fixture

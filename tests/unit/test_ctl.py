@@ -86,25 +86,36 @@ DRIVER_580_PASS_THROUGH = [
     "cuGraphAddKernelNode_v2",
     "cuGraphAddMemcpyNode",
     "cuGraphAddMemsetNode",
-    "cuGraphInstantiate",
-    "cuGraphInstantiateWithFlags",
-    "cuGraphInstantiateWithParams",
-    "cuGraphInstantiateWithParams_ptsz",
-    "cuGraphInstantiate_v2",
     "cuImportExternalMemory",
     "cuImportExternalSemaphore",
     "cuIpcOpenEventHandle",
     "cuIpcOpenMemHandle",
     "cuIpcOpenMemHandle_v2",
     "cuMemImportFromShareableHandle",
-    "cuMemMap",
-    "cuMemMapArrayAsync",
-    "cuMemMapArrayAsync_ptsz",
-    "cuMemPoolCreate",
     "cuMemPoolImportFromShareableHandle",
     "cuMemPoolImportPointer",
-    "cuMemRetainAllocationHandle",
 ]
+
+
+def test_doctor_flags_every_road_the_memory_hook_relies_on() -> None:
+    """Issue 10: the generic node adders, context limits, VMM and sparse-array
+    mappings, pools and instantiation are roads around the limits if the hook
+    misses them; the teardown it accounts must be seen too."""
+    roads = [
+        "cuCtxSetLimit",
+        "cuGraphAddNode",
+        "cuGraphAddNode_v2",
+        "cuGraphInstantiateWithParams_ptsz",
+        "cuMemMap",
+        "cuMemMapArrayAsync",
+        "cuMemPoolCreate",
+        "cuMemRetainAllocationHandle",
+        "cuMemUnmap",
+        "cuMemAddressFree",
+        "cuGraphDestroy",
+    ]
+    assert unhooked(set(roads), set()).risky == sorted(roads)
+    assert unhooked(set(roads), set(roads)).risky == []
 
 
 def test_doctor_knows_the_reviewed_pass_throughs_of_driver_580() -> None:

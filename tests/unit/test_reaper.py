@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,17 +12,9 @@ from vgpud.blocks import SLOT_CLAIMING, SLOT_FREE, SLOT_RECLAIMING
 from vgpud.reaper import ReaperPolicy, ReaperState, Reclaim, Reset, apply, plan, reap
 from vgpud.tracker import Tracker
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "proc"
 GIB = 1 << 30
 DOCKER_NS = 4026532201  # docker-cgroupfs-v1: host 4100 = ns pid 1, start 5100
 GPU0 = GPU_UUIDS[0]
-
-
-@pytest.fixture
-def proc(tmp_path: Path) -> Path:
-    root = tmp_path / "proc"
-    shutil.copytree(FIXTURES / "docker-cgroupfs-v1", root, symlinks=True)
-    return root
 
 
 @pytest.fixture

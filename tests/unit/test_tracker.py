@@ -15,7 +15,6 @@ from vgpud.cgroups import Runtime, classify_path
 from vgpud.nvml import GpuSample, NvmlSample
 from vgpud.tracker import ProcessKind, Tracker, attributable
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "proc"
 GPU0, GPU1 = GPU_UUIDS
 GIB = 1 << 30
 # docker-cgroupfs-v1: pids 4100 (ns pid 1) and 4150 (ns pid 7) share PID
@@ -25,13 +24,6 @@ DOCKER_NS = 4026532201
 
 def Vgpu(directory: Path, vgpu_id: str, limits: tuple[int, ...] = (4 * GIB,)) -> FakeVgpu:
     return FakeVgpu(directory, vgpu_id, limits)
-
-
-@pytest.fixture
-def proc(tmp_path: Path) -> Path:
-    root = tmp_path / "proc"
-    shutil.copytree(FIXTURES / "docker-cgroupfs-v1", root, symlinks=True)
-    return root
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import os
 import socket
 import struct
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
 from importlib import resources
 from typing import Any
 
@@ -180,12 +180,12 @@ def _depth(value: object) -> int:
 
 async def health(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
-    return _json(service.rendered("health", service.health_json))
+    return _json(service, "health", service.health_json)
 
 
 async def devices(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
-    return _json(service.rendered("devices", service.devices_json))
+    return _json(service, "devices", service.devices_json)
 
 
 async def list_vgpus(request: web.Request) -> web.Response:
@@ -196,9 +196,7 @@ async def list_vgpus(request: web.Request) -> web.Response:
         schemas.parse_label_query(label)
     gpu, owner_pod = q.get("gpu"), q.get("owner_pod")
     return _json(
-        service.rendered(
-            ("vgpus", gpu, label, owner_pod), lambda: service.list_json(gpu, label, owner_pod)
-        )
+        service, ("vgpus", gpu, label, owner_pod), lambda: service.list_json(gpu, label, owner_pod)
     )
 
 
@@ -225,7 +223,7 @@ def caller(request: web.Request) -> Credentials:
 
 async def get_vgpu(request: web.Request) -> web.Response:
     service, key = request.app[SERVICE], request.match_info["id"]
-    return _json(service.rendered(("vgpu", key), lambda: service.find_json(key)))
+    return _json(service, ("vgpu", key), lambda: service.find_json(key))
 
 
 async def update_vgpu(request: web.Request) -> web.Response:
@@ -248,10 +246,12 @@ async def delete_vgpu(request: web.Request) -> web.Response:
 
 async def processes(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
-    return _json(service.rendered("processes", lambda: [p.to_json() for p in service.processes]))
+    return _json(service, "processes", lambda: [p.to_json() for p in service.processes])
 
 
-def _json(body: bytes) -> web.Response:
+def _json(service: Service, key: Hashable, build: Callable[[], object]) -> web.Response:
+    """A read route's answer, rendered once per state of the daemon."""
+    body = service.rendered(key, lambda: json.dumps(build()).encode())
     return web.Response(body=body, content_type="application/json")
 
 

@@ -20,12 +20,30 @@ from vgpud.ctl.client import ApiFailure, Client, DaemonUnreachable
 from vgpud.ctl.elf import ElfError, exported_functions
 
 # Names that look like a way to get device memory or to start work on the GPU,
-# and (checked second) the words of queries, host memory and teardown.
+# and (checked second) the words of queries, host memory and teardown. The
+# generic node adder (cuGraphAddNode*) adds memory nodes too, and context
+# limits (cuCtxSetLimit) reserve device memory for stacks, FIFO and heap.
 RISKY = re.compile(
     r"Alloc|MemCreate|MemMap|PoolCreate|Import|Array\w*Create|Ipc\w*Open|"
-    r"Launch|GraphInstantiate|GraphAdd(Kernel|Mem\w*)Node"
+    r"Launch|GraphInstantiate|GraphAdd(Kernel|Mem\w*)?Node|CtxSetLimit"
 )
 HARMLESS = re.compile(r"Host|Get|Query|Destroy|Free|Release|Attribute|Granularity")
+
+# Teardown the hook must see as well: memory it charged lives on after
+# cuMemRelease while mapped, and graphs, contexts and pools give memory back
+# when destroyed. Missing, they would not open a road around the limits but
+# would keep bytes charged (a false out-of-memory): flagged all the same.
+ACCOUNTED_TEARDOWN = frozenset(
+    {
+        "cuMemRelease",
+        "cuMemUnmap",
+        "cuMemAddressFree",
+        "cuCtxDestroy",
+        "cuCtxDestroy_v2",
+        "cuGraphDestroy",
+        "cuMemPoolDestroy",
+    }
+)
 
 
 # Names RISKY matches that the hook leaves alone on purpose, and why
@@ -38,29 +56,16 @@ REVIEWED: tuple[tuple[re.Pattern[str], str], ...] = tuple(
             "a graph node runs when its graph is launched, and cuGraphLaunch is paced",
         ),
         (
-            r"^cuGraphInstantiate",
-            "instantiating allocates nothing of the slice's: memory nodes are charged "
-            "when added or captured",
-        ),
-        (
             r"^cu(ImportExternal(Memory|Semaphore)|MemImportFromShareableHandle|"
             r"MemPoolImport(FromShareableHandle|Pointer)|IpcOpen(Mem|Event)Handle)",
             "memory or an event another process or API made: counted to its owner",
-        ),
-        (
-            r"^cu(MemMap|MemMapArrayAsync|MemRetainAllocationHandle)(_|$)",
-            "maps or names memory made by cuMemCreate, which is charged",
-        ),
-        (
-            r"^cuMemPoolCreate$",
-            "a pool's memory is charged as cuMemAllocFromPoolAsync hands it out",
         ),
     )
 )
 
 
 def risky(name: str) -> bool:
-    return bool(RISKY.search(name)) and not HARMLESS.search(name)
+    return name in ACCOUNTED_TEARDOWN or (bool(RISKY.search(name)) and not HARMLESS.search(name))
 
 
 def reviewed(name: str) -> str | None:

@@ -138,8 +138,19 @@ CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUDA_ARRAY3D_DE
 {
     if (pHandle == NULL || d == NULL || numMipmapLevels == 0)
         return CUDA_ERROR_INVALID_VALUE;
-    size_t total = 0;
+    /* As the driver: the levels are clamped to the full chain of the
+     * extent, and layers (and a cubemap's faces) are not halved. */
+    bool layers = (d->Flags & (CUDA_ARRAY3D_LAYERED | CUDA_ARRAY3D_CUBEMAP)) != 0;
     size_t w = d->Width, h = d->Height, depth = d->Depth;
+    size_t extent = w > h ? w : h;
+    if (!layers && depth > extent)
+        extent = depth;
+    unsigned chain = 1;
+    while (extent >>= 1)
+        chain++;
+    if (numMipmapLevels > chain)
+        numMipmapLevels = chain;
+    size_t total = 0;
     for (unsigned level = 0; level < numMipmapLevels; level++) {
         size_t bytes = level_bytes(w, h, depth, d->Format, d->NumChannels);
         if (bytes == 0 || bytes > SIZE_MAX - total)
@@ -147,7 +158,7 @@ CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUDA_ARRAY3D_DE
         total += bytes;
         w = at_least_one(w / 2);
         h = h > 1 ? h / 2 : h;
-        depth = depth > 1 ? depth / 2 : depth;
+        depth = depth > 1 && !layers ? depth / 2 : depth;
     }
     CUmipmappedArray m = malloc(sizeof(*m));
     if (m == NULL)

@@ -33,6 +33,32 @@ CUresult cu_current(CUcontext *out)
     return CUDA_SUCCESS;
 }
 
+/* The driver's defaults: 1 KiB of stack per thread, a 1 MiB printf FIFO,
+ * an 8 MiB device malloc heap. Their memory is part of the context. */
+static const size_t DEFAULT_LIMITS[3] = {1024, 1 << 20, 8 << 20};
+#define SIM_THREADS_PER_SM 2048u
+
+/* Device memory a limit's value reserves, as the real driver does: the
+ * stack for every thread the device can hold at once, the FIFO and the heap
+ * as they are. */
+static uint64_t limit_bytes(CUlimit limit, size_t value)
+{
+    if (limit == CU_LIMIT_STACK_SIZE)
+        return (uint64_t)value * cu_proc->st->config.sms * SIM_THREADS_PER_SM;
+    return value;
+}
+
+/* What the context's limits cost beyond the defaults. */
+static uint64_t limits_extra(const size_t limits[3])
+{
+    uint64_t extra = 0;
+    for (CUlimit l = 0; l < 3; l++) {
+        uint64_t now = limit_bytes(l, limits[l]), base = limit_bytes(l, DEFAULT_LIMITS[l]);
+        extra += now > base ? now - base : 0;
+    }
+    return extra;
+}
+
 static CUresult ctx_start(CUcontext ctx, struct cu_device *d, int ordinal, bool primary, unsigned flags)
 {
     CUresult r = cu_charge(d->dev, cu_proc->st->config.ctx_overhead);
@@ -45,6 +71,7 @@ static CUresult ctx_start(CUcontext ctx, struct cu_device *d, int ordinal, bool 
     ctx->flags = flags;
     ctx->legacy.tag = CU_TAG_STREAM;
     ctx->legacy.ctx = ctx;
+    memcpy(ctx->limits, DEFAULT_LIMITS, sizeof(ctx->limits));
     ctx->tag = CU_TAG_CTX;
     return CUDA_SUCCESS;
 }
@@ -56,7 +83,8 @@ static void ctx_stop(CUcontext ctx)
     pthread_mutex_lock(&cu_lock);
     cu_table_release_ctx(ctx);
     pthread_mutex_unlock(&cu_lock);
-    cu_uncharge(ctx->dev, cu_proc->st->config.ctx_overhead);
+    cu_uncharge(ctx->dev, cu_proc->st->config.ctx_overhead + ctx->limit_charged);
+    ctx->limit_charged = 0;
     ctx->tag = CU_TAG_DEAD;
     for (int i = 0; i < t_depth; i++)
         if (t_stack[i] == ctx)
@@ -365,5 +393,41 @@ CUresult cuCtxSynchronize(void)
     if (r != CUDA_SUCCESS)
         return r;
     cu_wait_until(atomic_load(&ctx->last_end));
+    return CUDA_SUCCESS;
+}
+
+/* Stack, printf FIFO and malloc heap: growing one reserves device memory
+ * for the context (OUT_OF_MEMORY if the device has none), shrinking it
+ * gives the memory back. The other limits are accepted and not modelled. */
+CUresult cuCtxSetLimit(CUlimit limit, size_t value)
+{
+    CUcontext ctx;
+    CUresult r = cu_current(&ctx);
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (limit < 0 || limit > CU_LIMIT_MALLOC_HEAP_SIZE)
+        return limit <= 6 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    size_t next[3];
+    memcpy(next, ctx->limits, sizeof(next));
+    next[limit] = value;
+    uint64_t extra = limits_extra(next);
+    if (extra > ctx->limit_charged && (r = cu_charge(ctx->dev, extra - ctx->limit_charged)) != CUDA_SUCCESS)
+        return r;
+    if (extra < ctx->limit_charged)
+        cu_uncharge(ctx->dev, ctx->limit_charged - extra);
+    ctx->limit_charged = extra;
+    ctx->limits[limit] = value;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxGetLimit(size_t *pvalue, CUlimit limit)
+{
+    CUcontext ctx;
+    CUresult r = cu_current(&ctx);
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (pvalue == NULL || limit < 0 || limit > CU_LIMIT_MALLOC_HEAP_SIZE)
+        return CUDA_ERROR_INVALID_VALUE;
+    *pvalue = ctx->limits[limit];
     return CUDA_SUCCESS;
 }

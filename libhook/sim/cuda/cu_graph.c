@@ -6,7 +6,10 @@
  * them; launching an instantiated graph queues its kernels, in order, on
  * the stream's timeline. Dependencies are kept in insertion order (the
  * simulated device runs one kernel at a time anyway). Graph memory nodes
- * allocate when added and the memory lives until the graph is destroyed.
+ * allocate when added (the simulator backs the address at once); as on the
+ * real driver, a graph destroyed before it ever ran takes its allocations
+ * with it, while an allocation of a graph that ran and did not free it in
+ * the graph outlives the graph until cuMemFree(Async).
  */
 #include <stdlib.h>
 
@@ -33,6 +36,8 @@ struct CUgraphExec_st {
     uint32_t tag;
     struct cu_kernel_work *kernels;
     size_t count;
+    CUdeviceptr *allocs; /* the graph's memory nodes' addresses */
+    size_t nallocs;
 };
 
 static bool graph_valid(CUgraph g)
@@ -92,6 +97,24 @@ CUresult cuGraphCreate(CUgraph *phGraph, unsigned int flags)
     return CUDA_SUCCESS;
 }
 
+/* Did a graph that allocates ptr run? (its memory then exists for real) */
+static bool ran(CUdeviceptr ptr)
+{
+    pthread_mutex_lock(&cu_lock);
+    struct cu_alloc *a = cu_table_base(ptr);
+    bool launched = a != NULL && a->launched;
+    pthread_mutex_unlock(&cu_lock);
+    return launched;
+}
+
+static bool freed_in(CUgraph g, CUdeviceptr ptr)
+{
+    for (size_t i = 0; i < g->count; i++)
+        if (g->nodes[i]->type == NODE_MEM_FREE && g->nodes[i]->ptr == ptr)
+            return true;
+    return false;
+}
+
 CUresult cuGraphDestroy(CUgraph hGraph)
 {
     CUresult r = cu_ready();
@@ -100,8 +123,11 @@ CUresult cuGraphDestroy(CUgraph hGraph)
     if (!graph_valid(hGraph))
         return CUDA_ERROR_INVALID_HANDLE;
     for (size_t i = 0; i < hGraph->count; i++) {
-        if (hGraph->nodes[i]->type == NODE_MEM_ALLOC)
-            cu_alloc_free(hGraph->nodes[i]->ptr, CU_KIND(CU_ALLOC_DEVICE));
+        CUgraphNode n = hGraph->nodes[i];
+        if (n->type == NODE_MEM_ALLOC && (!ran(n->ptr) || freed_in(hGraph, n->ptr)))
+            cu_alloc_free(n->ptr, CU_KIND(CU_ALLOC_DEVICE));
+    }
+    for (size_t i = 0; i < hGraph->count; i++) {
         hGraph->nodes[i]->tag = CU_TAG_DEAD;
         free(hGraph->nodes[i]);
     }
@@ -122,12 +148,9 @@ CUresult cuGraphAddKernelNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CU
     return cu_graph_add_kernel(hGraph, &work, phGraphNode);
 }
 
-CUresult cuGraphAddMemAllocNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
-                                size_t numDependencies, CUDA_MEM_ALLOC_NODE_PARAMS *nodeParams)
+static CUresult add_mem_alloc(CUgraphNode *phGraphNode, CUgraph hGraph, CUDA_MEM_ALLOC_NODE_PARAMS *nodeParams)
 {
-    CUresult r = check_add(phGraphNode, hGraph, dependencies, numDependencies);
-    if (r != CUDA_SUCCESS)
-        return r;
+    CUresult r;
     if (nodeParams == NULL || nodeParams->bytesize == 0 ||
         nodeParams->poolProps.location.type != CU_MEM_LOCATION_TYPE_DEVICE)
         return CUDA_ERROR_INVALID_VALUE;
@@ -146,15 +169,56 @@ CUresult cuGraphAddMemAllocNode(CUgraphNode *phGraphNode, CUgraph hGraph, const 
     return r;
 }
 
+CUresult cuGraphAddMemAllocNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
+                                size_t numDependencies, CUDA_MEM_ALLOC_NODE_PARAMS *nodeParams)
+{
+    CUresult r = check_add(phGraphNode, hGraph, dependencies, numDependencies);
+    return r == CUDA_SUCCESS ? add_mem_alloc(phGraphNode, hGraph, nodeParams) : r;
+}
+
+static CUresult add_mem_free(CUgraphNode *phGraphNode, CUgraph hGraph, CUdeviceptr dptr)
+{
+    if (!cu_range_known(dptr, 1))
+        return CUDA_ERROR_INVALID_VALUE;
+    return add_node(hGraph, &(struct CUgraphNode_st){.type = NODE_MEM_FREE, .ptr = dptr}, phGraphNode);
+}
+
 CUresult cuGraphAddMemFreeNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
                                size_t numDependencies, CUdeviceptr dptr)
 {
     CUresult r = check_add(phGraphNode, hGraph, dependencies, numDependencies);
+    return r == CUDA_SUCCESS ? add_mem_free(phGraphNode, hGraph, dptr) : r;
+}
+
+/* The generic road (CUDA 12.2+): memory nodes behave as through their own
+ * calls; the simulator models no other node type through it. */
+static CUresult add_generic(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
+                            size_t numDependencies, CUgraphNodeParams *nodeParams)
+{
+    CUresult r = check_add(phGraphNode, hGraph, dependencies, numDependencies);
     if (r != CUDA_SUCCESS)
         return r;
-    if (!cu_range_known(dptr, 1))
+    if (nodeParams == NULL)
         return CUDA_ERROR_INVALID_VALUE;
-    return add_node(hGraph, &(struct CUgraphNode_st){.type = NODE_MEM_FREE, .ptr = dptr}, phGraphNode);
+    if (nodeParams->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC)
+        return add_mem_alloc(phGraphNode, hGraph, &nodeParams->u.alloc);
+    if (nodeParams->type == CU_GRAPH_NODE_TYPE_MEM_FREE)
+        return add_mem_free(phGraphNode, hGraph, nodeParams->u.free.dptr);
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+CUresult cuGraphAddNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
+                        size_t numDependencies, CUgraphNodeParams *nodeParams)
+{
+    return add_generic(phGraphNode, hGraph, dependencies, numDependencies, nodeParams);
+}
+
+CUresult cuGraphAddNode_v2(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
+                           const CUgraphEdgeData *dependencyData, size_t numDependencies,
+                           CUgraphNodeParams *nodeParams)
+{
+    (void)dependencyData; /* edges carry no meaning for the simulated device */
+    return add_generic(phGraphNode, hGraph, dependencies, numDependencies, nodeParams);
 }
 
 static CUresult instantiate(CUgraphExec *phGraphExec, CUgraph hGraph)
@@ -167,22 +231,63 @@ static CUresult instantiate(CUgraphExec *phGraphExec, CUgraph hGraph)
     if (!graph_valid(hGraph))
         return CUDA_ERROR_INVALID_HANDLE;
     CUgraphExec e = calloc(1, sizeof(*e));
-    if (e == NULL || (hGraph->count > 0 && (e->kernels = calloc(hGraph->count, sizeof(*e->kernels))) == NULL)) {
+    if (e == NULL || (hGraph->count > 0 && ((e->kernels = calloc(hGraph->count, sizeof(*e->kernels))) == NULL ||
+                                            (e->allocs = calloc(hGraph->count, sizeof(*e->allocs))) == NULL))) {
+        if (e != NULL)
+            free(e->kernels);
         free(e);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    for (size_t i = 0; i < hGraph->count; i++)
+    for (size_t i = 0; i < hGraph->count; i++) {
         if (hGraph->nodes[i]->type == NODE_KERNEL)
             e->kernels[e->count++] = hGraph->nodes[i]->work;
+        else if (hGraph->nodes[i]->type == NODE_MEM_ALLOC)
+            e->allocs[e->nallocs++] = hGraph->nodes[i]->ptr;
+    }
     e->tag = CU_TAG_EXEC;
     *phGraphExec = e;
     return CUDA_SUCCESS;
 }
 
-CUresult cuGraphInstantiate(CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags)
+/* The legacy ABI (CUDA 10-11): no error node or log to report here. */
+CUresult cuGraphInstantiate(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode,
+                            char *logBuffer, size_t bufferSize)
 {
-    (void)flags;
+    (void)phErrorNode;
+    (void)logBuffer;
+    (void)bufferSize;
     return instantiate(phGraphExec, hGraph);
+}
+
+CUresult cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode,
+                               char *logBuffer, size_t bufferSize)
+{
+    (void)phErrorNode;
+    (void)logBuffer;
+    (void)bufferSize;
+    return instantiate(phGraphExec, hGraph);
+}
+
+static CUresult instantiate_params(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                   CUDA_GRAPH_INSTANTIATE_PARAMS *params)
+{
+    if (params == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = instantiate(phGraphExec, hGraph);
+    params->result_out = r == CUDA_SUCCESS ? 0 : 1; /* CUDA_GRAPH_INSTANTIATE_SUCCESS / _ERROR */
+    return r;
+}
+
+CUresult cuGraphInstantiateWithParams(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                      CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams)
+{
+    return instantiate_params(phGraphExec, hGraph, instantiateParams);
+}
+
+CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                           CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams)
+{
+    return instantiate_params(phGraphExec, hGraph, instantiateParams);
 }
 
 CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags)
@@ -199,6 +304,13 @@ static CUresult graph_launch(CUgraphExec e, CUstream h, bool per_thread)
         return r;
     if (e == NULL || e->tag != CU_TAG_EXEC)
         return CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_lock(&cu_lock);
+    for (size_t i = 0; i < e->nallocs; i++) {
+        struct cu_alloc *a = cu_table_base(e->allocs[i]);
+        if (a != NULL)
+            a->launched = true;
+    }
+    pthread_mutex_unlock(&cu_lock);
     for (size_t i = 0; i < e->count && r == CUDA_SUCCESS; i++)
         r = cu_kernel_submit(s, &e->kernels[i]);
     return r;
@@ -223,6 +335,7 @@ CUresult cuGraphExecDestroy(CUgraphExec hGraphExec)
         return CUDA_ERROR_INVALID_HANDLE;
     hGraphExec->tag = CU_TAG_DEAD;
     free(hGraphExec->kernels);
+    free(hGraphExec->allocs);
     free(hGraphExec);
     return CUDA_SUCCESS;
 }

@@ -60,6 +60,20 @@ static const struct variant_version VARIANT_VERSIONS[] = {
     {"cuStreamBeginCapture_v2", 10010},
     {"cuEventElapsedTime_v2", 12080},
     {"cuGetProcAddress_v2", 12000},
+    {"cuGraphAddNode_v2", 12030},
+    {"cuGraphInstantiate_v2", 11000},
+};
+
+/* Base names whose CUDA header maps them onto another entry point from a
+ * version on: the driver then answers with that entry point's newest
+ * variant (CUDA 12's cuda.h: #define cuGraphInstantiate
+ * cuGraphInstantiateWithFlags). */
+static const struct {
+    const char *base;
+    int version;
+    const char *target;
+} RENAMED[] = {
+    {"cuGraphInstantiate", 12000, "cuGraphInstantiateWithFlags"},
 };
 
 static bool ends_with(const char *s, size_t len, const char *suffix)
@@ -102,6 +116,9 @@ static const struct export *find_export(const char *name)
 
 static CUdriverProcAddressQueryResult resolve(const char *symbol, int version, cuuint64_t flags, void **pfn)
 {
+    for (size_t i = 0; i < sizeof(RENAMED) / sizeof(RENAMED[0]); i++)
+        if (strcmp(symbol, RENAMED[i].base) == 0 && version >= RENAMED[i].version)
+            symbol = RENAMED[i].target;
     size_t len = strlen(symbol);
     const struct export *best = NULL;
     int best_version = -1;

@@ -65,6 +65,8 @@ struct CUctx_st {
     unsigned flags;
     _Atomic uint64_t last_end; /* end of the last work queued in this context */
     struct CUstream_st legacy; /* the NULL / CU_STREAM_LEGACY stream */
+    size_t limits[3];          /* stack, printf FIFO, malloc heap (cuCtxSetLimit) */
+    uint64_t limit_charged;    /* device bytes the limits above their defaults cost */
 };
 
 /* Per visible device, process-local. */
@@ -124,6 +126,8 @@ struct cu_alloc {
     int fd;            /* memfd once exported through IPC, else -1 */
     CUmemoryPool pool; /* stream-ordered allocations: the owning pool */
     bool in_pool;      /* freed to the pool, held until trimmed */
+    void *vmm;         /* CU_ALLOC_VMM: the physical allocation mapped here */
+    bool launched;     /* a graph memory node's allocation: its graph ran */
 };
 
 /* Charge bytes on dev to this process: CUDA_SUCCESS or OUT_OF_MEMORY. */

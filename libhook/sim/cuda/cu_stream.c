@@ -121,6 +121,28 @@ CUresult cuStreamDestroy_v2(CUstream hStream)
     return stream_destroy(hStream);
 }
 
+static CUresult stream_ctx(CUstream h, bool per_thread, CUcontext *pctx)
+{
+    CUstream s;
+    CUresult r = cu_stream_resolve(h, per_thread, &s);
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (pctx == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    *pctx = s->ctx;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuStreamGetCtx(CUstream hStream, CUcontext *pctx)
+{
+    return stream_ctx(hStream, false, pctx);
+}
+
+CUresult cuStreamGetCtx_ptsz(CUstream hStream, CUcontext *pctx)
+{
+    return stream_ctx(hStream, true, pctx);
+}
+
 static CUresult stream_sync(CUstream h, bool per_thread)
 {
     CUstream s;

@@ -2,9 +2,9 @@
  * cu_vmm.c - virtual memory management. A physical allocation
  * (cuMemCreate) is a memfd charged to its device; a reservation is a
  * PROT_NONE anonymous mapping; cuMemMap maps the memfd over part of a
- * reservation and cuMemSetAccess opens it. cuMemRelease gives the bytes
- * back at once (a mapping still in place keeps its pages readable, but
- * they no longer count), and a handle exported as a POSIX file descriptor
+ * reservation and cuMemSetAccess opens it. As on the real driver, the
+ * physical memory lives until the handle is released AND its last mapping
+ * is unmapped (each mapping holds a reference), and a handle exported as a POSIX file descriptor
  * can be imported by another process without being charged twice.
  */
 #include <fcntl.h>
@@ -26,6 +26,8 @@ struct vmm_handle {
     size_t size;
     unsigned dev;
     uint64_t charged;
+    int refs;    /* handle references plus mappings (cu_lock) */
+    int handles; /* handle references: cuMemCreate's, plus one per retain */
 };
 #define VMM_TAG 0x564d4d31u
 
@@ -65,9 +67,19 @@ static CUresult new_handle(int fd, size_t size, unsigned dev, uint64_t charged, 
     struct vmm_handle *v = malloc(sizeof(*v));
     if (v == NULL)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    *v = (struct vmm_handle){.tag = VMM_TAG, .fd = fd, .size = size, .dev = dev, .charged = charged};
+    *v = (struct vmm_handle){.tag = VMM_TAG, .fd = fd, .size = size, .dev = dev, .charged = charged, .refs = 1, .handles = 1};
     *out = (CUmemGenericAllocationHandle)(uintptr_t)v;
     return CUDA_SUCCESS;
+}
+
+/* Drop one reference; the last gives the memory back (cu_lock held). */
+static void vmm_unref(struct vmm_handle *v)
+{
+    if (--v->refs > 0)
+        return;
+    cu_uncharge(v->dev, v->charged);
+    close(v->fd);
+    free(v);
 }
 
 CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
@@ -99,14 +111,17 @@ CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
     CUresult r = cu_ready();
     if (r != CUDA_SUCCESS)
         return r;
+    pthread_mutex_lock(&cu_lock);
     struct vmm_handle *v = handle_of(handle);
-    if (v == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
-    cu_uncharge(v->dev, v->charged);
-    close(v->fd);
-    v->tag = CU_TAG_DEAD;
-    free(v);
-    return CUDA_SUCCESS;
+    if (v == NULL) {
+        r = CUDA_ERROR_INVALID_VALUE;
+    } else {
+        if (--v->handles == 0)
+            v->tag = CU_TAG_DEAD; /* the handle is gone; its mappings keep the memory */
+        vmm_unref(v);
+    }
+    pthread_mutex_unlock(&cu_lock);
+    return r;
 }
 
 CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
@@ -154,8 +169,11 @@ static struct reservation *reservation_holding(uintptr_t p, size_t size)
 /* Put [p, p + size) back to reserved-only, dropping its mapped ranges. */
 static void unmap_range(uintptr_t p, size_t size)
 {
-    for (struct cu_alloc *a; (a = cu_table_next_in(p, size, CU_ALLOC_VMM)) != NULL;)
+    for (struct cu_alloc *a; (a = cu_table_next_in(p, size, CU_ALLOC_VMM)) != NULL;) {
+        struct vmm_handle *v = a->vmm;
         cu_alloc_release(a);
+        vmm_unref(v);
+    }
     mmap((void *)p, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
 }
 
@@ -198,10 +216,12 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAlloc
                MAP_FAILED) {
         r = CUDA_ERROR_OUT_OF_MEMORY;
     } else {
-        struct cu_alloc entry = {.base = ptr, .size = size, .kind = CU_ALLOC_VMM, .dev = v->dev, .fd = -1};
+        struct cu_alloc entry = {.base = ptr, .size = size, .kind = CU_ALLOC_VMM, .dev = v->dev, .fd = -1, .vmm = v};
         if (cu_table_insert(&entry) == NULL) {
-            unmap_range(ptr, size);
+            mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
             r = CUDA_ERROR_OUT_OF_MEMORY;
+        } else {
+            v->refs++;
         }
     }
     pthread_mutex_unlock(&cu_lock);
@@ -292,4 +312,47 @@ CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, vo
     if (r != CUDA_SUCCESS)
         close(fd);
     return r;
+}
+
+/* The handle of the memory mapped at addr, one more reference to it (to be
+ * released with cuMemRelease): it keeps the memory alive like the first. */
+CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
+{
+    CUresult r = cu_ready();
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (handle == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&cu_lock);
+    struct cu_alloc *a = cu_table_find((uintptr_t)addr);
+    if (a == NULL || a->kind != CU_ALLOC_VMM) {
+        r = CUDA_ERROR_INVALID_VALUE;
+    } else {
+        struct vmm_handle *v = a->vmm;
+        v->tag = VMM_TAG;
+        v->handles++;
+        v->refs++;
+        *handle = (CUmemGenericAllocationHandle)(uintptr_t)v;
+    }
+    pthread_mutex_unlock(&cu_lock);
+    return r;
+}
+
+/* Sparse arrays are not simulated. */
+CUresult cuMemMapArrayAsync(CUarrayMapInfo *mapInfoList, unsigned int count, CUstream hStream)
+{
+    (void)mapInfoList;
+    (void)count;
+    (void)hStream;
+    CUresult r = cu_ready();
+    return r != CUDA_SUCCESS ? r : CUDA_ERROR_NOT_SUPPORTED;
+}
+
+CUresult cuMemMapArrayAsync_ptsz(CUarrayMapInfo *mapInfoList, unsigned int count, CUstream hStream)
+{
+    (void)mapInfoList;
+    (void)count;
+    (void)hStream;
+    CUresult r = cu_ready();
+    return r != CUDA_SUCCESS ? r : CUDA_ERROR_NOT_SUPPORTED;
 }

@@ -1,0 +1,239 @@
+"""API latency under concurrent clients: every read route, 1 to 64 clients.
+
+    .venv/bin/python benchmarks/bench_api.py [--vgpus 100] [--procs 1000]
+        [--clients 1,16,64] [--seconds 10] [--rate 10] [--markdown FILE] [--plot FILE]
+
+The daemon is the real vgpud on the simulated GPU (build/sim) with its
+default periods, 100 vGPUs and 1000 real processes, each mapping its vGPU's
+usage block and holding a slot there (``bench_daemon.give_slots``). Each
+client has a keep-alive connection of its own (as an HTTP client library
+keeps one) and cycles through the routes; N clients run at once in one
+asyncio process. By default each client sends 10 GETs a second (64 clients:
+640 a second, far above what vgpuctl, a device plugin and a Prometheus
+scrape send together); ``--rate 0`` sends them back to back instead, which
+measures throughput (latency is then clients / throughput). Latency is
+measured by the client, so it includes the client's own share of the
+machine's two cores (reported beside it). Writes (POST then DELETE of a
+vGPU) are measured back to back, separately.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_daemon import (
+    cpu_seconds,
+    give_slots,
+    make_vgpus,
+    percentile,
+    start_daemon,
+    wait_tracked,
+)
+
+from vgpud import __version__
+
+
+async def reads(
+    sock: str, routes: list[str], clients: int, seconds: float, rate: float
+) -> tuple[dict[str, list[float]], int]:
+    """``clients`` clients, each sending a GET every 1/``rate`` s (its next
+    one when due, or at once if the answer came late; rate 0: back to back)."""
+    latencies: dict[str, list[float]] = {r: [] for r in routes}
+    errors = 0
+    start = time.perf_counter()
+    deadline = start + seconds
+
+    async def client(offset: int) -> None:
+        nonlocal errors
+        connector = aiohttp.UnixConnector(path=sock, limit=1)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            i = offset
+            # Clients start spread over one period, as independent ones would.
+            due = start + (offset / clients / rate if rate else 0.0)
+            while time.perf_counter() < deadline:
+                if rate:
+                    await asyncio.sleep(max(0.0, due - time.perf_counter()))
+                    due += 1 / rate
+                route = routes[i % len(routes)]
+                i += 1
+                t0 = time.perf_counter()
+                async with session.get(f"http://vgpud{route}") as r:
+                    await r.read()
+                    errors += r.status != 200
+                latencies[route].append(time.perf_counter() - t0)
+
+    await asyncio.gather(*(client(n) for n in range(clients)))
+    return latencies, errors
+
+
+async def writes(sock: str, clients: int, seconds: float) -> tuple[list[float], int]:
+    """POST a vGPU then DELETE it, in closed loops; latency of each call."""
+    out: list[float] = []
+    errors = 0
+    deadline = time.perf_counter() + seconds
+
+    async def client() -> None:
+        nonlocal errors
+        connector = aiohttp.UnixConnector(path=sock, limit=1)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            while time.perf_counter() < deadline:
+                t0 = time.perf_counter()
+                body = {"memory": "64m", "share": 1, "mode": "soft"}
+                async with session.post("http://vgpud/v1/vgpus", json=body) as r:
+                    made = await r.json()
+                    errors += r.status != 201
+                out.append(time.perf_counter() - t0)
+                if r.status != 201:
+                    continue
+                t0 = time.perf_counter()
+                async with session.delete(f"http://vgpud/v1/vgpus/{made['id']}") as r:
+                    await r.read()
+                    errors += r.status != 200
+                out.append(time.perf_counter() - t0)
+
+    await asyncio.gather(*(client() for _ in range(clients)))
+    return out, errors
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--vgpus", type=int, default=100)
+    p.add_argument("--procs", type=int, default=1000)
+    p.add_argument("--clients", default="1,16,64")
+    p.add_argument("--seconds", type=float, default=10)
+    p.add_argument(
+        "--rate", type=float, default=10, help="GETs per second per client (0: back to back)"
+    )
+    p.add_argument("--markdown", type=Path)
+    p.add_argument("--plot", type=Path, help="a PNG of p99 by clients and route")
+    a = p.parse_args()
+    counts = [int(c) for c in a.clients.split(",")]
+
+    work = Path(tempfile.mkdtemp(prefix="vga", dir="/tmp"))
+    daemon, client, _ = start_daemon(work, a.vgpus + max(counts))
+    sleepers = None
+    rows: list[tuple[int, str, int, float, float, float, float]] = []
+    try:
+        vgpus = make_vgpus(client, a.vgpus)
+        sleepers = give_slots(vgpus, a.procs)
+        tracked = wait_tracked(client, a.procs)
+        routes = [
+            "/v1/vgpus",
+            f"/v1/vgpus/{vgpus[0]['id']}",
+            "/v1/devices",
+            "/v1/health",
+            "/v1/processes",
+            "/metrics",
+        ]
+        sock = str(work / "s")
+        for n in counts:
+            before, cpu0, t0 = cpu_seconds(daemon.pid), time.process_time(), time.monotonic()
+            latencies, errors = asyncio.run(reads(sock, routes, n, a.seconds, a.rate))
+            wall = time.monotonic() - t0
+            daemon_cpu = (cpu_seconds(daemon.pid) - before) / wall * 100
+            client_cpu = (time.process_time() - cpu0) / wall * 100
+            for route, values in latencies.items():
+                ms = [v * 1000 for v in values]
+                rows.append(
+                    (
+                        n,
+                        route,
+                        len(ms),
+                        percentile(ms, 50),
+                        percentile(ms, 99),
+                        daemon_cpu,
+                        client_cpu,
+                    )
+                )
+            print(
+                f"{n} clients: {sum(len(v) for v in latencies.values())} requests, "
+                f"{errors} errors, daemon {daemon_cpu:.0f} % / client {client_cpu:.0f} % of a core"
+            )
+        write_rows = []
+        for n in counts:
+            values, errors = asyncio.run(writes(sock, n, a.seconds / 2))
+            ms = [v * 1000 for v in values]
+            write_rows.append((n, len(ms), errors, percentile(ms, 50), percentile(ms, 99)))
+    finally:
+        if sleepers is not None:
+            sleepers.close()
+        daemon.terminate()
+        daemon.wait(30)
+
+    lines = [
+        "# vgpud API under concurrent clients",
+        "",
+        f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {platform.node()}: "
+        f"{os.cpu_count()} CPUs ({platform.machine()}), Linux {platform.release()}, "
+        f"Python {platform.python_version()}, aiohttp {aiohttp.__version__}, vgpud {__version__}.",
+        f"GPU: SIMULATED (build/sim). {a.vgpus} vGPUs, {tracked} tracked processes. "
+        f"Command: `.venv/bin/python benchmarks/bench_api.py --clients {a.clients} "
+        f"--seconds {a.seconds:g} --rate {a.rate:g}`.",
+        "",
+        f"Reads: each client on a keep-alive connection of its own sends a GET every "
+        f"{1 / a.rate * 1000:.0f} ms, cycling through the routes"
+        if a.rate
+        else "Reads: closed loops (back to back), one keep-alive connection per client, "
+        "cycling through the routes.",
+        "",
+        "| clients | route | requests | p50 ms | p99 ms | daemon CPU % | client CPU % |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+        *(
+            f"| {n} | `{route}` | {count} | {p50:.2f} | {p99:.2f} | {dcpu:.0f} | {ccpu:.0f} |"
+            for n, route, count, p50, p99, dcpu, ccpu in rows
+        ),
+        "",
+        "Writes: closed loops of POST /v1/vgpus then DELETE of it.",
+        "",
+        "| clients | calls | errors | p50 ms | p99 ms |",
+        "| --- | --- | --- | --- | --- |",
+        *(
+            f"| {n} | {count} | {errors} | {p50:.2f} | {p99:.2f} |"
+            for n, count, errors, p50, p99 in write_rows
+        ),
+        "",
+    ]
+    text = "\n".join(lines)
+    print(text)
+    if a.markdown is not None:
+        a.markdown.write_text(text)
+    if a.plot is not None:
+        plot(rows, a.plot)
+    return 0
+
+
+def plot(rows: list[tuple[int, str, int, float, float, float, float]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for route in dict.fromkeys(r[1] for r in rows):
+        mine = [r for r in rows if r[1] == route]
+        ax.plot([r[0] for r in mine], [r[4] for r in mine], marker="o", label=route)
+    ax.axhline(5, color="grey", linestyle=":", label="target, 1 client (5 ms)")
+    ax.axhline(20, color="grey", linestyle="--", label="target, 64 clients (20 ms)")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("concurrent clients")
+    ax.set_ylabel("p99 latency (ms)")
+    ax.set_title("vgpud API p99 by route (simulated GPU, 100 vGPUs, 1000 processes)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
