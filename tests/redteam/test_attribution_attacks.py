@@ -211,7 +211,12 @@ def test_a_bypass_in_a_vgpu_container_is_charged_by_its_mounts_and_killed(
         (inside / name).touch()
     env = dict(sim_env, PYTHONPATH=str(ROOT))
     if how == "standalone-hook":
-        env.update(LD_PRELOAD=str(BUILD / "libvgpu.so"), CUDA_CORE_LIMIT="100")
+        # Its own standalone block (never the machine's /tmp/vgpud-<uid>.usage).
+        env.update(
+            LD_PRELOAD=str(BUILD / "libvgpu.so"),
+            CUDA_CORE_LIMIT="100",
+            VGPU_USAGE=str(tmp_path / "standalone.usage"),
+        )
     script = (
         f"mount --bind {vgpu.control.path} {inside / 'control'} && "
         f"mount --bind {vgpu.usage.path} {inside / 'usage'} && "
