@@ -41,7 +41,7 @@ def container_recipe(vgpu: Vgpu, host: Paths) -> dict[str, Any]:
         # The one writable mount: the hook's usage counters and its vGPU's
         # own turn. Nothing a container can write is another vGPU's: the
         # GPU's turn between vGPUs comes read-only, in the control block
-        # (docs/security-arbiter.md).
+        # (docs/security.md, "The GPU turn").
         _mount(host.usage, CONTAINER_BLOCK_DIR / "usage", read_only=False),
         _mount(host.library, CONTAINER_LIBRARY, read_only=True),
     ]

@@ -12,7 +12,7 @@ each <run_dir>/<vgpu_id>/ 0711 (no one but root lists them); in it control
 daemon alone. Adoption gives a usage block back to its recorded user,
 whatever changed it. No file is shared by two vGPUs: every vGPU's blocks are
 entered in the turn broker (``TurnBroker``), which grants each GPU's turn to
-one vGPU at a time through the control blocks (docs/security-arbiter.md).
+one vGPU at a time through the control blocks (docs/security.md, "The GPU turn").
 Adoption at start: each recorded vGPU's blocks are opened and validated, not
 recreated, so running processes do not notice; a missing or corrupt block is
 recreated and reported. What a crash left is removed and logged: directories

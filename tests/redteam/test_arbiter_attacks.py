@@ -5,7 +5,7 @@ Before, every container on a GPU had the GPU's arbiter block mounted
 read-write (0666): writing ``lease_ns``/``paced_until_ns`` = max and
 ``serving`` below everyone's ticket hung every paced process of every vGPU
 on the GPU, and ``ftruncate(arbiter, 0)`` SIGBUSed them. Now the daemon's
-broker is the only writer another vGPU reads (docs/security-arbiter.md): a
+broker is the only writer another vGPU reads (docs/security.md, "The GPU turn"): a
 tenant can write its own usage block, turn words included, and nothing
 else. Here a hostile tenant, as its vGPU's own user, writes garbage and
 maximal values into everything it can write — its turn words (echoing the
