@@ -44,7 +44,6 @@ def test_orphan_blocks_and_temp_files_are_removed_at_start_and_nothing_else(
     (run / "vg-0badc0de" / "usage").write_bytes(b"\0" * 64)
     temps = [
         vdir / ".control.abc_1234",
-        run / "gpus" / f".{kept.vgpu.uuids[0]}.q9x8w7v6",
         state / ".vgpus.json.k2j3h4g5",
     ]
     for t in temps:
