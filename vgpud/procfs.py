@@ -50,6 +50,7 @@ import re
 import struct
 from collections.abc import Collection
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 # Environment variables the tracker may need: the hook's mode and limits.
@@ -112,8 +113,9 @@ class Process:
         """The pid the process sees for itself (what the hook writes in a slot)."""
         return self.nspid[-1]
 
-    @property
+    @cached_property
     def identity(self) -> Identity:
+        # Cached: a scan asks it several times of each of 1000s of processes.
         return (self.pid, self.start_time)
 
     @property

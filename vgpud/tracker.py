@@ -68,9 +68,10 @@ import logging
 import mmap
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from functools import cached_property
 from typing import Protocol
 
 from vgpud.blocks import (
@@ -273,20 +274,39 @@ class _Membership:
     """Which vGPU the host puts a process in, by facts a tenant cannot forge:
     a daemon-owned vGPU's block file mounted into its mount namespace by
     root or by the vGPU's own user (``Mounts.made_by``), else a workload
-    cgroup whose proven members are all of one vGPU."""
+    cgroup whose proven members are all of one vGPU.
+
+    Asked only of processes no proven slot names (few, most scans none):
+    the indexes are built at the first question of a scan."""
 
     def __init__(
         self,
         evidence: Evidence,
         container: Callable[[Process], ContainerRef],
-        *,
-        mounted: Mapping[tuple[int, str], tuple[str, int]],
-        owners: Mapping[str, set[str]],
+        files: Mapping[str, _VgpuFiles],
+        claimed: Mapping[int, tuple[str, SlotView, Process]],
     ) -> None:
         self._evidence = evidence
         self._container = container
-        self._mounted = mounted
-        self._owners = owners
+        self._files = files  # daemon-owned vGPUs only: mounts prove nothing else
+        self._claimed = claimed
+
+    @cached_property
+    def _mounted(self) -> dict[tuple[int, str], tuple[str, int]]:
+        """(device, path in it) of each daemon-owned block file -> (vGPU, its user)."""
+        return {
+            key: (vgpu_id, user)
+            for vgpu_id, files in self._files.items()
+            for key, user in files.mount_keys()
+        }
+
+    @cached_property
+    def _owners(self) -> dict[str, set[str]]:
+        """Workload cgroup -> the vGPUs of the proven processes in it."""
+        owners: dict[str, set[str]] = {}
+        for vgpu_id, _, process in self._claimed.values():
+            owners.setdefault(self._container(process).key, set()).add(vgpu_id)
+        return owners
 
     def of(self, process: Process) -> str | None:
         if self._mounted:
@@ -301,13 +321,6 @@ class _Membership:
         ref = self._container(process)
         owners = self._owners.get(ref.key, set()) if attributable(ref) else set()
         return next(iter(owners)) if len(owners) == 1 else None
-
-
-def _owners(pairs: Iterable[tuple[str, ContainerRef]]) -> dict[str, set[str]]:
-    owners: dict[str, set[str]] = {}
-    for vgpu_id, ref in pairs:
-        owners.setdefault(ref.key, set()).add(vgpu_id)
-    return owners
 
 
 @dataclass
@@ -406,12 +419,8 @@ class Tracker:
         membership = _Membership(
             self._evidence,
             self._container,
-            mounted={
-                key: (vgpu_id, user)
-                for vgpu_id in vgpus
-                for key, user in files[vgpu_id].mount_keys()
-            },
-            owners=_owners((vgpu_id, self._container(p)) for vgpu_id, _, p in claimed.values()),
+            {vgpu_id: files[vgpu_id] for vgpu_id in vgpus},
+            claimed,
         )
         slot_states: list[SlotState] = []
         for vgpu_id, slot, holder, proof in named:
