@@ -21,6 +21,13 @@ from tests.helpers.memprobe import LIBVGPU, MEMPROBE, MiB, hooked, probe
 EXPORT_PREFIXES = ("cu", "nvml")
 
 
+def limited(sim_env: dict[str, str]) -> dict[str, str]:
+    """Standalone at 64 MiB, on a block of the test's own (beside its
+    simulated GPU's state), never the machine's /tmp/vgpud-<uid>.usage."""
+    usage = Path(sim_env["VGPU_SIM_STATE"]).with_suffix(".usage")
+    return hooked(sim_env, CUDA_MEM_LIMIT="64m", VGPU_SIM_CTX_OVERHEAD="0", VGPU_USAGE=str(usage))
+
+
 def exported_names() -> set[str]:
     out = subprocess.run(
         ["nm", "-D", "--defined-only", str(LIBVGPU)], capture_output=True, text=True, check=True
@@ -124,7 +131,7 @@ def test_runtime_style_resolution_is_limited(
     args = ["--resolve", "procaddr", "--cuda-version", str(version)] + (["--ptsz"] if ptsz else [])
     for path in ("alloc", "async"):
         run = probe(
-            hooked(sim_env, CUDA_MEM_LIMIT="64m", VGPU_SIM_CTX_OVERHEAD="0"),
+            limited(sim_env),
             f"alloc:{path}:48m",
             f"alloc:{path}:48m",
             "meminfo",
@@ -138,7 +145,7 @@ def test_runtime_style_resolution_is_limited(
 
 def test_dlsym_resolution_is_limited(sim_env: dict[str, str]) -> None:
     run = probe(
-        hooked(sim_env, CUDA_MEM_LIMIT="64m", VGPU_SIM_CTX_OVERHEAD="0"),
+        limited(sim_env),
         "alloc:alloc:48m",
         "alloc:alloc:48m",
         args=["--resolve", "dlsym"],
@@ -182,6 +189,6 @@ def test_program_linked_to_libcuda(sim_env: dict[str, str], tmp_path: Path) -> N
         ],
         check=True,
     )
-    env = hooked(sim_env, CUDA_MEM_LIMIT="64m", VGPU_SIM_CTX_OVERHEAD="0")
+    env = limited(sim_env)
     out = subprocess.run([str(binary)], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["0", "2", str(64 * MiB)]
