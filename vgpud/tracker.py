@@ -662,8 +662,14 @@ class Tracker:
         )
         if known is None or nvml is None:
             return None
-        ghost = replace(known, kind=ProcessKind.EXITED, slot=None, hooked={})
-        ghost = replace(ghost, memory=nvml.memory_of(pid), sm_util={})
+        ghost = replace(
+            known,
+            kind=ProcessKind.EXITED,
+            slot=None,
+            hooked={},
+            memory=nvml.memory_of(pid),
+            sm_util={},
+        )
         self._ghosts[pid] = ghost
         return ghost
 
