@@ -13,14 +13,7 @@
 #include "../src/arbiter.c"
 #include "../src/pacer.c"
 
-static int failures;
-#define CHECK(cond) \
-    do { \
-        if (!(cond)) { \
-            fprintf(stderr, "%s:%d: CHECK(%s) failed\n", __FILE__, __LINE__, #cond); \
-            failures++; \
-        } \
-    } while (0)
+#include "check.h"
 
 /* The real clock, shifted: a test jumps past a lease without waiting it out. */
 static uint64_t skew_ns;
@@ -194,10 +187,5 @@ int main(void)
     test_the_pacing_stamp_only_moves_forward_and_rarely();
     test_unpaced_processes_take_turns_only_while_the_stamp_is_fresh();
     test_a_stamp_that_is_not_ours_is_never_written();
-    if (failures != 0) {
-        fprintf(stderr, "test_arbiter: %d failure(s)\n", failures);
-        return 1;
-    }
-    puts("test_arbiter: all passed");
-    return 0;
+    return check_report("test_arbiter");
 }

@@ -18,14 +18,7 @@
 #include "../src/grant.c"
 #include "../src/pacer.c"
 
-static int failures;
-#define CHECK(cond) \
-    do { \
-        if (!(cond)) { \
-            fprintf(stderr, "%s:%d: CHECK(%s) failed\n", __FILE__, __LINE__, #cond); \
-            failures++; \
-        } \
-    } while (0)
+#include "check.h"
 
 #define GPU "GPU-test-broker"
 
@@ -225,10 +218,5 @@ int main(void)
     test_a_dead_asker_is_not_heard_again_at_once();
     test_with_no_broker_nobody_waits();
     vgpu_broker_stop();
-    if (failures != 0) {
-        fprintf(stderr, "test_broker: %d failure(s)\n", failures);
-        return 1;
-    }
-    puts("test_broker: all passed");
-    return 0;
+    return check_report("test_broker");
 }

@@ -10,14 +10,7 @@
 
 #include "../src/pacer.c"
 
-static int failures;
-#define CHECK(cond) \
-    do { \
-        if (!(cond)) { \
-            fprintf(stderr, "%s:%d: CHECK(%s) failed\n", __FILE__, __LINE__, #cond); \
-            failures++; \
-        } \
-    } while (0)
+#include "check.h"
 #define CHECK_NEAR(a, b, tol) \
     do { \
         double a_ = (double)(a), b_ = (double)(b); \
@@ -402,10 +395,5 @@ int main(void)
     test_real_wait_is_woken_by_a_write();
     test_shared_bucket_holds_the_quota();
     test_concurrent_refill_credits_time_once();
-    if (failures) {
-        fprintf(stderr, "test_pacer: %d failure(s)\n", failures);
-        return 1;
-    }
-    printf("test_pacer: ok\n");
-    return 0;
+    return check_report("test_pacer");
 }
