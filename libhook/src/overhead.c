@@ -191,21 +191,40 @@ int overhead_end(struct overhead_probe *probe)
     return rc;
 }
 
+/* The exact measurement and its charge, lock held: 0 charged (or nothing
+ * to measure by), -1 it does not fit. */
+static int true_up_locked(CUdevice dev, int index, bool *measured_now)
+{
+    uint64_t target;
+    *measured_now = measure_process(nvml_device(dev), index, &target) == 0;
+    return *measured_now ? charge(index, target) : 0;
+}
+
 int overhead_ensure(CUdevice dev, int index)
 {
     if (index < 0 || atomic_load_explicit(&measured[index], memory_order_relaxed))
         return 0;
-    uint64_t target;
     int rc = 0;
+    bool now = false;
     pthread_mutex_lock(&lock);
     /* Only the exact method works after the fact. If the overhead does not
      * fit, the device stays unmeasured and the allocation is refused. */
-    if (!atomic_load(&measured[index]) &&
-        measure_process(nvml_device(dev), index, &target) == 0) {
-        rc = charge(index, target);
-        if (rc == 0)
+    if (!atomic_load(&measured[index])) {
+        rc = true_up_locked(dev, index, &now);
+        if (rc == 0 && now)
             atomic_store(&measured[index], true);
     }
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
+
+int overhead_true_up(CUdevice dev, int index)
+{
+    if (index < 0)
+        return 0;
+    bool now;
+    pthread_mutex_lock(&lock);
+    int rc = true_up_locked(dev, index, &now);
     pthread_mutex_unlock(&lock);
     return rc;
 }

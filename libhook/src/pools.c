@@ -38,7 +38,7 @@ static struct pool_state *find(CUmemoryPool pool, int index, bool add)
     struct pool_state *spare = NULL;
     for (size_t i = 0; i < pool_count; i++) {
         struct pool_state *p = &pools[i];
-        if (p->in_use && p->pool == pool && p->index == index)
+        if (p->in_use && !p->destroyed && p->pool == pool && p->index == index)
             return p;
         if (!p->in_use && spare == NULL)
             spare = p;
@@ -57,6 +57,19 @@ static struct pool_state *find(CUmemoryPool pool, int index, bool add)
         return NULL;
     *spare = (struct pool_state){.in_use = true, .pool = pool, .index = index};
     return spare;
+}
+
+/* The pool an allocation of `pool` is freed into: one destroyed with
+ * allocations outstanding comes first, since a pool created later may have
+ * been given the same handle. */
+static struct pool_state *find_freed_into(CUmemoryPool pool, int index)
+{
+    for (size_t i = 0; i < pool_count; i++) {
+        struct pool_state *p = &pools[i];
+        if (p->in_use && p->destroyed && p->live > 0 && p->pool == pool && p->index == index)
+            return p;
+    }
+    return find(pool, index, false);
 }
 
 /* Give back held bytes beyond `keep_held`. Called with the lock held. */
@@ -98,20 +111,14 @@ void pools_untake(CUmemoryPool pool, int index, uint64_t bytes, uint64_t reused)
 void pools_hold(CUmemoryPool pool, int index, uint64_t bytes)
 {
     pthread_mutex_lock(&lock);
-    struct pool_state *p = find(pool, index, false);
-    bool keep = p != NULL && !p->destroyed;
-    if (p != NULL)
+    struct pool_state *p = find_freed_into(pool, index);
+    if (p != NULL) {
         p->live -= bytes < p->live ? bytes : p->live;
-    if (keep)
         p->held += bytes;
-    /* A destroyed pool keeps nothing: the driver releases what is freed
-     * once the pool is gone (and forgets it after the last allocation). */
-    if (p != NULL && p->destroyed && p->live == 0)
-        p->in_use = false;
+    }
     pthread_mutex_unlock(&lock);
-    /* A destroyed pool, or one we could not track (table full): plain
-     * accounting. */
-    if (!keep)
+    /* A pool we could not track (table full): plain accounting. */
+    if (p == NULL)
         budget_release(index, bytes);
 }
 
@@ -156,12 +163,14 @@ void pools_destroyed(CUmemoryPool pool)
     pthread_mutex_lock(&lock);
     for (size_t i = 0; i < pool_count; i++) {
         struct pool_state *p = &pools[i];
-        if (!p->in_use || p->pool != pool)
+        if (!p->in_use || p->destroyed || p->pool != pool)
             continue;
         release_held(p, 0);
-        /* Allocations still live keep their charge until freed (the driver
-         * defers the destroy until then, and gives each back as it is
-         * freed: pools_hold); forget the pool once empty. */
+        /* Allocations still live keep the pool's memory on the device after
+         * it is destroyed, and so does what is freed into it later: on an
+         * H100 (driver 580) it was still there after later allocations and
+         * graph work. Those bytes stay charged, held by the destroyed pool,
+         * for the process's life: the handle cannot be asked any more. */
         p->destroyed = true;
         if (p->live == 0)
             p->in_use = false;
@@ -176,7 +185,7 @@ int pools_settle_all(void)
     for (size_t i = 0; i < pool_count; i++) {
         struct pool_state *p = &pools[i];
         uint64_t reserved;
-        if (!p->in_use || p->held == 0 || reserved_now(p->pool, &reserved) != 0)
+        if (!p->in_use || p->destroyed || p->held == 0 || reserved_now(p->pool, &reserved) != 0)
             continue;
         if (release_held(p, reserved > p->live ? reserved - p->live : 0) != 0)
             settled++;

@@ -337,6 +337,11 @@ int overhead_end(struct overhead_probe *probe);
  * see created, e.g. through the driver's private export tables). -1: the
  * overhead does not fit (refuse). */
 int overhead_ensure(CUdevice dev, int index);
+/* Measure again by the exact method (NVML's figure for this process minus
+ * what the hook tracks) and charge the difference as overhead: for memory
+ * the driver sizes on its own (array padding). Nothing where only the
+ * device-wide method works. -1 if the charge would pass the limit. */
+int overhead_true_up(CUdevice dev, int index);
 void overhead_reset(void);
 
 /* ---- mem_hooks.c / ctx_hooks.c ------------------------------------------ */

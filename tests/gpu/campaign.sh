@@ -11,6 +11,14 @@ out=${1:?usage: campaign.sh OUTDIR}
 mkdir -p "$out"
 cd "$(dirname "$0")/../.."
 
+# vgpud's own dependencies, fetched beforehand by tests/gpu/wheels.sh and
+# carried as .whl/ (the node cannot reach PyPI).
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/vgpud-site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/vgpud-site${PYTHONPATH:+:$PYTHONPATH}
+fi
+
 make lib tools >"$out/build.log" 2>&1 || { tail -20 "$out/build.log"; exit 1; }
 {
   date -u +"date: %Y-%m-%d %H:%M UTC"

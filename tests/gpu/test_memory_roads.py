@@ -88,16 +88,17 @@ def test_captured_stream_ordered_memory_stays_inside_the_slice(hooked: Hooked) -
 
 
 def test_what_the_driver_frees_is_given_back(hooked: Hooked) -> None:
-    """A destroyed context, a destroyed pool, a graph destroyed before it
-    ran: the memory is gone on the GPU, so the slice can be used again."""
+    """A destroyed context, a pool destroyed with nothing outstanding, a
+    graph destroyed before it ran: the memory is gone on the GPU, so the
+    slice can be used again."""
     res, lines = memprobe(
         hooked,
         "ctx-leak:512m",
         "ctx-leak:512m",
         "ctx-leak:512m",
         "alloc:pool:512m",
-        "pool-destroy",
         "free",
+        "pool-destroy",
         "graph-drop:512m",
         "graph-drop:512m",
         "graph-drop:512m",
@@ -106,6 +107,16 @@ def test_what_the_driver_frees_is_given_back(hooked: Hooked) -> None:
     assert set(results(lines, "ctx-leak")) == {OK}
     assert set(results(lines, "graph-drop")) == {OK}
     assert results(lines, "alloc")[-1] == OK
+    assert res.nvml_peak <= SLICE
+
+
+def test_what_is_freed_into_a_destroyed_pool_stays_charged(hooked: Hooked) -> None:
+    """The driver keeps it on the GPU (driver 580: past later allocations)."""
+    res, lines = memprobe(
+        hooked, "alloc:pool:512m", "pool-destroy", "free", "sync", *["alloc:alloc:512m"] * 3
+    )
+    assert results(lines, "pool-destroy") == [OK]
+    assert OOM in results(lines, "alloc")
     assert res.nvml_peak <= SLICE
 
 

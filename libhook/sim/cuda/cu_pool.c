@@ -74,7 +74,7 @@ void cu_pools_release_on_sync(void)
 {
     pthread_mutex_lock(&cu_lock);
     for (CUmemoryPool p = g_pools; p != NULL; p = p->next)
-        if (p->held > p->threshold)
+        if (!p->destroyed && p->held > p->threshold)
             trim(p, p->threshold);
     pthread_mutex_unlock(&cu_lock);
 }
@@ -193,8 +193,8 @@ static CUresult free_async(CUdeviceptr dptr, CUstream h, bool per_thread)
     struct cu_alloc *a = cu_table_base(dptr);
     if (a == NULL || a->kind != CU_ALLOC_DEVICE || a->in_pool)
         r = CUDA_ERROR_INVALID_VALUE;
-    else if (a->pool != NULL && !a->pool->destroyed)
-        cu_pool_take_back(a);
+    else if (a->pool != NULL)
+        cu_pool_take_back(a); /* a destroyed pool keeps it too, as a real driver 580 does */
     else
         cu_alloc_release(a);
     pthread_mutex_unlock(&cu_lock);

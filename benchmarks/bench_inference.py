@@ -1,0 +1,196 @@
+"""Compute shares for inference-shaped work, measured from outside (issue 11).
+
+Each case runs benchmarks/inference_workload.py (PyTorch, eager decode
+shapes, a transformers decoder) natively and under the hook at a standalone
+share (`CUDA_CORE_LIMIT`), optionally next to a GPU-bound neighbour
+(vgpu-burn, 20 ms kernels, at its own share), while an unhooked sampler
+reads NVML's device utilization. For each case it reports the work done
+(units/s, and the fraction of the native rate), NVML's device busy (mean
+and the worst 1 s window) and, next to a neighbour, the neighbour's work.
+
+The target (issue 11): at share s a workload alone is busy min(s, native
+busy) within 3 points, mean and every 1 s window.
+
+  python benchmarks/bench_inference.py OUTDIR [--seconds S] [--workloads a,b]
+                                       [--shares 30,60] [--coloc 30:60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.integration.compute_harness import (  # noqa: E402
+    Burn,
+    Sampler,
+    device_series,
+    windows,
+)
+
+HOOK = ROOT / "build" / "libvgpu.so"
+BURN = ROOT / "build" / "vgpu-burn"
+WORKLOAD = ROOT / "benchmarks" / "inference_workload.py"
+WARMUP_S = 2.0  # after the first report: clocks, allocator and turns settle
+NEIGHBOUR_KERNEL_US = 20000
+
+
+@dataclass
+class Workload:
+    """One inference_workload.py run and the progress it reported."""
+
+    proc: subprocess.Popen[str]
+    reports: list[tuple[float, int]] = field(default_factory=list)
+
+    @classmethod
+    def start(cls, name: str, env: dict[str, str]) -> Workload:
+        cmd = [sys.executable, str(WORKLOAD), name]
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
+        run = cls(proc)
+        threading.Thread(target=run._read, daemon=True).start()
+        return run
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            rec = json.loads(line)
+            self.reports.append((rec["t"], rec["units"]))
+
+    def wait_started(self, timeout: float = 180.0) -> float:
+        deadline = time.monotonic() + timeout
+        while not self.reports:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"workload did not start (exit {self.proc.poll()})")
+            time.sleep(0.05)
+        return self.reports[0][0]
+
+    def rate(self, start: float, end: float) -> float:
+        inside = [r for r in self.reports if start <= r[0] <= end]
+        if len(inside) < 2:
+            raise RuntimeError("too few progress reports in the window")
+        (t0, u0), (t1, u1) = inside[0], inside[-1]
+        return (u1 - u0) / (t1 - t0)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(30)
+
+
+def hooked_env(base: dict[str, str], share: int, usage: Path) -> dict[str, str]:
+    env = dict(base, LD_PRELOAD=str(HOOK), VGPU_USAGE=str(usage), LOGGER_LEVEL="2")
+    env["CUDA_CORE_LIMIT"] = str(share)
+    return env
+
+
+def run_case(
+    name: str,
+    share: int | None,
+    neighbour: int | None,
+    seconds: float,
+    sampler: Sampler,
+    workdir: Path,
+) -> dict[str, Any]:
+    base = dict(os.environ)
+    base.pop("LD_PRELOAD", None)
+    env = base if share is None else hooked_env(base, share, workdir / f"{name}-{share}.usage")
+    work = Workload.start(name, env)
+    burn = None
+    try:
+        first = work.wait_started()
+        start = first + WARMUP_S
+        if neighbour is not None:
+            benv = hooked_env(base, neighbour, workdir / f"burn-{name}-{share}.usage")
+            cmd = [str(BURN), "--seconds", str(seconds + WARMUP_S + 1), "--json"]
+            cmd += ["--kernel-us", str(NEIGHBOUR_KERNEL_US)]
+            burn = Burn.start(cmd, benv, NEIGHBOUR_KERNEL_US)
+            start = time.time() + WARMUP_S
+        end = start + seconds
+        time.sleep(max(0.0, end - time.time()))
+        sampler.wait_past(end)
+        rate = work.rate(start, end)
+    finally:
+        work.stop()
+    case: dict[str, Any] = {"workload": name, "share": share, "neighbour": neighbour}
+    steps = device_series(sampler.samples, start, end)
+    case.update(rate=rate, busy=sum(steps) / len(steps), busy_windows=windows(steps))
+    if burn is not None:
+        burn.finish(timeout=seconds + 60)
+        case["neighbour_work"] = burn.work * 100
+    return case
+
+
+def row(case: dict[str, Any], native: dict[str, Any] | None) -> str:
+    """One table row: work vs native, NVML busy, its 1 s windows, the target."""
+    vs = f"{case['rate'] / native['rate']:.2f}" if native else ""
+    target = ""
+    if case["share"] is not None and native is not None:
+        target = f"{min(case['share'], native['busy']):.1f}"
+    win = case["busy_windows"]
+    span = f"{min(win):.1f} to {max(win):.1f}" if win else ""
+    neighbour = f"{case['neighbour_work']:.1f}" if "neighbour_work" in case else ""
+    cells = [case["workload"], case["share"] or "native", case["neighbour"] or "", vs]
+    cells += [f"{case['busy']:.1f}", span, target, neighbour]
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def report(cases: list[dict[str, Any]], out: Path) -> str:
+    native = {c["workload"]: c for c in cases if c["share"] is None}
+    lines = [
+        "| workload | share | neighbour | work vs native | NVML busy (mean) | 1 s windows | "
+        "target | neighbour work |",
+        "| --- | ---: | ---: | ---: | ---: | --- | ---: | ---: |",
+    ]
+    lines += [row(c, native.get(c["workload"])) for c in cases]
+    text = "\n".join(lines) + "\n"
+    (out / "inference.md").write_text(text)
+    (out / "inference.json").write_text(json.dumps(cases, indent=1))
+    return text
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("out", type=Path)
+    p.add_argument("--seconds", type=float, default=8.0)
+    p.add_argument("--workloads", default="chain,adds,chain-graph,hf-b1,hf-b8")
+    p.add_argument("--shares", default="30,60")
+    p.add_argument("--coloc", default="", help="SHARE:NEIGHBOUR pairs, e.g. 30:60")
+    p.add_argument("--device", type=int, default=0)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(sys.argv[1:] if argv is None else argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    sampler = Sampler(dict(os.environ), args.device)
+    sampler.wait_ready()
+    cases: list[dict[str, Any]] = []
+    shares = [int(s) for s in args.shares.split(",") if s]
+    pairs = [tuple(int(x) for x in p.split(":")) for p in args.coloc.split(",") if p]
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for name in args.workloads.split(","):
+                plan: list[tuple[int | None, int | None]] = [(None, None)]
+                plan += [(s, None) for s in shares] + [(s, n) for s, n in pairs]
+                for share, neighbour in plan:
+                    case = run_case(name, share, neighbour, args.seconds, sampler, Path(tmp))
+                    print(json.dumps(case), flush=True)
+                    cases.append(case)
+    finally:
+        sampler.stop()
+    print(report(cases, args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

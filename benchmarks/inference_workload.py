@@ -1,0 +1,136 @@
+"""Inference-shaped GPU work for the compute benchmarks and tests/gpu: each
+workload runs until killed and prints, every 0.25 s, one JSON line
+{"t": wall time, "units": units done so far, "unit": what a unit is}.
+
+Workloads (issue 11's shapes; PyTorch, random weights, nothing downloaded):
+- chain:       batch-1 decode shape: 32 matvecs with 4096x4096 bf16 weights,
+               launched one by one; a unit is one pass (a "token"), read
+               back to the CPU as a decoder does;
+- chain-graph: the same chain captured once as a CUDA graph and replayed;
+- adds:        1M-element in-place adds, 1000 per synchronisation; a unit
+               is one add;
+- hf-b1, hf-b8: a Hugging Face transformers Llama decoder built from a
+               config (random weights), greedy generation in eager mode at
+               batch 1 or 8; a unit is a generated token (per sequence).
+
+  python benchmarks/inference_workload.py WORKLOAD
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+
+REPORT_EVERY_S = 0.25
+
+
+def chain(graph: bool) -> Callable[[], int]:
+    weights = [torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16) / 64 for _ in range(32)]
+    x = torch.randn(4096, 1, device="cuda", dtype=torch.bfloat16)
+
+    def passes() -> torch.Tensor:
+        y = x
+        for w in weights:
+            y = w @ y
+        return y
+
+    def token() -> int:
+        passes()[0, 0].item()  # the CPU reads each token back, as a decoder does
+        return 1
+
+    if not graph:
+        return token
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        passes()  # warm up outside the capture (cuBLAS picks its kernels)
+    torch.cuda.current_stream().wait_stream(stream)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = passes()
+
+    def replay() -> int:
+        g.replay()
+        out[0, 0].item()
+        return 1
+
+    return replay
+
+
+def adds() -> Callable[[], int]:
+    a = torch.zeros(1 << 20, device="cuda")
+
+    def thousand() -> int:
+        for _ in range(1000):
+            a.add_(1.0)
+        torch.cuda.synchronize()
+        return 1000
+
+    return thousand
+
+
+def hf(batch: int) -> Callable[[], int]:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=32000,
+        hidden_size=2048,
+        intermediate_size=5632,
+        num_hidden_layers=16,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        max_position_embeddings=2048,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).to("cuda", torch.bfloat16).eval()
+    prompt = torch.randint(0, config.vocab_size, (batch, 32), device="cuda")
+    new_tokens = 16  # a step of about 0.4 s natively: several reports per window at low shares
+
+    def generate() -> int:
+        with torch.no_grad():
+            model.generate(
+                prompt,
+                attention_mask=torch.ones_like(prompt),
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                do_sample=False,
+                pad_token_id=0,
+            )
+        return new_tokens
+
+    return generate
+
+
+WORKLOADS: dict[str, Callable[[], Callable[[], int]]] = {
+    "chain": lambda: chain(graph=False),
+    "chain-graph": lambda: chain(graph=True),
+    "adds": adds,
+    "hf-b1": lambda: hf(1),
+    "hf-b8": lambda: hf(8),
+}
+UNITS = {name: "add" if name == "adds" else "token" for name in WORKLOADS}
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1 or argv[0] not in WORKLOADS:
+        print(f"usage: inference_workload.py {{{','.join(WORKLOADS)}}}", file=sys.stderr)
+        return 2
+    name = argv[0]
+    step = WORKLOADS[name]()
+    step()  # warm-up: kernels chosen, caches filled
+    torch.cuda.synchronize()
+    units, last = 0, 0.0
+    while True:
+        units += step()
+        now = time.time()
+        if now - last >= REPORT_EVERY_S:
+            print(json.dumps({"t": now, "units": units, "unit": UNITS[name]}), flush=True)
+            last = now
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
