@@ -87,6 +87,21 @@ class Workload:
         self.proc.wait(30)
 
 
+def hook_counters(usage: Path) -> tuple[int, int, int] | None:
+    """(gpu_time_ns, launches, throttled_ns) of a standalone usage block's
+    first device, or None where there is no block (a native run)."""
+    if not usage.exists():
+        return None
+    from vgpud.blocks import UsageBlock
+
+    block = UsageBlock.open(usage)
+    try:
+        dev = block.devices()[0]
+        return dev.gpu_time_ns, dev.launches, dev.throttled_ns
+    finally:
+        block.close()
+
+
 def hooked_env(base: dict[str, str], share: int, usage: Path) -> dict[str, str]:
     env = dict(base, LD_PRELOAD=str(HOOK), VGPU_USAGE=str(usage), LOGGER_LEVEL="2")
     env["CUDA_CORE_LIMIT"] = str(share)
@@ -116,12 +131,20 @@ def run_case(
             burn = Burn.start(cmd, benv, NEIGHBOUR_KERNEL_US)
             start = time.time() + WARMUP_S
         end = start + seconds
+        time.sleep(max(0.0, start - time.time()))
+        before = hook_counters(workdir / f"{name}-{share}.usage")
         time.sleep(max(0.0, end - time.time()))
+        after = hook_counters(workdir / f"{name}-{share}.usage")
         sampler.wait_past(end)
         rate = work.rate(start, end)
     finally:
         work.stop()
     case: dict[str, Any] = {"workload": name, "share": share, "neighbour": neighbour}
+    if before is not None and after is not None:
+        # The hook's own view: the GPU time it charged, its launches, its waits.
+        gpu, launches, throttled = (a - b for a, b in zip(after, before, strict=True))
+        case.update(hook_busy=gpu / 1e7 / seconds, hook_launches=launches / seconds)
+        case.update(hook_throttled=throttled / 1e7 / seconds)
     steps = device_series(sampler.samples, start, end)
     case.update(rate=rate, busy=sum(steps) / len(steps), busy_windows=windows(steps))
     if burn is not None:
