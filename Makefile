@@ -103,7 +103,9 @@ e2e-deps:
 test-py: all e2e-deps
 	$(VENV)/bin/python -m pytest -q tests/unit tests/integration tests/redteam tests/faults tests/e2e
 
-test: lint test-c test-py
+# e2e-deps first: as root it installs podman and runc, and says so before
+# anything else runs (VGPUD_E2E_DEPS=skip: nothing installed, tests/e2e skipped).
+test: e2e-deps lint test-c test-py
 
 # The frameworks (PyTorch, JAX, CuPy) live in the node's own Python, not in
 # our venv: GPU_PYTHON names it.

@@ -48,6 +48,7 @@ from vgpud.blocks import (
 from vgpud.cdi import NullPublisher, SpecPublisher
 from vgpud.errors import (
     Conflict,
+    InUse,
     NotFound,
     ServerError,
     Unprocessable,
@@ -423,9 +424,7 @@ class Registry:
     def delete(self, key: str, *, force: bool, processes: int) -> Vgpu:
         entry = self.get(key)
         if processes and not force:
-            raise Conflict(
-                f"vGPU {entry.vgpu.id} is used by {processes} process(es); add ?force=true"
-            )
+            raise InUse(f"vGPU {entry.vgpu.id} is used by {processes} process(es)")
         remaining = [v for v in self._vgpus() if v.id != entry.vgpu.id]
         try:
             self.store.save(remaining)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -99,9 +99,18 @@ class GpuFigures:
 
 class Service:
     def __init__(
-        self, config: Config, registry: Registry, gpus: GpuInventory, events: EventLog
+        self,
+        config: Config,
+        registry: Registry,
+        gpus: GpuInventory,
+        events: EventLog,
+        *,
+        driver_env: Mapping[str, str] | None = None,
     ) -> None:
         self.config = config
+        # Added to every vGPU's host environment: the simulated driver's
+        # place on a --sim daemon (recipe.sim_driver_env), nothing otherwise.
+        self.driver_env = dict(driver_env or {})
         self.registry = registry
         self.gpus = gpus
         self.events = events
@@ -126,6 +135,13 @@ class Service:
         # Held while the scan's thread reads the blocks: the tracker's own
         # (standalone) blocks and a usage block's repair wait for it.
         self.blocks_lock = asyncio.Lock()
+        # Looks at a vGPU's blocks before a delete unmaps them (Watch's last
+        # look at its counters: an OOM since the last scan is still news).
+        self._before_delete: Callable[[Entry], None] = lambda _entry: None
+
+    def on_delete(self, hook: Callable[[Entry], None]) -> None:
+        """``hook(entry)`` runs before each delete, while the blocks are mapped."""
+        self._before_delete = hook
 
     # --- the state the answers are rendered from -------------------------------
 
@@ -229,6 +245,7 @@ class Service:
         # until the scan lets go of them (Registry.pin).
         self.refuse_standalone(key)
         entry = self.registry.get(key)
+        self._before_delete(entry)
         try:
             return self.registry.delete(key, force=force, processes=self.process_count(entry))
         finally:
@@ -373,7 +390,7 @@ class Service:
                 v,
                 entry.paths,
                 recipe.container_recipe(v, entry.paths),
-                recipe.host_env(v, entry.paths),
+                recipe.host_env(v, entry.paths, self.driver_env),
             )
             self._recipes = {i: r for i, r in self._recipes.items() if i in self.registry.entries}
             self._recipes[v.id] = known
@@ -435,6 +452,7 @@ class Service:
             "vgpus": len(self.registry.entries),
             "nvml": bool(getattr(self.gpus, "available", True)),
             "driver_version": getattr(self.gpus, "driver_version", None),
+            "simulated": self.config.sim,
         }
 
 
