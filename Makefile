@@ -17,7 +17,9 @@ INSTALL_PYTHON ?= /usr/bin/python3
 WARN    := -std=c11 -Wall -Wextra -Werror -Wshadow -Wformat=2 -Wstrict-prototypes -Wmissing-prototypes
 HARDEN  := -D_FORTIFY_SOURCE=2 -fstack-protector-strong
 CFLAGS  ?= -O2 -g
-CPPFLAGS += -D_GNU_SOURCE -Ilibhook/include
+# One version for the daemon and the library: vgpud/__init__.py's.
+VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"$$/\1/p' vgpud/__init__.py)
+CPPFLAGS += -D_GNU_SOURCE -Ilibhook/include -DVGPU_VERSION='"$(VERSION)"'
 SOFLAGS := -shared -fPIC -Wl,-z,relro -Wl,-z,now -Wl,-z,noexecstack
 ALL_CFLAGS = $(WARN) $(HARDEN) $(CFLAGS) -fPIC -pthread
 
@@ -71,6 +73,7 @@ $(BUILD)/obj/%.o: libhook/%.c
 	$(CC) $(CPPFLAGS) $(OBJ_CPPFLAGS) $(ALL_CFLAGS) $(OBJ_CFLAGS) $(DEPFLAGS) -c -o $@ $<
 $(BUILD)/obj/src/%.o $(BUILD)/obj/atomics/%.o: OBJ_CFLAGS := -fvisibility=hidden
 $(BUILD)/obj/sim/%.o: OBJ_CPPFLAGS := -Ilibhook/sim/common
+$(BUILD)/obj/src/init.o: vgpud/__init__.py  # vgpu_version()
 
 # Only the intercepted API leaves the library: hidden visibility by default,
 # and a version script as a second fence.
