@@ -36,7 +36,6 @@ import structlog
 from vgpud import events as ev
 from vgpud.blocks import (
     FLAG_OVERSUBSCRIBE,
-    PPM_FULL,
     Access,
     Atomics,
     BlockError,
@@ -70,7 +69,7 @@ from vgpud.model import (
 from vgpud.placement import Ask, Distance, PlacementError, Rules, check_update, place
 from vgpud.recipe import Paths
 from vgpud.state import StateError, StateStore, remove_temps
-from vgpud.units import format_bytes
+from vgpud.units import format_bytes, percent_to_ppm
 
 log = structlog.get_logger("vgpud.registry")
 
@@ -96,7 +95,7 @@ class Entry:
 
 
 def device_slices(v: Vgpu) -> list[DeviceSlice]:
-    share_ppm = v.limits.share * (PPM_FULL // 100)
+    share_ppm = percent_to_ppm(v.limits.share)
     soft = v.limits.mode == "soft"
     return [DeviceSlice(s.gpu_uuid, s.memory, share_ppm, soft, v.limits.weight) for s in v.slices]
 

@@ -31,9 +31,8 @@ from vgpud.nvml import NvmlSample
 from vgpud.placement import Rules
 from vgpud.registry import Entry, Registry
 from vgpud.tracker import TrackedProcess, TrackSnapshot, VgpuUse
-from vgpud.units import parse_memory
+from vgpud.units import parse_memory, ppm_to_percent
 
-PPM_PER_PERCENT = 10_000
 RENDERED_MAX = 256  # rendered answers kept (one per route and query string)
 # How stale a figure an answer may show: NVML's per-process samples are
 # 200 ms apart anyway, and rendering 100 vGPUs costs milliseconds.
@@ -314,7 +313,7 @@ class Service:
         for uuid, g in use.gpus.items():
             c = g.counters
             # share_ppm 0: the environment set no compute limit (the whole GPU).
-            share = c.share_ppm / PPM_PER_PERCENT if c is not None and c.share_ppm else 100
+            share = ppm_to_percent(c.share_ppm) if c is not None and c.share_ppm else 100
             shares.append(share)
             gpus.append(
                 {

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from vgpud.units import format_bytes
+from vgpud.units import format_bytes, ppm_to_percent
 
 
 def render(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
@@ -39,7 +39,7 @@ def vgpu_rows(vgpus: Sequence[dict[str, Any]]) -> list[list[object]]:
                     f"{v['share']:g}%",
                     v["mode"],
                     None if util is None else f"{util:.0f}",
-                    f"{g['quota_ppm'] / 10_000:.0f}",
+                    f"{ppm_to_percent(g['quota_ppm']):.0f}",
                     v["processes"],
                 ]
             )
