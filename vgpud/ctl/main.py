@@ -14,7 +14,7 @@ import shlex
 import signal
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -178,29 +178,31 @@ def vgpu_path(key: str) -> str:
 def cmd_list(client: Client, a: argparse.Namespace) -> int:
     query = {k: v for k, v in (("gpu", a.gpu), ("label", a.label), ("owner_pod", a.owner_pod)) if v}
     vgpus = client.get("/v1/vgpus" + (f"?{urlencode(query)}" if query else ""))
-    if a.json:
-        print(json.dumps(vgpus, indent=2))
-    elif not vgpus:
-        print("no vGPUs")
+    return _listing(vgpus, a.json, "no vGPUs", VGPU_HEADERS, vgpu_rows)
+
+
+def cmd_devices(client: Client, a: argparse.Namespace) -> int:
+    return _listing(client.get("/v1/devices"), a.json, "no GPUs", DEVICE_HEADERS, device_rows)
+
+
+def _listing(
+    items: list[dict[str, Any]],
+    as_json: bool,
+    none: str,
+    headers: Sequence[str],
+    rows: Callable[[Sequence[dict[str, Any]]], list[list[object]]],
+) -> int:
+    """A list answer as JSON, a table, or the line that says it is empty."""
+    if as_json:
+        print(json.dumps(items, indent=2))
     else:
-        print(render(VGPU_HEADERS, vgpu_rows(vgpus)))
+        print(render(headers, rows(items)) if items else none)
     return 0
 
 
 def cmd_show(client: Client, a: argparse.Namespace) -> int:
     v = client.get(vgpu_path(a.id))
     print(json.dumps(v, indent=2) if a.json else show(v, client.get("/v1/processes")))
-    return 0
-
-
-def cmd_devices(client: Client, a: argparse.Namespace) -> int:
-    devices = client.get("/v1/devices")
-    if a.json:
-        print(json.dumps(devices, indent=2))
-    elif not devices:
-        print("no GPUs")
-    else:
-        print(render(DEVICE_HEADERS, device_rows(devices)))
     return 0
 
 
