@@ -39,7 +39,7 @@ def churn(daemon: Daemon, ledger: Ledger, rng: random.Random, stop: threading.Ev
         ids = sorted(ledger.limits)
         op = rng.choice(["create", "create", "update", "delete"] if ids else ["create"])
         vid = rng.choice(ids) if ids and op != "create" else None
-        limits = (rng.randint(1, 64) * MIB, rng.randint(1, 12))
+        limits = (rng.randint(2, 64) * MIB, rng.randint(1, 12))  # 2 MiB: the smallest vGPU
         try:
             if op == "create":
                 answer = daemon.client.post(
