@@ -1,6 +1,7 @@
 # vgpud - one-command build and test. `make` builds the preload library, the
 # simulated driver, the tools and the Python environment; `make test` runs
-# every test that needs no GPU; `make test-gpu` runs tests/gpu on a GPU node.
+# every test that needs no GPU (the C tests twice: as built, and under ASan
+# and UBSan: `make test-c-asan`); `make test-gpu` runs tests/gpu on a GPU node.
 
 CC      ?= gcc
 PYTHON  ?= python3
@@ -16,9 +17,16 @@ INSTALL_PYTHON ?= /usr/bin/python3
 WARN    := -std=c11 -Wall -Wextra -Werror -Wshadow -Wformat=2 -Wstrict-prototypes -Wmissing-prototypes
 HARDEN  := -D_FORTIFY_SOURCE=2 -fstack-protector-strong
 CFLAGS  ?= -O2 -g
-CPPFLAGS += -D_GNU_SOURCE -Ilibhook/include
+# One version for the daemon and the library: vgpud/__init__.py's.
+VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"$$/\1/p' vgpud/__init__.py)
+CPPFLAGS += -D_GNU_SOURCE -Ilibhook/include -DVGPU_VERSION='"$(VERSION)"'
 SOFLAGS := -shared -fPIC -Wl,-z,relro -Wl,-z,now -Wl,-z,noexecstack
 ALL_CFLAGS = $(WARN) $(HARDEN) $(CFLAGS) -fPIC -pthread
+
+# Every compile writes what it included (headers, and the ../src/*.c the C
+# tests include) to <target>.d, read back below: a change to any of them
+# rebuilds exactly what used it. -MP keeps a deleted header from breaking make.
+DEPFLAGS = -MMD -MP -MF $@.d -MT $@
 
 HOOK_SRC  := $(wildcard libhook/src/*.c)
 SIMC_SRC  := $(wildcard libhook/sim/common/*.c)
@@ -27,7 +35,14 @@ SIMNV_SRC := $(wildcard libhook/sim/nvml/*.c)
 TOOL_SRC  := $(wildcard libhook/tools/*.c)
 ATOM_SRC  := $(wildcard libhook/atomics/*.c)
 CTEST_SRC := $(wildcard libhook/tests/test_*.c)
-HEADERS   := $(wildcard libhook/include/*.h libhook/src/*.h libhook/sim/*/*.h libhook/tests/*.h)
+
+# Objects mirror the source tree: libhook/src/env.c -> build/obj/src/env.o.
+objects = $(patsubst libhook/%.c,$(BUILD)/obj/%.o,$(1))
+HOOK_OBJ  := $(call objects,$(HOOK_SRC))
+SIMC_OBJ  := $(call objects,$(SIMC_SRC))
+SIMCU_OBJ := $(call objects,$(SIMCU_SRC))
+SIMNV_OBJ := $(call objects,$(SIMNV_SRC))
+ATOM_OBJ  := $(call objects,$(ATOM_SRC))
 
 LIB   := $(BUILD)/libvgpu.so
 SIMCU := $(BUILD)/sim/libcuda.so.1
@@ -35,51 +50,78 @@ SIMNV := $(BUILD)/sim/libnvidia-ml.so.1
 ATOMICS := $(BUILD)/libvgpu-atomics.so
 TOOLS := $(patsubst libhook/tools/%.c,$(BUILD)/%,$(TOOL_SRC))
 CTESTS := $(patsubst libhook/tests/%.c,$(BUILD)/tests/%,$(CTEST_SRC))
+# Under the sanitizers: the tests whose code runs in their own process. Two
+# re-run themselves as workers under LD_PRELOAD=libvgpu.so, which an ASan
+# program cannot start with: ASan's start-up looks symbols up with dlsym,
+# which the hook overrides, before ASan's own dlopen is ready.
+ASAN_CTEST_SRC := $(filter-out %/test_hook_stress.c %/test_pacer_launch.c,$(CTEST_SRC))
+ASAN_CTESTS := $(patsubst libhook/tests/%.c,$(BUILD)/asan/tests/%,$(ASAN_CTEST_SRC))
 VENV_STAMP := $(VENV)/.installed
 
-.PHONY: all lib sim tools venv test test-c test-py lint test-gpu demo install uninstall clean bench e2e-deps
+.PHONY: all lib sim tools venv test test-c test-c-asan test-py lint test-gpu demo install uninstall clean bench e2e-deps
 all: lib sim tools venv
 
 lib: $(LIB) $(ATOMICS)
 sim: $(SIMCU) $(SIMNV)
 tools: $(TOOLS)
 
+# One object per source, each with its dependency file. The hook and the
+# atomics export only what they mean to (hidden visibility by default); the
+# simulator's two libraries share sim/common.
+$(BUILD)/obj/%.o: libhook/%.c
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(OBJ_CPPFLAGS) $(ALL_CFLAGS) $(OBJ_CFLAGS) $(DEPFLAGS) -c -o $@ $<
+$(BUILD)/obj/src/%.o $(BUILD)/obj/atomics/%.o: OBJ_CFLAGS := -fvisibility=hidden
+$(BUILD)/obj/sim/%.o: OBJ_CPPFLAGS := -Ilibhook/sim/common
+$(BUILD)/obj/src/init.o: vgpud/__init__.py  # vgpu_version()
+
 # Only the intercepted API leaves the library: hidden visibility by default,
 # and a version script as a second fence.
-$(LIB): $(HOOK_SRC) $(HEADERS) libhook/libvgpu.lds
+$(LIB): $(HOOK_OBJ) libhook/libvgpu.lds
 	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) $(ALL_CFLAGS) -fvisibility=hidden $(SOFLAGS) \
+	$(CC) $(ALL_CFLAGS) $(SOFLAGS) \
 	  -Wl,--version-script=libhook/libvgpu.lds -Wl,-soname,libvgpu.so \
-	  -o $@ $(HOOK_SRC) -ldl -lpthread
+	  -o $@ $(HOOK_OBJ) -ldl -lpthread
 
 # C11 atomics on the shared blocks for the daemon (Python's mmap has none).
-$(ATOMICS): $(ATOM_SRC) $(HEADERS)
+$(ATOMICS): $(ATOM_OBJ)
 	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) $(ALL_CFLAGS) -fvisibility=hidden $(SOFLAGS) -Wl,-soname,libvgpu-atomics.so \
-	  -o $@ $(ATOM_SRC)
+	$(CC) $(ALL_CFLAGS) $(SOFLAGS) -Wl,-soname,libvgpu-atomics.so -o $@ $(ATOM_OBJ)
 
 # The simulated driver: a test double for machines without a GPU.
-$(SIMCU): $(SIMCU_SRC) $(SIMC_SRC) $(HEADERS)
+$(SIMCU): $(SIMCU_OBJ) $(SIMC_OBJ)
 	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) -Ilibhook/sim/common $(ALL_CFLAGS) $(SOFLAGS) -Wl,-Bsymbolic -Wl,-soname,libcuda.so.1 \
-	  -o $@ $(SIMCU_SRC) $(SIMC_SRC) -lpthread -lrt
+	$(CC) $(ALL_CFLAGS) $(SOFLAGS) -Wl,-Bsymbolic -Wl,-soname,libcuda.so.1 \
+	  -o $@ $(SIMCU_OBJ) $(SIMC_OBJ) -lpthread -lrt
 	ln -sf libcuda.so.1 $(BUILD)/sim/libcuda.so
 
-$(SIMNV): $(SIMNV_SRC) $(SIMC_SRC) $(HEADERS)
+$(SIMNV): $(SIMNV_OBJ) $(SIMC_OBJ)
 	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) -Ilibhook/sim/common $(ALL_CFLAGS) $(SOFLAGS) -Wl,-Bsymbolic -Wl,-soname,libnvidia-ml.so.1 \
-	  -o $@ $(SIMNV_SRC) $(SIMC_SRC) -lpthread -lrt
+	$(CC) $(ALL_CFLAGS) $(SOFLAGS) -Wl,-Bsymbolic -Wl,-soname,libnvidia-ml.so.1 \
+	  -o $@ $(SIMNV_OBJ) $(SIMC_OBJ) -lpthread -lrt
 	ln -sf libnvidia-ml.so.1 $(BUILD)/sim/libnvidia-ml.so
 
 # Tools talk to whatever libcuda.so.1 the loader finds: the real driver on a
 # GPU node, the simulator under LD_LIBRARY_PATH=build/sim.
-$(BUILD)/%: libhook/tools/%.c $(HEADERS)
+$(BUILD)/%: libhook/tools/%.c
 	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) $(ALL_CFLAGS) -o $@ $< -ldl -lpthread -lm
+	$(CC) $(CPPFLAGS) $(ALL_CFLAGS) $(DEPFLAGS) -o $@ $< -ldl -lpthread -lm
 
-$(BUILD)/tests/%: libhook/tests/%.c $(HEADERS)
+$(BUILD)/tests/%: libhook/tests/%.c
 	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) -Ilibhook/tests $(ALL_CFLAGS) -o $@ $< -ldl -lpthread -lm
+	$(CC) $(CPPFLAGS) -Ilibhook/tests $(ALL_CFLAGS) $(DEPFLAGS) -o $@ $< -ldl -lpthread -lm
+
+# The C tests again under AddressSanitizer and UndefinedBehaviorSanitizer,
+# with the hook's and the arbiter's sources they include: any report fails
+# the test (-fno-sanitize-recover). Not hardened (_FORTIFY_SOURCE's checks
+# and ASan's interceptors overlap) and built at -O1, as ASan advises.
+ASAN_CFLAGS := $(WARN) -O1 -g -fno-omit-frame-pointer -pthread \
+	-fsanitize=address,undefined -fno-sanitize-recover=all
+$(BUILD)/asan/tests/%: libhook/tests/%.c
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) -Ilibhook/tests $(ASAN_CFLAGS) $(DEPFLAGS) -o $@ $< -ldl -lpthread -lm
+
+-include $(addsuffix .d,$(HOOK_OBJ) $(ATOM_OBJ) $(SIMC_OBJ) $(SIMCU_OBJ) $(SIMNV_OBJ) $(TOOLS) $(CTESTS) $(ASAN_CTESTS))
 
 $(VENV_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -96,6 +138,10 @@ lint: venv
 test-c: lib sim tools $(CTESTS)
 	@set -e; for t in $(CTESTS); do echo "== $$t"; VGPU_BUILD=$(BUILD) $$t; done
 
+test-c-asan: lib sim tools $(ASAN_CTESTS)
+	@set -e; for t in $(ASAN_CTESTS); do echo "== $$t"; \
+	  VGPU_BUILD=$(BUILD) UBSAN_OPTIONS=print_stacktrace=1 $$t; done
+
 # podman and runc for tests/e2e (installs only what is missing; needs root).
 e2e-deps:
 	@tests/e2e/install_deps.sh
@@ -103,7 +149,9 @@ e2e-deps:
 test-py: all e2e-deps
 	$(VENV)/bin/python -m pytest -q tests/unit tests/integration tests/redteam tests/faults tests/e2e
 
-test: lint test-c test-py
+# e2e-deps first: as root it installs podman and runc, and says so before
+# anything else runs (VGPUD_E2E_DEPS=skip: nothing installed, tests/e2e skipped).
+test: e2e-deps lint test-c test-c-asan test-py
 
 # The frameworks (PyTorch, JAX, CuPy) live in the node's own Python, not in
 # our venv: GPU_PYTHON names it.

@@ -15,7 +15,7 @@ the simulator::
 
 Writes OUTDIR/compute.json (every figure), OUTDIR/compute.md (the report),
 OUTDIR/NAME.png (NVML timelines) and OUTDIR/NAME-work.png (the same by work).
-What is measured, against the spec (issue 5), and by what:
+What is measured, against its target (docs/compute.md), and by what:
 
 - accuracy: shares 10..90 x workloads, one hard vGPU alone: mean |util -
   share| over the measured seconds (target <= 3) by NVML's device

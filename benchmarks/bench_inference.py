@@ -1,4 +1,4 @@
-"""Compute shares for inference-shaped work, measured from outside (issue 11).
+"""Compute shares for inference-shaped work, measured from outside.
 
 Each case runs benchmarks/inference_workload.py (PyTorch, eager decode
 shapes, a transformers decoder) natively and under the hook at a standalone
@@ -8,7 +8,7 @@ reads NVML's device utilization. For each case it reports the work done
 (units/s, and the fraction of the native rate), NVML's device busy (mean
 and the worst 1 s window) and, next to a neighbour, the neighbour's work.
 
-The target (issue 11): at share s a workload alone is busy min(s, native
+The target: at share s a workload alone is busy min(s, native
 busy) within 3 points, mean and every 1 s window.
 
   python benchmarks/bench_inference.py OUTDIR [--seconds S] [--workloads a,b]

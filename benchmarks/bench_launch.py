@@ -7,7 +7,7 @@ cuLaunchKernel call, natively and through the hook in each of its modes.
 Builds benchmarks/bench_launch.c with gcc into build/bench/, then runs it in
 rounds, each configuration once per round in turn (so that drift of a busy
 machine hits all alike), and reports the median over rounds. Targets
-(issue 5): an unlimited vGPU launches at >= 97 % of the native rate; the
+(docs/compute.md): an unlimited vGPU launches at >= 97 % of the native rate; the
 pacer adds <= 200 ns per launch (median) when it paces.
 
 Writes OUTDIR/launch.json and OUTDIR/launch.md.

@@ -2,7 +2,7 @@
 workload runs until killed and prints, every 0.25 s, one JSON line
 {"t": wall time, "units": units done so far, "unit": what a unit is}.
 
-Workloads (issue 11's shapes; PyTorch, random weights, nothing downloaded):
+Workloads (launch-bound inference shapes; PyTorch, random weights, nothing downloaded):
 - chain:       batch-1 decode shape: 32 matvecs with 4096x4096 bf16 weights,
                launched one by one; a unit is one pass (a "token"), read
                back to the CPU as a decoder does;

@@ -3,7 +3,7 @@
 Mirrors libhook/include/vgpu_abi.h field by field (ctypes structures whose
 offsets tests/unit/test_abi_layout.py checks against the C compiler's).
 
-Public interface (H4's tracker/reaper and H5's controller code against it):
+Public interface (what the tracker, the reaper and the steering use):
 
 - ``DeviceSlice`` (frozen): what one control-block device entry says.
 - ``ControlBlock.create(path, vgpu_id, devices, flags)`` / ``.open(path)``;
@@ -54,6 +54,8 @@ from typing import Any, ClassVar
 
 import structlog
 
+from vgpud.units import PPM_FULL  # vgpu_abi.h's VGPU_PPM_FULL, kept with its conversions
+
 log = structlog.get_logger("vgpud.blocks")
 
 # --- constants of vgpu_abi.h --------------------------------------------
@@ -65,7 +67,6 @@ MAX_DEVICES = 16
 MAX_PROCS = 256
 UUID_LEN = 96
 ID_LEN = 64
-PPM_FULL = 1_000_000
 FLAG_OVERSUBSCRIBE = 0x1
 DEV_SOFT = 0x1
 TURN_WANT = 1  # vgpu_turn.request: wants the GPU, holds no grant

@@ -19,6 +19,8 @@ from vgpud.units import parse_bytes, parse_memory
 
 DEFAULT_CONFIG_PATH = Path("/etc/vgpud/vgpud.toml")
 ENV_PREFIX = "VGPUD_"
+NODE_RUN_DIR = "/run/vgpud"
+NODE_CDI_DIR = "/var/run/cdi"
 
 
 class ConfigError(Exception):
@@ -29,10 +31,10 @@ class ConfigError(Exception):
 class Config:
     socket: str = "/run/vgpud.sock"
     socket_group: str = "vgpud"
-    run_dir: str = "/run/vgpud"
+    run_dir: str = NODE_RUN_DIR
     state_dir: str = "/var/lib/vgpud"
     lib_dir: str = "/usr/lib/vgpud"
-    cdi_dir: str = "/var/run/cdi"
+    cdi_dir: str = "auto"
     sim: bool = False
     log_level: str = "info"
     log_format: str = "auto"
@@ -57,6 +59,17 @@ class Config:
     cgroup_root: str = "/sys/fs/cgroup"
     backstop: str = "report"
     backstop_tolerance: str = "64m"
+
+    @property
+    def cdi_spec_dir(self) -> str:
+        """Where CDI specs go ("" = nowhere). "auto": the runtimes' directory
+        for the node's daemon, none for one with a run_dir of its own (a
+        test, the demo, the README's unprivileged run): its specs would name
+        blocks no container should get, and its start-up clean-up would
+        remove the node daemon's specs."""
+        if self.cdi_dir != "auto":
+            return self.cdi_dir
+        return NODE_CDI_DIR if self.run_dir == NODE_RUN_DIR else ""
 
     @property
     def backstop_tolerance_bytes(self) -> int:
@@ -222,5 +235,7 @@ def _validate(config: Config) -> None:
     for key in ("socket", "run_dir", "state_dir", "lib_dir", "proc_root", "cgroup_root"):
         if not os.path.isabs(getattr(config, key)):
             raise ConfigError(f"{key} = {getattr(config, key)!r} must be an absolute path")
-    if config.cdi_dir and not os.path.isabs(config.cdi_dir):
-        raise ConfigError(f'cdi_dir = {config.cdi_dir!r} must be an absolute path (or "")')
+    if config.cdi_dir not in ("", "auto") and not os.path.isabs(config.cdi_dir):
+        raise ConfigError(
+            f'cdi_dir = {config.cdi_dir!r} must be an absolute path, "auto" or "" (none)'
+        )

@@ -49,7 +49,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-PPM_FULL = 1_000_000
+from vgpud.units import PPM_FULL, ppm_to_fraction
+
 NS_PER_S = 1_000_000_000
 
 # The window the quotas apply to: 0 lets the hook use its default (see
@@ -297,7 +298,7 @@ def _read(
     alloc: Allocation, gpu: GpuSample, now_ns: int, state: ControllerState, tuning: Tuning
 ) -> _Reading:
     key = (alloc.vgpu_id, alloc.gpu)
-    prev = state.slices.get(key, SliceState(target=alloc.share_ppm / PPM_FULL))
+    prev = state.slices.get(key, SliceState(target=ppm_to_fraction(alloc.share_ppm)))
     sample = gpu.slices.get(alloc.vgpu_id, SliceSample(active=False))
 
     dt_s = None if prev.counters_at_ns is None else (now_ns - prev.counters_at_ns) / NS_PER_S
@@ -336,7 +337,7 @@ def _read(
     )
     return _Reading(
         alloc=alloc,
-        share=alloc.share_ppm / PPM_FULL,
+        share=ppm_to_fraction(alloc.share_ppm),
         active=active,
         use=use,
         fresh_nvml=fresh,

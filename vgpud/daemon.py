@@ -49,6 +49,7 @@ from vgpud.config import RESTART_KEYS, Config, ConfigError, changed_keys, load_c
 from vgpud.errors import ApiError
 from vgpud.events import EventLog
 from vgpud.metrics import Metrics
+from vgpud.recipe import sim_driver_env
 from vgpud.registry import Registry
 from vgpud.service import GpuFigures, Service
 from vgpud.state import StateStore
@@ -156,15 +157,15 @@ class Daemon:
         log.info("starting vgpud", version=__version__, config=c.as_dict())
         atomics = Atomics.load(Path(c.lib_dir))
         library = self._hook_library()
-        self.gpus = await self._open_nvml()
+        self.gpus, driver_env = await self._open_nvml()
         store = StateStore(Path(c.state_dir))
         self.state_lock = _lock_state_dir(store.dir)
         self.registry = Registry(
-            Path(c.run_dir), store, library, atomics, self.events, cdi=cdi.publisher(c.cdi_dir)
+            Path(c.run_dir), store, library, atomics, self.events, cdi=cdi.publisher(c.cdi_spec_dir)
         )
         self.registry.adopt()
         _warn_absent_gpus(self.registry, self.gpus.devices())
-        service = Service(c, self.registry, self.gpus, self.events)
+        service = Service(c, self.registry, self.gpus, self.events, driver_env=driver_env)
         _raise_fd_limit()
         tracker = Tracker(c.proc_root)
         node = Node(service, Metrics(service), tracker, Watch(service, self.events, tracker))
@@ -185,9 +186,11 @@ class Daemon:
             log.warning("libvgpu.so not found: recipes name it where it should be", path=str(path))
             return path
 
-    async def _open_nvml(self) -> nvml.NvmlGateway | nvml.NullNvml:
+    async def _open_nvml(self) -> tuple[nvml.NvmlGateway | nvml.NullNvml, dict[str, str]]:
+        """NVML, and what host processes need to reach the same driver (only
+        the simulated one needs anything: recipe.sim_driver_env)."""
         if not self.config.sim:
-            return await nvml.open_nvml(on_health=self._on_health)
+            return await nvml.open_nvml(on_health=self._on_health), {}
         try:
             path = find_library("sim/libnvidia-ml.so.1", Path(self.config.lib_dir))
             cuda = find_library("sim/libcuda.so.1", Path(self.config.lib_dir))
@@ -199,7 +202,7 @@ class Daemon:
             await gateway.start()
         except nvml.NvmlUnavailable as exc:
             raise StartError(f"the simulated NVML does not start: {exc}") from exc
-        return gateway
+        return gateway, sim_driver_env(cuda.parent, os.environ)
 
     def _on_health(self, event: nvml.HealthEvent) -> None:
         self.events.publish(

@@ -97,10 +97,11 @@ def main(argv: list[str] | None = None) -> int:
     cmd += ["--state-dir", str(work / "state"), *([] if real else ["--sim"])]
     daemon = subprocess.Popen(cmd, env=env, stdout=log, stderr=log)
     burns: list[subprocess.Popen[str]] = []
+    held = False
     try:
         client = Client(sock)
         _wait_ready(client, daemon)
-        print(f"vgpud is up (socket {sock}, log {work / 'vgpud.log'})\n")
+        print(f"vgpud is up (socket {sock})\n")
         for s in SLICES:
             s.vgpu = client.post(
                 "/v1/vgpus", {"name": s.name, "gpus": [0], "memory": s.memory, "share": s.share}
@@ -126,15 +127,26 @@ def main(argv: list[str] | None = None) -> int:
         daemon.terminate()
         daemon.wait(30)
         log.close()
-    shutil.rmtree(work, ignore_errors=True)  # kept (with the log) only when something failed
+        if kept := keep_or_remove(work, held):
+            print(kept)
     return 0 if held else 1
+
+
+def keep_or_remove(work: Path, held: bool) -> str | None:
+    """The demo's files go when every limit held; otherwise (a limit NOT
+    HELD, or the demo failed) they stay for a look, and the message says
+    where the daemon's log is."""
+    if held:
+        shutil.rmtree(work, ignore_errors=True)
+        return None
+    return f"\nkept for a look: the daemon's log {work / 'vgpud.log'} (and the rest of {work})"
 
 
 def _wait_ready(client: Client, daemon: subprocess.Popen[bytes]) -> None:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if daemon.poll() is not None:
-            raise SystemExit(f"vgpud exited with {daemon.returncode}; see its log")
+            raise SystemExit(f"vgpud exited with {daemon.returncode}")
         try:
             client.get("/v1/health")
             return
@@ -174,17 +186,16 @@ def _burn(build: Path, env: dict[str, str], s: Slice, seconds: int) -> subproces
 
 
 def _work_done(burn: subprocess.Popen[str]) -> float | None:
-    """The share of the GPU a burn's kernels took, from what it reports
-    (kernels x kernel time / wall time): a measure independent of the hook's
-    accounting and of NVML."""
+    """The share of the GPU a burn's kernels took, in percent, as it reports
+    it (its "work": kernels x kernel time / wall time): a measure independent
+    of the hook's accounting and of NVML."""
     try:
         out, _ = burn.communicate(timeout=60)
     except subprocess.TimeoutExpired:
         return None
     for line in reversed(out.splitlines()):
-        if line.startswith("{") and '"kernels"' in line:
-            r = json.loads(line)
-            return 100.0 * r["kernels"] * KERNEL_US / 1e6 / r["wall_s"] if r["wall_s"] else None
+        if line.startswith("{") and '"work"' in line:
+            return 100.0 * float(json.loads(line)["work"])
     return None
 
 

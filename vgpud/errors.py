@@ -43,6 +43,12 @@ class Conflict(ApiError):
     code = "conflict"
 
 
+class InUse(Conflict):
+    """A delete of a vGPU that processes use (each surface says how to force it)."""
+
+    code = "in_use"
+
+
 class PayloadTooLarge(ApiError):
     status = 413
     code = "payload_too_large"

@@ -15,7 +15,8 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from vgpud.blocks import PPM_FULL, SLOT_ACTIVE
+from vgpud.blocks import SLOT_ACTIVE
+from vgpud.units import ppm_to_fraction
 
 if TYPE_CHECKING:
     from vgpud.service import Service
@@ -120,8 +121,8 @@ class _StateCollector(Collector):
                 labels = [v.id, v.name or "", str(s.gpu_index), s.gpu_uuid]
                 used.add_metric(labels, u.used)
                 limit.add_metric(labels, s.memory)
-                quota.add_metric(labels, c.throttle.quota_ppm / PPM_FULL)
-                share.add_metric(labels, c.share_ppm / PPM_FULL)
+                quota.add_metric(labels, ppm_to_fraction(c.throttle.quota_ppm))
+                share.add_metric(labels, ppm_to_fraction(c.share_ppm))
                 throttled.add_metric(labels, u.throttled_ns / 1e9)
                 ooms.add_metric(labels, u.oom_count)
                 procs.add_metric(labels, nprocs)
@@ -145,10 +146,10 @@ class _StateCollector(Collector):
                 if own.mem_limit[i]:  # 0: the environment set no limit here
                     limit.add_metric(labels, own.mem_limit[i])
                 if own.share_ppm[i]:
-                    share.add_metric(labels, own.share_ppm[i] / PPM_FULL)
+                    share.add_metric(labels, ppm_to_fraction(own.share_ppm[i]))
                 steered = blocks.usage.read_steer(i).quota_ppm  # 0: never steered
                 if steered:
-                    quota.add_metric(labels, steered / PPM_FULL)
+                    quota.add_metric(labels, ppm_to_fraction(steered))
                 throttled.add_metric(labels, u.throttled_ns / 1e9)
                 ooms.add_metric(labels, u.oom_count)
                 procs.add_metric(labels, use.live_slots if use is not None else 0)

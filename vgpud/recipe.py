@@ -2,11 +2,15 @@
 
 Built as a pipeline of small steps over an empty answer (environment,
 mounts, CDI name), once for containers (paths as mounted inside) and once
-for plain processes on the host (host paths).
+for plain processes on the host (host paths). A daemon on the simulated GPU
+adds what a host process needs to reach the same simulated machine
+(``sim_driver_env``): the simulated driver on the library path and the
+machine's state file.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,8 +52,19 @@ def container_recipe(vgpu: Vgpu, host: Paths) -> dict[str, Any]:
     return {"env": env, "mounts": mounts, "cdi_device": cdi_device(vgpu)}
 
 
-def host_env(vgpu: Vgpu, host: Paths) -> dict[str, str]:
-    return _env(vgpu, host)
+def host_env(vgpu: Vgpu, host: Paths, driver_env: Mapping[str, str]) -> dict[str, str]:
+    return {**_env(vgpu, host), **driver_env}
+
+
+def sim_driver_env(sim_dir: Path, environ: Mapping[str, str]) -> dict[str, str]:
+    """What a host process needs to run on the daemon's simulated GPU: the
+    simulated libcuda.so.1 first on the library path, and the daemon's
+    simulated machine (its VGPU_SIM_STATE, when it names one; otherwise both
+    use the simulator's default for the user, docs/simulator.md)."""
+    env = {"LD_LIBRARY_PATH": str(sim_dir)}
+    if environ.get("VGPU_SIM_STATE"):
+        env["VGPU_SIM_STATE"] = environ["VGPU_SIM_STATE"]
+    return env
 
 
 def cdi_device(vgpu: Vgpu) -> str:

@@ -36,7 +36,6 @@ import structlog
 from vgpud import events as ev
 from vgpud.blocks import (
     FLAG_OVERSUBSCRIBE,
-    PPM_FULL,
     Access,
     Atomics,
     BlockError,
@@ -48,6 +47,7 @@ from vgpud.blocks import (
 from vgpud.cdi import NullPublisher, SpecPublisher
 from vgpud.errors import (
     Conflict,
+    InUse,
     NotFound,
     ServerError,
     Unprocessable,
@@ -69,7 +69,7 @@ from vgpud.model import (
 from vgpud.placement import Ask, Distance, PlacementError, Rules, check_update, place
 from vgpud.recipe import Paths
 from vgpud.state import StateError, StateStore, remove_temps
-from vgpud.units import format_bytes
+from vgpud.units import format_bytes, percent_to_ppm
 
 log = structlog.get_logger("vgpud.registry")
 
@@ -95,7 +95,7 @@ class Entry:
 
 
 def device_slices(v: Vgpu) -> list[DeviceSlice]:
-    share_ppm = v.limits.share * (PPM_FULL // 100)
+    share_ppm = percent_to_ppm(v.limits.share)
     soft = v.limits.mode == "soft"
     return [DeviceSlice(s.gpu_uuid, s.memory, share_ppm, soft, v.limits.weight) for s in v.slices]
 
@@ -423,9 +423,7 @@ class Registry:
     def delete(self, key: str, *, force: bool, processes: int) -> Vgpu:
         entry = self.get(key)
         if processes and not force:
-            raise Conflict(
-                f"vGPU {entry.vgpu.id} is used by {processes} process(es); add ?force=true"
-            )
+            raise InUse(f"vGPU {entry.vgpu.id} is used by {processes} process(es)")
         remaining = [v for v in self._vgpus() if v.id != entry.vgpu.id]
         try:
             self.store.save(remaining)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -31,9 +31,8 @@ from vgpud.nvml import NvmlSample
 from vgpud.placement import Rules
 from vgpud.registry import Entry, Registry
 from vgpud.tracker import TrackedProcess, TrackSnapshot, VgpuUse
-from vgpud.units import parse_memory
+from vgpud.units import parse_memory, ppm_to_percent
 
-PPM_PER_PERCENT = 10_000
 RENDERED_MAX = 256  # rendered answers kept (one per route and query string)
 # How stale a figure an answer may show: NVML's per-process samples are
 # 200 ms apart anyway, and rendering 100 vGPUs costs milliseconds.
@@ -99,9 +98,18 @@ class GpuFigures:
 
 class Service:
     def __init__(
-        self, config: Config, registry: Registry, gpus: GpuInventory, events: EventLog
+        self,
+        config: Config,
+        registry: Registry,
+        gpus: GpuInventory,
+        events: EventLog,
+        *,
+        driver_env: Mapping[str, str] | None = None,
     ) -> None:
         self.config = config
+        # Added to every vGPU's host environment: the simulated driver's
+        # place on a --sim daemon (recipe.sim_driver_env), nothing otherwise.
+        self.driver_env = dict(driver_env or {})
         self.registry = registry
         self.gpus = gpus
         self.events = events
@@ -126,6 +134,13 @@ class Service:
         # Held while the scan's thread reads the blocks: the tracker's own
         # (standalone) blocks and a usage block's repair wait for it.
         self.blocks_lock = asyncio.Lock()
+        # Looks at a vGPU's blocks before a delete unmaps them (Watch's last
+        # look at its counters: an OOM since the last scan is still news).
+        self._before_delete: Callable[[Entry], None] = lambda _entry: None
+
+    def on_delete(self, hook: Callable[[Entry], None]) -> None:
+        """``hook(entry)`` runs before each delete, while the blocks are mapped."""
+        self._before_delete = hook
 
     # --- the state the answers are rendered from -------------------------------
 
@@ -229,6 +244,7 @@ class Service:
         # until the scan lets go of them (Registry.pin).
         self.refuse_standalone(key)
         entry = self.registry.get(key)
+        self._before_delete(entry)
         try:
             return self.registry.delete(key, force=force, processes=self.process_count(entry))
         finally:
@@ -297,7 +313,7 @@ class Service:
         for uuid, g in use.gpus.items():
             c = g.counters
             # share_ppm 0: the environment set no compute limit (the whole GPU).
-            share = c.share_ppm / PPM_PER_PERCENT if c is not None and c.share_ppm else 100
+            share = ppm_to_percent(c.share_ppm) if c is not None and c.share_ppm else 100
             shares.append(share)
             gpus.append(
                 {
@@ -373,7 +389,7 @@ class Service:
                 v,
                 entry.paths,
                 recipe.container_recipe(v, entry.paths),
-                recipe.host_env(v, entry.paths),
+                recipe.host_env(v, entry.paths, self.driver_env),
             )
             self._recipes = {i: r for i, r in self._recipes.items() if i in self.registry.entries}
             self._recipes[v.id] = known
@@ -435,6 +451,7 @@ class Service:
             "vgpus": len(self.registry.entries),
             "nvml": bool(getattr(self.gpus, "available", True)),
             "driver_version": getattr(self.gpus, "driver_version", None),
+            "simulated": self.config.sim,
         }
 
 

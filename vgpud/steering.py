@@ -19,11 +19,12 @@ from dataclasses import dataclass
 from functools import partial
 
 from vgpud import controller as ctl
-from vgpud.blocks import PPM_FULL, ControlBlock, UsageBlock
+from vgpud.blocks import ControlBlock, UsageBlock
 from vgpud.model import Vgpu
 from vgpud.nvml import NvmlSample
 from vgpud.registry import Entry
 from vgpud.tracker import TrackSnapshot, VgpuBlocks
+from vgpud.units import PPM_FULL, percent_to_ppm
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,7 @@ class _Owned:
     @staticmethod
     def of(e: Entry) -> _Owned:
         v = e.vgpu
-        share_ppm = v.limits.share * (PPM_FULL // 100)
+        share_ppm = percent_to_ppm(v.limits.share)
         soft = v.limits.mode == "soft"
         return _Owned(
             v,

@@ -1,4 +1,6 @@
-"""Memory amounts as people write them: 8589934592, "8g", "512M", "25%".
+"""Memory amounts as people write them: 8589934592, "8g", "512M", "25%";
+and GPU time shares, in percent for people and in parts per million of the
+GPU (ppm) in the shared blocks, converted here and nowhere else.
 
 Suffixes are binary multiples (k = 1024), one letter, any case, optionally
 followed by "i" and/or "b" ("8Gi", "8GiB", "8gb" all mean 8 x 2**30), so the
@@ -80,6 +82,26 @@ def parse_memory(value: object) -> MemoryAmount:
     if nbytes <= 0:
         raise ValueError(f"memory must be positive, not {value}")
     return MemoryAmount(nbytes=nbytes)
+
+
+# The whole GPU, in the blocks' unit for shares and quotas (VGPU_PPM_FULL of
+# libhook/include/vgpu_abi.h; test_abi_layout checks they agree).
+PPM_FULL = 1_000_000
+PPM_PER_PERCENT = PPM_FULL // 100
+
+
+def percent_to_ppm(percent: int) -> int:
+    """A share as the API takes it (whole percent) in the blocks' unit."""
+    return percent * PPM_PER_PERCENT
+
+
+def ppm_to_percent(ppm: int) -> float:
+    return ppm / PPM_PER_PERCENT
+
+
+def ppm_to_fraction(ppm: int) -> float:
+    """0..1 of the GPU, as the metrics and the controller's model have it."""
+    return ppm / PPM_FULL
 
 
 def format_bytes(n: int) -> str:

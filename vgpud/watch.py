@@ -4,6 +4,7 @@ Each scan runs the tracker (off the event loop: it reads /proc), keeps its
 snapshot for the API and the controller, publishes arrivals and exits, OOMs
 (growth of a device's oom_count) and throttling (a vGPU that starts or
 stops waiting in the pacer), then runs the reaper and the backstop hook.
+The counters' news is also read once more just before a vGPU is deleted.
 
 The tracker's thread reads the blocks, and the loop reads them again after
 it (events, reaper): the registry is pinned for the whole scan and for the
@@ -56,6 +57,9 @@ class Watch:
         self.reaper_state = reaper.ReaperState()
         self.backstop_state = backstop.BackstopState()
         self.procfs = ProcFS(service.config.proc_root)
+        # A vGPU deleted between two scans (`vgpuctl run` deletes its vGPU
+        # as soon as the command ends) would take its news with it.
+        service.on_delete(self._counter_events)
 
     async def scan(self) -> TrackSnapshot:
         # Every block this scan reads stays mapped until it ends, whatever

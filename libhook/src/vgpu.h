@@ -19,7 +19,10 @@
 #include "vgpu_abi.h"
 
 #define VGPU_EXPORT __attribute__((visibility("default")))
-#define VGPU_VERSION "0.1.0"
+/* VGPU_VERSION comes from the build (-D, from vgpud/__init__.py). */
+#ifndef VGPU_VERSION
+#error "VGPU_VERSION is not defined: build with make"
+#endif
 #define VGPU_PRINTF(fmt, args) __attribute__((format(printf, fmt, args)))
 
 /* The library's version string (exported). */

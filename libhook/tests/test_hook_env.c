@@ -8,18 +8,7 @@
 
 #include "../src/env.c"
 #include "../src/log.c"
-
-static int failures;
-
-#define CHECK(cond, ...) \
-    do { \
-        if (!(cond)) { \
-            failures++; \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__); \
-            fputc('\n', stderr); \
-        } \
-    } while (0)
+#include "check.h"
 
 static void test_sizes(void)
 {
@@ -54,9 +43,9 @@ static void test_sizes(void)
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         uint64_t value = 12345;
         int rc = env_parse_size(cases[i].text, &value);
-        CHECK(rc == cases[i].rc, "size \"%s\": rc %d", cases[i].text, rc);
+        CHECKF(rc == cases[i].rc, "size \"%s\": rc %d", cases[i].text, rc);
         if (rc == 0)
-            CHECK(value == cases[i].value, "size \"%s\": %llu", cases[i].text,
+            CHECKF(value == cases[i].value, "size \"%s\": %llu", cases[i].text,
                   (unsigned long long)value);
     }
 }
@@ -67,53 +56,53 @@ static void test_scalars(void)
     static const char *const bad_percent[] = {"101", "-1", "", "50%", "abc", "1e2", " 5"};
     unsigned percent;
     for (size_t i = 0; i < sizeof(good_percent) / sizeof(good_percent[0]); i++)
-        CHECK(env_parse_percent(good_percent[i], &percent) == 0, "percent \"%s\"", good_percent[i]);
+        CHECKF(env_parse_percent(good_percent[i], &percent) == 0, "percent \"%s\"", good_percent[i]);
     for (size_t i = 0; i < sizeof(bad_percent) / sizeof(bad_percent[0]); i++)
-        CHECK(env_parse_percent(bad_percent[i], &percent) != 0, "percent \"%s\"", bad_percent[i]);
+        CHECKF(env_parse_percent(bad_percent[i], &percent) != 0, "percent \"%s\"", bad_percent[i]);
 
     bool flag;
-    CHECK(env_parse_bool("true", &flag) == 0 && flag, "true");
-    CHECK(env_parse_bool("TRUE", &flag) == 0 && flag, "TRUE");
-    CHECK(env_parse_bool("1", &flag) == 0 && flag, "1");
-    CHECK(env_parse_bool("false", &flag) == 0 && !flag, "false");
-    CHECK(env_parse_bool("0", &flag) == 0 && !flag, "0");
-    CHECK(env_parse_bool("yes", &flag) != 0, "yes");
-    CHECK(env_parse_bool("2", &flag) != 0, "2");
-    CHECK(env_parse_bool("", &flag) != 0, "empty bool");
+    CHECKF(env_parse_bool("true", &flag) == 0 && flag, "true");
+    CHECKF(env_parse_bool("TRUE", &flag) == 0 && flag, "TRUE");
+    CHECKF(env_parse_bool("1", &flag) == 0 && flag, "1");
+    CHECKF(env_parse_bool("false", &flag) == 0 && !flag, "false");
+    CHECKF(env_parse_bool("0", &flag) == 0 && !flag, "0");
+    CHECKF(env_parse_bool("yes", &flag) != 0, "yes");
+    CHECKF(env_parse_bool("2", &flag) != 0, "2");
+    CHECKF(env_parse_bool("", &flag) != 0, "empty bool");
 
     int level;
     for (int l = 0; l <= 5; l++) {
-        char text[4];
+        char text[12]; /* any int: -O1 does not see l <= 5 */
         snprintf(text, sizeof(text), "%d", l);
-        CHECK(env_parse_level(text, &level) == 0 && level == l, "level %d", l);
+        CHECKF(env_parse_level(text, &level) == 0 && level == l, "level %d", l);
     }
-    CHECK(env_parse_level("6", &level) != 0, "level 6");
-    CHECK(env_parse_level("-1", &level) != 0, "level -1");
-    CHECK(env_parse_level("", &level) != 0, "level empty");
-    CHECK(env_parse_level("info", &level) != 0, "level word");
+    CHECKF(env_parse_level("6", &level) != 0, "level 6");
+    CHECKF(env_parse_level("-1", &level) != 0, "level -1");
+    CHECKF(env_parse_level("", &level) != 0, "level empty");
+    CHECKF(env_parse_level("info", &level) != 0, "level word");
 }
 
 static void test_uuids(void)
 {
     char uuids[VGPU_MAX_DEVICES][VGPU_UUID_LEN];
     unsigned count = 0;
-    CHECK(env_parse_uuids("GPU-5117a000-0000-4000-8000-000000000000,GPU-b", uuids,
+    CHECKF(env_parse_uuids("GPU-5117a000-0000-4000-8000-000000000000,GPU-b", uuids,
                           VGPU_MAX_DEVICES, &count) == 0 &&
               count == 2 && strcmp(uuids[1], "GPU-b") == 0,
           "two uuids");
-    CHECK(env_parse_uuids("", uuids, VGPU_MAX_DEVICES, &count) != 0, "empty list");
-    CHECK(env_parse_uuids("GPU-a,,GPU-b", uuids, VGPU_MAX_DEVICES, &count) != 0, "empty item");
-    CHECK(env_parse_uuids("GPU-a,", uuids, VGPU_MAX_DEVICES, &count) != 0, "trailing comma");
-    CHECK(env_parse_uuids("GPU a", uuids, VGPU_MAX_DEVICES, &count) != 0, "space");
-    CHECK(env_parse_uuids("GPU-a;rm", uuids, VGPU_MAX_DEVICES, &count) != 0, "bad char");
+    CHECKF(env_parse_uuids("", uuids, VGPU_MAX_DEVICES, &count) != 0, "empty list");
+    CHECKF(env_parse_uuids("GPU-a,,GPU-b", uuids, VGPU_MAX_DEVICES, &count) != 0, "empty item");
+    CHECKF(env_parse_uuids("GPU-a,", uuids, VGPU_MAX_DEVICES, &count) != 0, "trailing comma");
+    CHECKF(env_parse_uuids("GPU a", uuids, VGPU_MAX_DEVICES, &count) != 0, "space");
+    CHECKF(env_parse_uuids("GPU-a;rm", uuids, VGPU_MAX_DEVICES, &count) != 0, "bad char");
     char many[512] = "";
     for (int i = 0; i <= VGPU_MAX_DEVICES; i++)
         strcat(many, i ? ",g" : "g");
-    CHECK(env_parse_uuids(many, uuids, VGPU_MAX_DEVICES, &count) != 0, "17 uuids");
+    CHECKF(env_parse_uuids(many, uuids, VGPU_MAX_DEVICES, &count) != 0, "17 uuids");
     char longest[VGPU_UUID_LEN + 1];
     memset(longest, 'a', VGPU_UUID_LEN);
     longest[VGPU_UUID_LEN] = '\0';
-    CHECK(env_parse_uuids(longest, uuids, VGPU_MAX_DEVICES, &count) != 0, "too long");
+    CHECKF(env_parse_uuids(longest, uuids, VGPU_MAX_DEVICES, &count) != 0, "too long");
 }
 
 /* A fake environment: NULL-terminated "NAME=VALUE" strings. */
@@ -138,40 +127,40 @@ static void test_load(void)
 {
     struct vgpu_env env;
     char *none[] = {"PATH=/bin", NULL};
-    CHECK(load(none, &env) == 0 && !env.standalone && env.share_ppm == VGPU_PPM_FULL &&
+    CHECKF(load(none, &env) == 0 && !env.standalone && env.share_ppm == VGPU_PPM_FULL &&
               env.log_level == 3,
           "empty environment is pass-through");
 
     char *global[] = {"CUDA_MEM_LIMIT=1g", "CUDA_MEM_LIMIT_1=2g", NULL};
-    CHECK(load(global, &env) == 0 && env.standalone && env.has_limit[0] &&
+    CHECKF(load(global, &env) == 0 && env.standalone && env.has_limit[0] &&
               env.mem_limit[0] == 1ull << 30 && env.mem_limit[1] == 2ull << 30 &&
               env.mem_limit[15] == 1ull << 30,
           "global limit, per-device override");
     char *per_device[] = {"CUDA_MEM_LIMIT_1=2g", "CUDA_MEM_LIMIT=1g", NULL};
-    CHECK(load(per_device, &env) == 0 && env.mem_limit[1] == 2ull << 30,
+    CHECKF(load(per_device, &env) == 0 && env.mem_limit[1] == 2ull << 30,
           "per-device wins whatever the order");
     char *only_one[] = {"CUDA_MEM_LIMIT_3=512m", NULL};
-    CHECK(load(only_one, &env) == 0 && env.standalone && !env.has_limit[0] &&
+    CHECKF(load(only_one, &env) == 0 && env.standalone && !env.has_limit[0] &&
               env.has_limit[3] && env.mem_limit[3] == 512ull << 20,
           "one device limited");
 
     char *hard[] = {"CUDA_CORE_LIMIT=30", "CUDA_CORE_SOFT_LIMIT=60", NULL};
-    CHECK(load(hard, &env) == 0 && env.share_ppm == 300000 && !env.core_soft,
+    CHECKF(load(hard, &env) == 0 && env.share_ppm == 300000 && !env.core_soft,
           "hard wins over soft");
     char *soft[] = {"CUDA_CORE_SOFT_LIMIT=60", NULL};
-    CHECK(load(soft, &env) == 0 && env.standalone && env.share_ppm == 600000 && env.core_soft,
+    CHECKF(load(soft, &env) == 0 && env.standalone && env.share_ppm == 600000 && env.core_soft,
           "soft alone");
     char *zero[] = {"CUDA_CORE_LIMIT=0", NULL};
-    CHECK(load(zero, &env) == 0 && env.share_ppm == VGPU_PPM_FULL, "core 0 = no limit");
+    CHECKF(load(zero, &env) == 0 && env.share_ppm == VGPU_PPM_FULL, "core 0 = no limit");
 
     char *misc[] = {"CUDA_MEMORY_OVERSUBSCRIBE=TRUE", "GPU_DEVICES_UUID=GPU-a,GPU-b",
                     "LOGGER_LEVEL=5", "VGPU_CONTROL=/c", "VGPU_USAGE=/u", NULL};
-    CHECK(load(misc, &env) == 0 && env.oversubscribe && env.uuid_count == 2 &&
+    CHECKF(load(misc, &env) == 0 && env.oversubscribe && env.uuid_count == 2 &&
               env.log_level == 5 && strcmp(env.control_path, "/c") == 0 &&
               strcmp(env.usage_path, "/u") == 0 && !env.standalone,
           "other variables");
     char *empty_paths[] = {"VGPU_CONTROL=", "VGPU_USAGE=", NULL};
-    CHECK(load(empty_paths, &env) == 0 && env.control_path == NULL && env.usage_path == NULL,
+    CHECKF(load(empty_paths, &env) == 0 && env.control_path == NULL && env.usage_path == NULL,
           "empty block paths are unset");
 }
 
@@ -201,10 +190,10 @@ static void test_refusals(void)
         struct vgpu_env env;
         vgpu_error_set("%s", "");
         int rc = load(env_list, &env);
-        CHECK(rc != 0, "%s accepted", bad[i][0]);
+        CHECKF(rc != 0, "%s accepted", bad[i][0]);
         char expect[64];
         snprintf(expect, sizeof(expect), "%s", bad[i][1]);
-        CHECK(strstr(vgpu_error(), expect) == vgpu_error(), "%s: message \"%s\"", bad[i][0],
+        CHECKF(strstr(vgpu_error(), expect) == vgpu_error(), "%s: message \"%s\"", bad[i][0],
               vgpu_error());
     }
 }
@@ -216,10 +205,5 @@ int main(void)
     test_uuids();
     test_load();
     test_refusals();
-    if (failures != 0) {
-        fprintf(stderr, "test_hook_env: %d failure(s)\n", failures);
-        return 1;
-    }
-    printf("test_hook_env: ok\n");
-    return 0;
+    return check_report("test_hook_env");
 }

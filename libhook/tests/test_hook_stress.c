@@ -28,6 +28,7 @@
 #include "cuda_api.h"
 #include "nvml_api.h"
 #include "vgpu_abi.h"
+#include "check.h"
 
 #define WORKERS 64
 #define THREADS 4
@@ -36,18 +37,6 @@
 #define LIMIT (256ull << 20)
 #define CTX_OVERHEAD (1ull << 20)
 #define CHUNK (256ull << 10)
-
-static int failures;
-
-#define CHECK(cond, ...) \
-    do { \
-        if (!(cond)) { \
-            failures++; \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__); \
-            fputc('\n', stderr); \
-        } \
-    } while (0)
 
 /* ---- worker: runs under the hook ---------------------------------------- */
 
@@ -236,10 +225,10 @@ int main(int argc, char **argv)
         return 1;
     start_worker(self, env, ready, go);
     const struct vgpu_usage *u = map_usage(usage);
-    CHECK(u != NULL, "the workers never created the usage block");
+    CHECKF(u != NULL, "the workers never created the usage block");
     if (u == NULL)
         return 1;
-    CHECK(open_nvml(build) == 0, "the simulator's NVML does not answer");
+    CHECKF(open_nvml(build) == 0, "the simulator's NVML does not answer");
     for (int i = 1; i < WORKERS; i++)
         start_worker(self, env, ready, go);
     close(ready[1]);
@@ -248,7 +237,7 @@ int main(int argc, char **argv)
     int ready_count = 0;
     while (ready_count < WORKERS && read(ready[0], &byte, 1) == 1)
         ready_count++;
-    CHECK(ready_count == WORKERS, "only %d workers started", ready_count);
+    CHECKF(ready_count == WORKERS, "only %d workers started", ready_count);
     close(go[1]); /* go */
 
     int alive = WORKERS, samples = 0, bad_exits = 0;
@@ -257,8 +246,8 @@ int main(int argc, char **argv)
     while (alive > 0) {
         uint64_t used = atomic_load(&u->devices[0].used);
         long long sum = nvml_sum();
-        CHECK(used <= LIMIT, "vGPU total %llu passed the limit", (unsigned long long)used);
-        CHECK(sum >= 0 && (unsigned long long)sum <= LIMIT + WORKERS * CTX_OVERHEAD,
+        CHECKF(used <= LIMIT, "vGPU total %llu passed the limit", (unsigned long long)used);
+        CHECKF(sum >= 0 && (unsigned long long)sum <= LIMIT + WORKERS * CTX_OVERHEAD,
               "NVML per-process sum %lld passed the limit plus overhead", sum);
         max_used = used > max_used ? used : max_used;
         max_nvml = sum > max_nvml ? sum : max_nvml;
@@ -275,18 +264,18 @@ int main(int argc, char **argv)
         if (alive > 0)
             sleep_ms(2);
     }
-    CHECK(bad_exits == 0, "%d worker(s) failed", bad_exits);
-    CHECK(samples >= 10, "only %d samples: the monitor saw too little", samples);
-    CHECK(max_used > LIMIT / 2, "the limit was never pressed (max %llu)",
+    CHECKF(bad_exits == 0, "%d worker(s) failed", bad_exits);
+    CHECKF(samples >= 10, "only %d samples: the monitor saw too little", samples);
+    CHECKF(max_used > LIMIT / 2, "the limit was never pressed (max %llu)",
           (unsigned long long)max_used);
-    CHECK(atomic_load(&u->devices[0].oom_count) > 0, "no allocation was ever refused");
-    CHECK(atomic_load(&u->devices[0].peak) <= LIMIT, "peak %llu passed the limit",
+    CHECKF(atomic_load(&u->devices[0].oom_count) > 0, "no allocation was ever refused");
+    CHECKF(atomic_load(&u->devices[0].peak) <= LIMIT, "peak %llu passed the limit",
           (unsigned long long)atomic_load(&u->devices[0].peak));
-    CHECK(atomic_load(&u->devices[0].used) == 0, "%llu bytes left in the budget",
+    CHECKF(atomic_load(&u->devices[0].used) == 0, "%llu bytes left in the budget",
           (unsigned long long)atomic_load(&u->devices[0].used));
     for (int i = 0; i < VGPU_MAX_PROCS; i++)
-        CHECK(atomic_load(&u->slots[i].state) == VGPU_SLOT_FREE, "slot %d not free", i);
-    CHECK(nvml_sum() == 0, "NVML still shows %lld bytes", nvml_sum());
+        CHECKF(atomic_load(&u->slots[i].state) == VGPU_SLOT_FREE, "slot %d not free", i);
+    CHECKF(nvml_sum() == 0, "NVML still shows %lld bytes", nvml_sum());
     printf("test_hook_stress: %d samples, max used %llu of %llu, max NVML %lld, %llu refusals\n",
            samples, (unsigned long long)max_used, LIMIT, max_nvml,
            (unsigned long long)atomic_load(&u->devices[0].oom_count));
@@ -294,10 +283,5 @@ int main(int argc, char **argv)
     unlink(usage);
     unlink(state);
     rmdir(dir);
-    if (failures != 0) {
-        fprintf(stderr, "test_hook_stress: %d failure(s)\n", failures);
-        return 1;
-    }
-    printf("test_hook_stress: ok\n");
-    return 0;
+    return check_report("test_hook_stress");
 }

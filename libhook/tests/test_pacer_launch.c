@@ -31,6 +31,7 @@
 #include "../src/turn.h"
 #include "cuda_api.h"
 #include "vgpu_abi.h"
+#include "check.h"
 
 static const char ptx[] = ".version 7.0\n.target sm_52\n.address_size 64\n"
                           ".visible .entry vgpu_spin(.param .u64 ns, .param .u64 out)\n{\n ret;\n}\n";
@@ -162,7 +163,6 @@ static int worker(const char *path, uint64_t kernel_us, double seconds, unsigned
 
 /* ---- the test ------------------------------------------------------------------ */
 
-static int failures;
 static char self[4096], build[4096], state_path[256], usage_path[256], arbiter_dir[256];
 
 struct result {
@@ -299,8 +299,9 @@ static void expect_share(const char *path, unsigned procs, unsigned percent, uns
     snprintf(name, sizeof(name), "%s-%u-%u", path, percent, kernel_us);
     fresh_machine(name);
     struct result r;
-    if (run(limit, procs, path, kernel_us, 1.0, sync_every, &r) != 0) {
-        failures++;
+    bool started = run(limit, procs, path, kernel_us, 1.0, sync_every, &r) == 0;
+    CHECKF(started, "the workers did not run");
+    if (!started) {
         cleanup();
         return;
     }
@@ -313,8 +314,7 @@ static void expect_share(const char *path, unsigned procs, unsigned percent, uns
               hook < percent + 5.0;
     printf("%-12s x%u limit %3u%% kernel %5uus: work %5.1f%%, hook measured %5.1f%% %s\n", path,
            procs, percent, kernel_us, util, hook, ok ? "ok" : "FAILED");
-    if (!ok)
-        failures++;
+    CHECK(ok);
     if (u != NULL)
         munmap(u, sizeof(*u));
     cleanup();
@@ -341,8 +341,7 @@ static void test_empty_kernels_do_not_hang(void)
     bool ok = run("99", 1, "kernel", 0, 1.0, 1000, &r) == 0;
     printf("empty kernels at 99%%: %" PRIu64 " launches in %.1f s: %s\n", r.launches,
            (double)r.wall_ns / 1e9, ok ? "ok" : "FAILED");
-    if (!ok)
-        failures++;
+    CHECK(ok);
     cleanup();
 }
 
@@ -358,8 +357,9 @@ static void test_share_100_is_not_measured(void)
 {
     fresh_machine("full");
     struct result r;
-    if (run("100", 1, "kernel", 5000, 1.0, 1, &r) != 0) {
-        failures++;
+    bool started = run("100", 1, "kernel", 5000, 1.0, 1, &r) == 0;
+    CHECKF(started, "the workers did not run");
+    if (!started) {
         cleanup();
         return;
     }
@@ -367,8 +367,7 @@ static void test_share_100_is_not_measured(void)
     double util = 100.0 * utilization(&r, 5000);
     bool ok = util > 90 && u != NULL && atomic_load(&u->devices[0].gpu_time_ns) == 0;
     printf("limit 100: work %.1f%%, no GPU time measured: %s\n", util, ok ? "ok" : "FAILED");
-    if (!ok)
-        failures++;
+    CHECK(ok);
     if (u != NULL)
         munmap(u, sizeof(*u));
     cleanup();
@@ -384,18 +383,17 @@ static void test_unpaced_processes_are_measured_while_a_pacer_stamps(void)
     fresh_machine("stamp");
     struct result r;
     uint64_t start = now_ns();
-    if (run("40", 1, "kernel", 2000, 0.3, 1, &r) != 0) {
-        failures++;
+    bool started = run("40", 1, "kernel", 2000, 0.3, 1, &r) == 0;
+    CHECKF(started, "the workers did not run");
+    if (!started) {
         cleanup();
         return;
     }
     struct vgpu_arbiter *a = map_arbiter();
     struct vgpu_usage *u = map_usage();
-    if (a == NULL || u == NULL) {
-        printf("pacing stamp: no arbiter or usage block: FAILED\n");
-        failures++;
+    CHECKF(a != NULL && u != NULL, "pacing stamp: no arbiter or usage block");
+    if (a == NULL || u == NULL)
         goto out;
-    }
     /* Written as it paced: at least half the freshness past its start. */
     uint64_t stamp = atomic_load(&a->turn.paced_until_ns);
     bool stamped = stamp >= start + TURN_PACED_FRESH_NS / 2;
@@ -423,8 +421,7 @@ static void test_unpaced_processes_are_measured_while_a_pacer_stamps(void)
            "next to a stale one: work %.1f%%, measured %" PRIu64 " ns: %s\n",
            stamped ? "written" : "MISSING", fresh_work, fresh_hook, stale_work, stale_measured,
            ok ? "ok" : "FAILED");
-    if (!ok)
-        failures++;
+    CHECK(ok);
 out:
     if (a != NULL)
         munmap(a, sizeof(*a));
@@ -440,8 +437,9 @@ static void test_captured_launches_are_not_charged(void)
 {
     fresh_machine("capture");
     struct result r;
-    if (run("10", 1, "graph", 1000, 0.0, 100, &r) != 0) {
-        failures++;
+    bool started = run("10", 1, "graph", 1000, 0.0, 100, &r) == 0;
+    CHECKF(started, "the workers did not run");
+    if (!started) {
         cleanup();
         return;
     }
@@ -452,8 +450,7 @@ static void test_captured_launches_are_not_charged(void)
     printf("capture of 100 x 1 ms at 10%%: %.1f ms to capture, %.1f ms measured after one "
            "graph launch: %s\n",
            (double)r.capture_ns / 1e6, (double)measured / 1e6, ok ? "ok" : "FAILED");
-    if (!ok)
-        failures++;
+    CHECK(ok);
     if (u != NULL)
         munmap(u, sizeof(*u));
     cleanup();
@@ -477,10 +474,5 @@ int main(int argc, char **argv)
     test_empty_kernels_do_not_hang();
     test_every_launch_path_is_paced();
     test_tiny_kernels_and_shared_budget();
-    if (failures) {
-        fprintf(stderr, "test_pacer_launch: %d failure(s)\n", failures);
-        return 1;
-    }
-    printf("test_pacer_launch: ok\n");
-    return 0;
+    return check_report("test_pacer_launch");
 }

@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "cuda_api.h"
+#include "check.h"
 
 #define FIELD(ret, name, params, args) ret(*name) params;
 static struct {
@@ -30,24 +31,11 @@ static struct {
 #undef FIELD
 
 static void *g_lib;
-static int g_failures;
 
-#define CHECK(cond)                                                                    \
-    do {                                                                               \
-        if (!(cond)) {                                                                 \
-            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);  \
-            g_failures++;                                                              \
-        }                                                                              \
-    } while (0)
-
-#define CHECK_CU(call, expected)                                                                   \
-    do {                                                                                           \
-        CUresult r_ = (call);                                                                      \
-        if (r_ != (expected)) {                                                                    \
-            fprintf(stderr, "%s:%d: %s returned %d, expected %d\n", __FILE__, __LINE__, #call, r_, \
-                    (int)(expected));                                                              \
-            g_failures++;                                                                          \
-        }                                                                                          \
+#define CHECK_CU(call, expected)                                                            \
+    do {                                                                                    \
+        CUresult r_ = (call);                                                               \
+        CHECKF(r_ == (expected), "%s returned %d, expected %d", #call, r_, (int)(expected)); \
     } while (0)
 
 #define OK(call) CHECK_CU(call, CUDA_SUCCESS)
@@ -84,12 +72,12 @@ static CUcontext primary(int ordinal)
     return ctx;
 }
 
-static CUfunction spin_function(void)
+/* vgpu_spin of a module loaded into *m (the caller unloads it). */
+static CUfunction spin_function(CUmodule *m)
 {
-    CUmodule m;
     CUfunction f = NULL;
-    OK(cu.cuModuleLoadData(&m, PTX));
-    OK(cu.cuModuleGetFunction(&f, m, "vgpu_spin"));
+    OK(cu.cuModuleLoadData(m, PTX));
+    OK(cu.cuModuleGetFunction(&f, *m, "vgpu_spin"));
     return f;
 }
 
@@ -278,7 +266,8 @@ static void test_modules_resolve_ptx_entries(void)
 static void test_launches_take_their_time(void)
 {
     primary(0);
-    CUfunction spin = spin_function();
+    CUmodule m;
+    CUfunction spin = spin_function(&m);
     CUstream s;
     CUevent e0, e1;
     float ms = 0;
@@ -299,12 +288,14 @@ static void test_launches_take_their_time(void)
     OK(cu.cuEventDestroy_v2(e0));
     OK(cu.cuEventDestroy_v2(e1));
     OK(cu.cuStreamDestroy_v2(s));
+    OK(cu.cuModuleUnload(m));
 }
 
 static void test_capture_records_instead_of_running(void)
 {
     primary(0);
-    CUfunction spin = spin_function();
+    CUmodule m;
+    CUfunction spin = spin_function(&m);
     CUstream s;
     CUgraph g;
     CUgraphExec exec;
@@ -338,7 +329,10 @@ static void test_capture_records_instead_of_running(void)
     CHECK_CU(cu.cuStreamEndCapture(s, &g), CUDA_ERROR_ILLEGAL_STATE);
     OK(cu.cuGraphExecDestroy(exec));
     OK(cu.cuGraphDestroy(g));
+    OK(cu.cuEventDestroy_v2(e0));
+    OK(cu.cuEventDestroy_v2(e1));
     OK(cu.cuStreamDestroy_v2(s));
+    OK(cu.cuModuleUnload(m));
 }
 
 static void *sym(const char *name)
@@ -351,11 +345,9 @@ static void check_resolves(const char *symbol, int version, cuuint64_t flags, co
     void *pfn = NULL;
     CUdriverProcAddressQueryResult status = -1;
     CUresult r = cu.cuGetProcAddress_v2(symbol, &pfn, version, flags, &status);
-    if (r != CUDA_SUCCESS || status != CU_GET_PROC_ADDRESS_SUCCESS || pfn != sym(expected)) {
-        fprintf(stderr, "cuGetProcAddress_v2(%s, %d, %llu) did not give %s (r=%d status=%d)\n", symbol, version,
-                (unsigned long long)flags, expected, r, status);
-        g_failures++;
-    }
+    CHECKF(r == CUDA_SUCCESS && status == CU_GET_PROC_ADDRESS_SUCCESS && pfn == sym(expected),
+           "cuGetProcAddress_v2(%s, %d, %llu) did not give %s (r=%d status=%d)", symbol, version,
+           (unsigned long long)flags, expected, r, status);
 }
 
 /* name is X_vN: resolving X at 13000 must give X_vM with the highest M. */
@@ -541,7 +533,7 @@ static int ipc_child(int fd)
     word = 0x1234;
     if (cu.cuMemcpyHtoD_v2(p + 8, &word, 4) != CUDA_SUCCESS || cu.cuIpcCloseMemHandle(p) != CUDA_SUCCESS)
         return 14;
-    return g_failures == 0 ? 0 : 15;
+    return failures == 0 ? 0 : 15;
 }
 
 static void test_ipc_shares_memory_between_processes(void)
@@ -630,10 +622,7 @@ static void check_visible(const char *value, int expect_count)
         _exit(visible_child(expect_count));
     }
     int status = wait_status(pid);
-    if (status != 0) {
-        fprintf(stderr, "CUDA_VISIBLE_DEVICES='%s': child exit %d\n", value, status);
-        g_failures++;
-    }
+    CHECKF(status == 0, "CUDA_VISIBLE_DEVICES='%s': child exit %d", value, status);
 }
 
 static void test_visible_devices(void)
@@ -667,7 +656,7 @@ int main(void)
         return 1;
     }
     test_every_entry_point_is_exported();
-    if (g_failures == 0) {
+    if (failures == 0) {
         test_devices_follow_config();
         test_capacity_is_enforced_and_accounted();
         test_context_variants();
@@ -686,10 +675,5 @@ int main(void)
     }
     unlink(state);
     rmdir(dir);
-    if (g_failures != 0) {
-        fprintf(stderr, "test_sim_cuda: %d failure(s)\n", g_failures);
-        return 1;
-    }
-    printf("test_sim_cuda: all passed\n");
-    return 0;
+    return check_report("test_sim_cuda");
 }

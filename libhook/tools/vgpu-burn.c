@@ -5,8 +5,17 @@
  * It resolves the driver the way the CUDA runtime does (dlopen
  * "libcuda.so.1", then cuGetProcAddress_v2 at CUDA 12.8, falling back to
  * dlsym), optionally allocates device memory through one allocation path,
- * then keeps the GPU busy with vgpu_spin kernels at a chosen duty cycle,
- * measuring GPU time with events. Run `vgpu-burn --help` for the options.
+ * then keeps the GPU busy with vgpu_spin kernels at a chosen duty cycle.
+ * Run `vgpu-burn --help` for the options.
+ *
+ * Two figures of its use of the GPU, in this order of trust:
+ *  - work: kernels x kernel time / wall time, the GPU time its kernels took
+ *    (a spin kernel lasts --kernel-us per wave of --blocks over the SMs). This
+ *    is the figure to compare with a vGPU's share.
+ *  - event span: the time between the events around each batch / wall time.
+ *    Under a compute limit it also counts the waits for the vGPU's turn (the
+ *    hook holds launches back inside the batch), and with other processes on
+ *    the GPU their kernels: a paced burn at 30 % spans about 100 %.
  *
  * --trace FILE records the work as it completes, for measuring compute
  * shares in short windows independently of NVML and of the hook: each time
@@ -267,6 +276,9 @@ static void usage(FILE *out)
           "  --resolve MODE        procaddr (default, like the CUDA runtime) or dlsym\n"
           "  --trace FILE          append '<realtime s.us> <pid> <kernels>' to FILE each time a\n"
           "                        batch of kernels completes (every thread of every process)\n"
+          "Reports work: the share of the GPU its kernels took (kernels x kernel time / wall),\n"
+          "the figure to compare with a vGPU's share; the event span beside it also counts\n"
+          "the waits for the vGPU's turn.\n"
           "Exit status: 0 ok, 1 CUDA error, 2 bad arguments, 3 --alloc not satisfied.\n",
           out);
 }
@@ -492,7 +504,8 @@ struct result {
     int pid;
     int device;
     uint64_t launches, kernels;
-    double gpu_ms, wall_s;
+    double gpu_ms, wall_s; /* between the batches' events; wall time */
+    double work_s;         /* kernels x the time of one kernel */
     uint64_t alloc_requested, alloc_bytes;
     char alloc_error[48]; /* first allocation error, "" if none */
     char error[96];       /* first other CUDA error, "" if none */
@@ -786,6 +799,14 @@ out:
     return NULL;
 }
 
+/* How long one spin kernel runs: --kernel-us per wave of blocks. */
+static double kernel_s(const struct options *o, const struct device_ctx *dc)
+{
+    unsigned blocks = o->blocks != 0 ? o->blocks : dc->sms;
+    unsigned waves = dc->sms != 0 ? (blocks + dc->sms - 1) / dc->sms : 1;
+    return (double)o->kernel_ns * waves / 1e9;
+}
+
 static void run_kernels(const struct options *o, const struct device_ctx *dc, struct trace *trace,
                         struct result *res)
 {
@@ -803,6 +824,7 @@ static void run_kernels(const struct options *o, const struct device_ctx *dc, st
             pthread_join(threads[i], NULL);
         res->launches += workers[i].launches;
         res->kernels += workers[i].kernels;
+        res->work_s += (double)workers[i].kernels * kernel_s(o, dc);
         res->gpu_ms += workers[i].gpu_ms;
         if (workers[i].error != CUDA_SUCCESS)
             note_error(res, workers[i].error_call, workers[i].error);
@@ -855,7 +877,14 @@ static void run_process(const struct options *o, struct result *res)
 /* ------------------------------------------------------------------ */
 /* Reports.                                                             */
 
-static double busy(const struct result *r)
+/* The share of the GPU its kernels took: the figure to read. */
+static double work_share(const struct result *r)
+{
+    return r->wall_s > 0 ? r->work_s / r->wall_s : 0;
+}
+
+/* The events' span over wall time, waits for a turn included. */
+static double event_span(const struct result *r)
 {
     return r->wall_s > 0 ? r->gpu_ms / 1000 / r->wall_s : 0;
 }
@@ -884,19 +913,20 @@ static void print_result(const struct options *o, const struct result *r)
         fprintf(stderr, "vgpu-burn: pid %d: %s\n", r->pid, r->error);
     if (o->json) {
         printf("{\"pid\": %d, \"device\": %d, \"launches\": %" PRIu64 ", \"kernels\": %" PRIu64
-               ", \"kernels_per_s\": %.1f, \"gpu_time_s\": %.6f, \"wall_s\": %.6f, \"busy\": %.4f"
-               ", \"alloc_requested\": %" PRIu64 ", \"alloc_bytes\": %" PRIu64 ", \"alloc_error\": ",
-               r->pid, r->device, r->launches, r->kernels, rate, r->gpu_ms / 1000, r->wall_s, busy(r),
-               r->alloc_requested, r->alloc_bytes);
+               ", \"kernels_per_s\": %.1f, \"work\": %.4f, \"event_time_s\": %.6f, \"wall_s\": %.6f"
+               ", \"event_span\": %.4f, \"alloc_requested\": %" PRIu64 ", \"alloc_bytes\": %" PRIu64
+               ", \"alloc_error\": ",
+               r->pid, r->device, r->launches, r->kernels, rate, work_share(r), r->gpu_ms / 1000, r->wall_s,
+               event_span(r), r->alloc_requested, r->alloc_bytes);
         print_json_string(r->alloc_error);
         fputs(", \"error\": ", stdout);
         print_json_string(r->error);
         fputs("}\n", stdout);
         return;
     }
-    printf("pid %d device %d: %" PRIu64 " launches, %" PRIu64 " kernels, %.1f kernels/s, gpu %.3f s / wall %.3f s = "
-           "busy %.1f%%",
-           r->pid, r->device, r->launches, r->kernels, rate, r->gpu_ms / 1000, r->wall_s, 100 * busy(r));
+    printf("pid %d device %d: %" PRIu64 " launches, %" PRIu64 " kernels, %.1f kernels/s, wall %.3f s: "
+           "work %.1f%% of the GPU (kernels x kernel time), event span %.1f%% (with waits for its turn)",
+           r->pid, r->device, r->launches, r->kernels, rate, r->wall_s, 100 * work_share(r), 100 * event_span(r));
     if (r->alloc_requested != 0)
         printf(", alloc %" PRIu64 " of %" PRIu64 " bytes%s%s", r->alloc_bytes, r->alloc_requested,
                r->alloc_error[0] ? ", first error " : "", r->alloc_error);
@@ -922,6 +952,7 @@ static void print_summary(const struct options *o, const struct result *results,
         total.launches += results[i].launches;
         total.kernels += results[i].kernels;
         total.gpu_ms += results[i].gpu_ms;
+        total.work_s += results[i].work_s;
         total.alloc_bytes += results[i].alloc_bytes;
         total.alloc_requested += results[i].alloc_requested;
         if (results[i].wall_s > total.wall_s)
@@ -929,13 +960,13 @@ static void print_summary(const struct options *o, const struct result *results,
     }
     if (o->json)
         printf("{\"summary\": true, \"procs\": %u, \"launches\": %" PRIu64 ", \"kernels\": %" PRIu64
-               ", \"gpu_time_s\": %.6f, \"wall_s\": %.6f, \"busy\": %.4f, \"alloc_requested\": %" PRIu64
-               ", \"alloc_bytes\": %" PRIu64 ", \"exit\": %d}\n",
-               n, total.launches, total.kernels, total.gpu_ms / 1000, total.wall_s, busy(&total),
-               total.alloc_requested, total.alloc_bytes, code);
+               ", \"work\": %.4f, \"event_time_s\": %.6f, \"wall_s\": %.6f, \"event_span\": %.4f"
+               ", \"alloc_requested\": %" PRIu64 ", \"alloc_bytes\": %" PRIu64 ", \"exit\": %d}\n",
+               n, total.launches, total.kernels, work_share(&total), total.gpu_ms / 1000, total.wall_s,
+               event_span(&total), total.alloc_requested, total.alloc_bytes, code);
     else if (n > 1)
-        printf("total: %u procs, %" PRIu64 " kernels, gpu %.3f s / wall %.3f s = busy %.1f%%\n", n, total.kernels,
-               total.gpu_ms / 1000, total.wall_s, 100 * busy(&total));
+        printf("total: %u procs, %" PRIu64 " kernels, wall %.3f s: work %.1f%% of the GPU, event span %.1f%%\n", n,
+               total.kernels, total.wall_s, 100 * work_share(&total), 100 * event_span(&total));
 }
 
 static int meminfo(const struct options *o)

@@ -4,69 +4,7 @@
  * the same binary runs on the simulator and on a real GPU (driver API only,
  * no CUDA toolkit).
  *
- *   vgpu-memprobe [--device N] [--resolve dlsym|procaddr] [--cuda-version V]
- *                 [--ptsz] COMMAND...
- *
- * Commands run in order; each prints one JSON object on stdout:
- *   alloc:PATH:SIZE   allocate through PATH (alloc, alloc_v1, pitch, managed,
- *                     async, pool, vmm, array, array3d, mipmap, graph, host;
- *                     vmmmap: cuMemCreate + map + cuMemRelease, the mapping
- *                     kept, freed by unmapping; graphnode, graphnode2: the
- *                     graph path through cuGraphAddNode / cuGraphAddNode_v2;
- *                     mipmaplayered: a layered 2D mipmapped array of 32
- *                     layers asking for 100 levels)
- *   free              free the most recent allocation through its own free
- *   freeall           free every allocation, newest first
- *   fill:VALUE        write VALUE (u32) over every linear allocation, read
- *                     it back and report whether it matched
- *   ctx:NAME          create a context (made current) through the exported
- *                     variant NAME (cuCtxCreate, cuCtxCreate_v2, _v3, _v4); with
- *                     --resolve procaddr the pointer comes from
- *                     cuGetProcAddress_v2("cuCtxCreate", --cuda-version) and
- *                     must be NAME's ("result":"wrong-variant" otherwise)
- *   meminfo           cuMemGetInfo_v2 and cuDeviceTotalMem_v2
- *   nvml              NVML memory info and compute process pids of the device
- *   trim              trim the pools (default pool, graph memory) after a sync
- *   sync              cuCtxSynchronize
- *   limit:NAME:VALUE  cuCtxSetLimit of stack, fifo or heap to VALUE bytes
- *   ctx-leak:SIZE     create a context, allocate SIZE in it, destroy the
- *                     context without freeing, make the primary current again
- *   pool-destroy      destroy the pool of the pool path (allocations may live)
- *   async-on:N:SIZE   cuMemAllocAsync on a stream of device N's primary
- *                     context, the current context staying device --device's
- *   pool-on:N:SIZE    cuMemAllocFromPoolAsync from a new pool of device N on
- *                     the current (--device) context's stream
- *   capture:SIZE      capture cuMemAllocAsync + cuMemFreeAsync of SIZE on a
- *                     new stream into a graph, run it once, destroy it
- *   pools:N:SIZE      create N pools on the device; allocate 4 KiB from each
- *                     but the last, SIZE from the last, and free each back
- *                     to its pool (the pools keep them)
- *   vmm-retain:SIZE   cuMemCreate + map + cuMemRelease, then the handle taken
- *                     back with cuMemRetainAllocationHandle and everything
- *                     unmapped: the retained handle alone keeps the memory
- *   graph-drop:SIZE   a graph with an allocation node (and its free node),
- *                     destroyed without being instantiated
- *   graph-keep:SIZE   the graph path's graph run, then destroyed (and its
- *                     executable graph), its allocation kept: it outlives
- *                     the graph until freed (free frees it)
- *   ipc-export        export the most recent allocation; prints its handle
- *   ipc-open:HEX      open an exported handle and read its first u32
- *   churn:PATH:SIZE   allocate and free through PATH forever (for kill tests)
- *   bench:PATH:SIZE:N time N alloc+free pairs (after a warm-up); prints the
- *                     median, p99 and mean ns per pair
- *   fork              fork: the child runs the remaining commands and exits
- *                     normally; the parent waits for it, prints
- *                     {"op":"forked","status":S}, then runs them too
- *   reinit            cuInit and the primary context again, made current (a
- *                     forked child on the simulator; a real driver refuses)
- *   wait              print {"op":"wait"} and block until a line on stdin
- *   exit              exit at once, leaving everything allocated
- * or, alone and before anything is initialised:
- *   roads             how every road resolves a set of entry points: for each
- *                     cuGetProcAddress(_v2) request (symbol, version, flags)
- *                     and dlsym lookup, the library and exported name of the
- *                     pointer obtained
- * Exit status: 0, 2 for bad arguments, 1 if the driver could not start.
+ * Run `vgpu-memprobe --help` for the options and commands.
  */
 #include <dlfcn.h>
 #include <errno.h>
@@ -200,9 +138,74 @@ static const char *err_name(CUresult rc)
     return name;
 }
 
+static const char USAGE[] =
+    "usage: vgpu-memprobe [--device N] [--resolve dlsym|procaddr] [--cuda-version V]\n"
+    "                     [--ptsz] COMMAND...\n"
+    "\n"
+    "Commands run in order; each prints one JSON object on stdout:\n"
+    "  alloc:PATH:SIZE   allocate through PATH (alloc, alloc_v1, pitch, managed,\n"
+    "                    async, pool, vmm, array, array3d, mipmap, graph, host;\n"
+    "                    vmmmap: cuMemCreate + map + cuMemRelease, the mapping\n"
+    "                    kept, freed by unmapping; graphnode, graphnode2: the\n"
+    "                    graph path through cuGraphAddNode / cuGraphAddNode_v2;\n"
+    "                    mipmaplayered: a layered 2D mipmapped array of 32\n"
+    "                    layers asking for 100 levels)\n"
+    "  free              free the most recent allocation through its own free\n"
+    "  freeall           free every allocation, newest first\n"
+    "  fill:VALUE        write VALUE (u32) over every linear allocation, read\n"
+    "                    it back and report whether it matched\n"
+    "  ctx:NAME          create a context (made current) through the exported\n"
+    "                    variant NAME (cuCtxCreate, cuCtxCreate_v2, _v3, _v4); with\n"
+    "                    --resolve procaddr the pointer comes from\n"
+    "                    cuGetProcAddress_v2(\"cuCtxCreate\", --cuda-version) and\n"
+    "                    must be NAME's (\"result\":\"wrong-variant\" otherwise)\n"
+    "  meminfo           cuMemGetInfo_v2 and cuDeviceTotalMem_v2\n"
+    "  nvml              NVML memory info and compute process pids of the device\n"
+    "  trim              trim the pools (default pool, graph memory) after a sync\n"
+    "  sync              cuCtxSynchronize\n"
+    "  limit:NAME:VALUE  cuCtxSetLimit of stack, fifo or heap to VALUE bytes\n"
+    "  ctx-leak:SIZE     create a context, allocate SIZE in it, destroy the\n"
+    "                    context without freeing, make the primary current again\n"
+    "  pool-destroy      destroy the pool of the pool path (allocations may live)\n"
+    "  async-on:N:SIZE   cuMemAllocAsync on a stream of device N's primary\n"
+    "                    context, the current context staying device --device's\n"
+    "  pool-on:N:SIZE    cuMemAllocFromPoolAsync from a new pool of device N on\n"
+    "                    the current (--device) context's stream\n"
+    "  capture:SIZE      capture cuMemAllocAsync + cuMemFreeAsync of SIZE on a\n"
+    "                    new stream into a graph, run it once, destroy it\n"
+    "  pools:N:SIZE      create N pools on the device; allocate 4 KiB from each\n"
+    "                    but the last, SIZE from the last, and free each back\n"
+    "                    to its pool (the pools keep them)\n"
+    "  vmm-retain:SIZE   cuMemCreate + map + cuMemRelease, then the handle taken\n"
+    "                    back with cuMemRetainAllocationHandle and everything\n"
+    "                    unmapped: the retained handle alone keeps the memory\n"
+    "  graph-drop:SIZE   a graph with an allocation node (and its free node),\n"
+    "                    destroyed without being instantiated\n"
+    "  graph-keep:SIZE   the graph path's graph run, then destroyed (and its\n"
+    "                    executable graph), its allocation kept: it outlives\n"
+    "                    the graph until freed (free frees it)\n"
+    "  ipc-export        export the most recent allocation; prints its handle\n"
+    "  ipc-open:HEX      open an exported handle and read its first u32\n"
+    "  churn:PATH:SIZE   allocate and free through PATH forever (for kill tests)\n"
+    "  bench:PATH:SIZE:N time N alloc+free pairs (after a warm-up); prints the\n"
+    "                    median, p99 and mean ns per pair\n"
+    "  fork              fork: the child runs the remaining commands and exits\n"
+    "                    normally; the parent waits for it, prints\n"
+    "                    {\"op\":\"forked\",\"status\":S}, then runs them too\n"
+    "  reinit            cuInit and the primary context again, made current (a\n"
+    "                    forked child on the simulator; a real driver refuses)\n"
+    "  wait              print {\"op\":\"wait\"} and block until a line on stdin\n"
+    "  exit              exit at once, leaving everything allocated\n"
+    "or, alone and before anything is initialised:\n"
+    "  roads             how every road resolves a set of entry points: for each\n"
+    "                    cuGetProcAddress(_v2) request (symbol, version, flags)\n"
+    "                    and dlsym lookup, the library and exported name of the\n"
+    "                    pointer obtained\n"
+    "Exit status: 0, 2 for bad arguments, 1 if the driver could not start.\n";
+
 static void usage_exit(const char *why)
 {
-    fprintf(stderr, "vgpu-memprobe: %s (see the header of vgpu-memprobe.c)\n", why);
+    fprintf(stderr, "vgpu-memprobe: %s (see --help)\n", why);
     exit(2);
 }
 
@@ -1095,6 +1098,7 @@ int main(int argc, char **argv)
         {"resolve", required_argument, NULL, 'r'},
         {"cuda-version", required_argument, NULL, 'v'},
         {"ptsz", no_argument, NULL, 'p'},
+        {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     const char *how = "procaddr";
@@ -1105,6 +1109,7 @@ int main(int argc, char **argv)
         case 'r': how = optarg; break;
         case 'v': version = atoi(optarg); break;
         case 'p': ptsz = 1; break;
+        case 'h': fputs(USAGE, stdout); return 0;
         default: usage_exit("bad option");
         }
     }

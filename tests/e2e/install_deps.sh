@@ -2,9 +2,13 @@
 # Install what tests/e2e needs from the distribution's packages: podman and
 # runc (the container runtime the tests drive) and, when the host has no
 # busybox at all, busybox-static (the shell inside the test root
-# filesystem). Nothing is installed that is already there; `apt-get update`
-# runs at most once. Without root, or without apt, it says so and exits 0:
-# tests/e2e then skips with the same reason.
+# filesystem). `make test` runs this first, and as root it installs them
+# with apt-get, their dependencies included (about 30 packages on Debian
+# 12): the first line of output says so, with the count. Nothing is
+# installed that is already there, so a second run does nothing; `apt-get
+# update` runs at most once. VGPUD_E2E_DEPS=skip installs nothing. Without
+# root, or without apt, it says so and exits 0: tests/e2e then skips with
+# the same reason.
 set -eu
 
 missing=""
@@ -15,6 +19,10 @@ command -v busybox >/dev/null 2>&1 || [ -x /bin/busybox ] || missing="$missing b
 if [ -z "$missing" ]; then
     exit 0
 fi
+if [ "${VGPUD_E2E_DEPS:-}" = skip ]; then
+    echo "e2e-deps: VGPUD_E2E_DEPS=skip: not installing$missing (tests/e2e will be skipped)"
+    exit 0
+fi
 if [ "$(id -u)" != 0 ]; then
     echo "e2e-deps: not root, cannot install:$missing (tests/e2e will be skipped)"
     exit 0
@@ -23,8 +31,11 @@ if ! command -v apt-get >/dev/null 2>&1; then
     echo "e2e-deps: no apt-get; install$missing by hand (tests/e2e will be skipped)"
     exit 0
 fi
-echo "e2e-deps: installing$missing"
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 # shellcheck disable=SC2086 # one word per package
+count=$(apt-get install -s $missing | grep -c '^Inst ' || true)
+echo "e2e-deps: installing$missing for tests/e2e with apt-get: $count new packages" \
+    "with their dependencies (VGPUD_E2E_DEPS=skip to skip them and tests/e2e)"
+# shellcheck disable=SC2086
 apt-get install -y -qq $missing

@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 
 from tests.integration.test_compute_coloc import SIM_GPU0, TOLERANCE, colocate
-from vgpud.blocks import PPM_FULL, ControlBlock, DeviceSlice, UsageBlock
+from vgpud.blocks import ControlBlock, DeviceSlice, UsageBlock
+from vgpud.units import percent_to_ppm
 
 STALE_NS = 10 * 1_000_000_000  # the daemon's last beat, this long ago
 
@@ -30,10 +31,10 @@ def vgpu(tmp_path: Path, name: str, share: int, soft: bool, quota: int) -> dict[
     """A vGPU's blocks as a daemon left them when it stopped: the quota it
     wrote last, and a heartbeat long stale."""
     control, usage = tmp_path / f"control-{name}", tmp_path / f"usage-{name}"
-    slice_ = DeviceSlice(SIM_GPU0, 1 << 30, share_ppm=share * PPM_FULL // 100, soft=soft)
+    slice_ = DeviceSlice(SIM_GPU0, 1 << 30, share_ppm=percent_to_ppm(share), soft=soft)
     with ControlBlock.create(control, name, [slice_]) as block:
         assert isinstance(block, ControlBlock)
-        block.write_throttle(0, quota * PPM_FULL // 100)
+        block.write_throttle(0, percent_to_ppm(quota))
         block.heartbeat(time.monotonic_ns() - STALE_NS)
     UsageBlock.create(usage, device_count=1).close()
     return {"VGPU_CONTROL": str(control), "VGPU_USAGE": str(usage)}

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from tests.integration.daemon_harness import Daemon
-from vgpud.blocks import PPM_FULL, ControlBlock, UsageBlock
+from vgpud.blocks import ControlBlock, UsageBlock
 from vgpud.ctl.client import ApiFailure
+from vgpud.units import percent_to_ppm
 
 ROUNDS = 12
 MIB = 1 << 20
@@ -38,7 +39,7 @@ def churn(daemon: Daemon, ledger: Ledger, rng: random.Random, stop: threading.Ev
         ids = sorted(ledger.limits)
         op = rng.choice(["create", "create", "update", "delete"] if ids else ["create"])
         vid = rng.choice(ids) if ids and op != "create" else None
-        limits = (rng.randint(1, 64) * MIB, rng.randint(1, 12))
+        limits = (rng.randint(2, 64) * MIB, rng.randint(1, 12))  # 2 MiB: the smallest vGPU
         try:
             if op == "create":
                 answer = daemon.client.post(
@@ -98,7 +99,7 @@ def check_whole(daemon: Daemon, ledger: Ledger) -> None:
             assert isinstance(control, ControlBlock)
             device = control.devices()[0]
         assert device.mem_limit == v["slices"][0]["memory"]
-        assert device.share_ppm == v["share"] * PPM_FULL // 100
+        assert device.share_ppm == percent_to_ppm(v["share"])
         UsageBlock.open(daemon.run_dir / v["id"] / "usage", device_count=1).close()
     for vid in extra:
         ledger.limits[vid] = (listed[vid]["gpus"][0]["memory_limit"], listed[vid]["share"])

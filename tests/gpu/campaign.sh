@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One GPU session's campaign, for the record in docs/: build the C parts
+# One campaign on a GPU node, for the record in docs/: build the C parts
 # with the node's gcc, note the versions, run tests/gpu with the node's
 # framework Python, the overhead benchmarks, the daemon against the real
 # driver (devices with their SM counts, `vgpuctl doctor`), the pacer's

@@ -141,7 +141,8 @@ def test_memory_a_fork_child_holds_stays_charged(vgpu: FakeVgpu, tmp_path: Path)
         time.sleep(1)  # NVML's lists follow within its sample period
         snap, _ = scanner.scan()
         gpu = next(iter(snap.vgpus["v1"].gpus.values()))
-        # Driver 580 lists the memory under the dead parent's pid (issue 10).
+        # Driver 580 lists the memory under the dead parent's pid
+        # (docs/gpu/driver-facts.md).
         assert snap.processes[parent.pid].kind == "exited"
         assert gpu.nvml_used >= 2 * GiB
     finally:

@@ -1,4 +1,4 @@
-"""The allocation roads of issue 10 (items 5, 6, 9) on a real GPU.
+"""The allocation roads of docs/security.md (attacks 5, 6, 9) on a real GPU.
 
 Each test drives one road with build/vgpu-memprobe (the driver API only)
 under a slice and checks from outside, with NVML, that the process and its

@@ -275,9 +275,10 @@ class Burn:
 
     @property
     def work(self) -> float:
-        """Fraction of the device the kernels it completed occupied."""
+        """Fraction of the device the kernels it completed occupied (the
+        burn's own "work": kernels x kernel time / wall time)."""
         summary = next(r for r in self.records if r.get("summary"))
-        return float(summary["kernels"] * self.kernel_us / 1e6 / summary["wall_s"])
+        return float(summary["work"])
 
     def completions(self) -> list[Completion]:
         """What its trace recorded so far."""

@@ -6,10 +6,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from tests.conftest import BUILD, ROOT
+from vgpud.demo import keep_or_remove
 
 
 @pytest.mark.skipif(not (BUILD / "vgpu-burn").exists(), reason="run `make` first")
@@ -46,3 +48,15 @@ def test_demo_refuses_a_bad_duration() -> None:
         timeout=60,
     )
     assert done.returncode == 2 and "--seconds" in done.stderr
+
+
+def test_a_limit_not_held_keeps_the_log_it_names(tmp_path: Path) -> None:
+    work = tmp_path / "vgpud-demo-x"
+    work.mkdir()
+    (work / "vgpud.log").write_text("the daemon's story")
+    message = keep_or_remove(work, held=False)
+    assert message is not None
+    named = Path(message.split("the daemon's log ")[1].split()[0])
+    assert named.read_text() == "the daemon's story"
+    assert keep_or_remove(work, held=True) is None
+    assert not work.exists()

@@ -1,5 +1,5 @@
 """Allocation roads that once left a vGPU's budget unchanged, or charged
-forever, on the simulated GPU (issue 10, items 5, 6 and 9).
+forever, on the simulated GPU (attacks 5, 6 and 9 of docs/security.md).
 
 Each test drives one road through ``vgpu-memprobe`` under a 100 MiB
 standalone limit and checks two things: the hook's charge (what

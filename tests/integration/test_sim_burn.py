@@ -1,5 +1,6 @@
 """vgpu-burn on the simulated GPU: arguments, allocation paths and their
-failures, and the engine sharing one device between processes."""
+failures, and the engine sharing one device between processes (and the
+tools' --help)."""
 
 from __future__ import annotations
 
@@ -49,10 +50,13 @@ def test_bad_arguments_exit_2_with_a_reason(
     assert proc.stdout == ""
 
 
-def test_help_exits_0() -> None:
-    proc = subprocess.run([BURN, "--help"], capture_output=True, text=True, check=False)
-    assert proc.returncode == 0
-    assert "--alloc-api" in proc.stdout
+@pytest.mark.parametrize(
+    ("tool", "mentions"), [("vgpu-burn", "--alloc-api"), ("vgpu-memprobe", "alloc:PATH:SIZE")]
+)
+def test_help_exits_0(tool: str, mentions: str) -> None:
+    proc = subprocess.run([BUILD / tool, "--help"], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"usage: {tool} ") and mentions in proc.stdout
 
 
 def test_meminfo_reports_capacity_less_context(sim_env: dict[str, str]) -> None:
@@ -108,12 +112,22 @@ def test_two_processes_share_the_device(sim_env: dict[str, str]) -> None:
     assert proc.returncode == 0, proc.stderr
     *workers, _summary = reports(proc)
     assert len(workers) == 2
-    # Each got about half the device by work done; its event-timed "busy"
-    # also spans the other's kernels, as on a time-slicing GPU.
+    # Each got about half the device by work done, and says so; its event
+    # span also covers the other's kernels, as on a time-slicing GPU.
     work = [w["kernels"] * 0.001 / w["wall_s"] for w in workers]
-    for share in work:
+    for share, worker in zip(work, workers, strict=True):
         assert 0.35 <= share <= 0.65, workers
+        assert worker["work"] == pytest.approx(share, abs=0.001)
+        assert worker["event_span"] > 0.9
     assert sum(work) <= 1.02  # the device never runs two kernels at once
+
+
+def test_the_figure_to_read_is_named_work(sim_env: dict[str, str]) -> None:
+    proc = burn(sim_env, "--procs", "2", "--seconds", "1", "--kernel-us", "1000")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert all("work " in line and "% of the GPU" in line for line in lines)
+    assert "busy" not in proc.stdout
 
 
 def test_graph_launches_run_the_captured_kernels(sim_env: dict[str, str]) -> None:
@@ -122,7 +136,8 @@ def test_graph_launches_run_the_captured_kernels(sim_env: dict[str, str]) -> Non
     worker = reports(proc)[0]
     assert worker["kernels"] == 4 * worker["launches"] > 0
     # Each graph launch is 4 kernels of 0.5 ms: GPU time follows the kernels.
-    assert worker["gpu_time_s"] >= worker["kernels"] * 0.0005
+    assert worker["event_time_s"] >= worker["kernels"] * 0.0005
+    assert worker["work"] == pytest.approx(worker["kernels"] * 0.0005 / worker["wall_s"], rel=0.01)
 
 
 def test_bad_simulator_config_is_a_cuda_error(sim_env: dict[str, str]) -> None:

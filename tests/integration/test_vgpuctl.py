@@ -30,9 +30,15 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     d.cleanup()
 
 
-def ctl(daemon: Daemon | str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+def ctl(
+    daemon: Daemon | str,
+    *args: str,
+    check: bool = True,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
     sock = daemon if isinstance(daemon, str) else daemon.socket
-    env = {**(os.environ if isinstance(daemon, str) else daemon.env), "VGPUD_SOCKET": sock}
+    base = env if env is not None else os.environ if isinstance(daemon, str) else daemon.env
+    env = {**base, "VGPUD_SOCKET": sock}
     done = subprocess.run(
         [sys.executable, "-m", "vgpud.ctl.main", *args],
         env=env,
@@ -124,10 +130,100 @@ def test_top_once_and_doctor(daemon: Daemon) -> None:
     ctl(daemon, "create", "--name", "topped", "--memory", "64m")
     top = ctl(daemon, "top", "--once").stdout
     assert "topped" in top and "vgpud simulated GPU" in top
-    doctor = ctl(daemon, "doctor", "--libcuda", str(BUILD / "sim" / "libcuda.so.1"), check=False)
-    assert "ok    vgpud answers" in doctor.stdout and "NVML reachable" in doctor.stdout
-    assert "cu* entry points intercepted" in doctor.stdout
     ctl(daemon, "delete", "topped")
+
+
+def a_users_shell() -> dict[str, str]:
+    """A user's environment, who has not heard of build/sim or VGPU_SIM_STATE."""
+    return {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "VGPU_SIM_STATE")}
+
+
+def test_doctor_passes_on_the_simulator_as_a_user_runs_it(daemon: Daemon) -> None:
+    doctor = ctl(daemon, "doctor", check=False, env=a_users_shell())
+    assert doctor.returncode == 0, doctor.stdout
+    assert "on the SIMULATED GPU" in doctor.stdout and "NVML reachable" in doctor.stdout
+    assert f"driver {BUILD / 'sim' / 'libcuda.so.1'}" in doctor.stdout
+
+
+def test_run_on_the_simulator_needs_no_library_path(daemon: Daemon) -> None:
+    shell = a_users_shell()
+    burn = ctl(
+        daemon,
+        *("run", "--memory", "128m", "--", str(BUILD / "vgpu-burn"), "--alloc", "64m"),
+        *("--seconds", "0"),
+        check=False,
+        env=shell,
+    )
+    assert burn.returncode == 0, burn.stderr
+    # ... and on the daemon's own simulated machine, where its NVML sees it.
+    seen = ctl(daemon, "run", "--", "sh", "-c", 'echo "$VGPU_SIM_STATE"', env=shell).stdout
+    assert seen.strip() == daemon.env["VGPU_SIM_STATE"]
+
+
+def test_devices_lists_the_gpus_and_their_vgpus(daemon: Daemon) -> None:
+    vid = ctl(daemon, "create", "--name", "ondev", "--gpus", "1", "--memory", "64m").stdout
+    rows = ctl(daemon, "devices").stdout.splitlines()
+    assert rows[0].split()[:3] == ["GPU", "UUID", "NAME"]
+    assert len(rows) == 3 and all("vgpud simulated GPU" in row for row in rows[1:])
+    assert rows[2].split()[-1] == vid.strip() and "ok" in rows[1].split()
+    assert len(json.loads(ctl(daemon, "devices", "--json").stdout)) == 2
+    ctl(daemon, "delete", "ondev")
+
+
+def test_show_lists_the_processes_and_delete_says_how_to_force(daemon: Daemon) -> None:
+    env = {**daemon.env, "VGPUD_SOCKET": daemon.socket}
+    run = [sys.executable, "-m", "vgpud.ctl.main", "run", "--name", "busy", "--memory", "128m"]
+    burn = [str(BUILD / "vgpu-burn"), "--alloc", "32m", "--hold", "--seconds", "60"]
+    proc = subprocess.Popen(
+        [*run, "--", *burn],
+        env=env,
+        start_new_session=True,
+    )
+    try:
+
+        def burn_shown() -> str | None:
+            out = ctl(daemon, "show", "busy", check=False).stdout
+            return out if "vgpu-burn" in out else None
+
+        shown = wait_for(burn_shown, 20, "the burn in vgpuctl show")
+        assert "none found" not in shown
+        refused = ctl(daemon, "delete", "busy", check=False)
+        assert refused.returncode == 1
+        assert "used by 1 process(es); add --force to delete it anyway" in refused.stderr
+        assert "?force" not in refused.stderr
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=30)
+
+
+def test_an_over_limit_run_publishes_its_oom(tmp_path_factory: pytest.TempPathFactory) -> None:
+    tmp = tmp_path_factory.mktemp("oom")
+    env = {**os.environ, "LD_LIBRARY_PATH": str(BUILD / "sim")}
+    env["VGPU_SIM_STATE"] = str(tmp / "sim-state")
+    # No scan after the first: the news can only come from the delete.
+    d = Daemon(tmp, env, config="scan_interval = 600.0\n").start()
+    try:
+        burn = [str(BUILD / "vgpu-burn"), "--alloc", "256m", "--seconds", "0"]
+        done = ctl(
+            d,
+            "run",
+            "--memory",
+            "128m",
+            "--",
+            "sh",
+            "-c",
+            'echo "$VGPU_ID"; exec "$@"',
+            "-",
+            *burn,
+            check=False,
+        )
+        assert done.returncode == 3, done.stderr  # refused its 256 MiB
+        vid = done.stdout.splitlines()[0]
+        events = [json.loads(line) for line in d.client.stream("/v1/events?follow=false")]
+        ooms = [e for e in events if e["type"] == "oom" and e["vgpu"] == vid]
+        assert len(ooms) == 1 and ooms[0]["detail"]["refused"] >= 1, events
+    finally:
+        d.cleanup()
 
 
 def test_without_a_daemon_the_message_says_so() -> None:

@@ -1,9 +1,9 @@
 """Red team: a tenant tries to make the daemon charge, kill or name a
 process that is not its own, or to step around the memory backstop.
 
-Each test is an attack from issue 10 (items 1, 2, 8 and the fork case of
-item 5), run against the real tracker and backstop on real processes of
-this machine; it asserts that the attack fails (docs/security.md).
+Each test is an attack of docs/security.md's table of attacks (1, 2, 8 and
+the fork case of 5), run against the real tracker and backstop on real
+processes of this machine; it asserts that the attack fails.
 """
 
 from __future__ import annotations

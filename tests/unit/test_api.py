@@ -137,7 +137,7 @@ async def test_delete_refuses_while_in_use_unless_forced(api: Api) -> None:
     entry.usage._c.slots[0].state = 2  # ACTIVE: a process holds a slot
     r = await api.client.delete(f"/v1/vgpus/{vg['id']}")
     body = await r.json()
-    assert r.status == 409 and "force" in body["detail"]
+    assert r.status == 409 and body["error"] == "in_use" and "1 process" in body["detail"]
     validate(body, VG, "delete", 409)
     assert (api.tmp / "run" / vg["id"]).is_dir()
     r = await api.client.delete(f"/v1/vgpus/{vg['id']}?force=true")

@@ -148,7 +148,8 @@ async def test_gone_from_the_snapshot_is_not_found(api: Api) -> None:
 
 
 async def test_vgpuctl_shows_it(api: Api) -> None:
-    text = show(await get(api, f"/v1/vgpus/{SA}"))
+    text = show(await get(api, f"/v1/vgpus/{SA}"), await get(api, "/v1/processes"))
     assert "standalone" in text and "read-only" in text
-    row = text.splitlines()[-1].split()
+    assert "none found by the last scan" in text  # the scan saw its pids, not their processes
+    row = next(line for line in text.splitlines() if line.startswith(SA)).split()
     assert row == [SA, "-", "0", "4.0GiB", "1.0GiB", "30%", "hard", "-", "25", "2"]

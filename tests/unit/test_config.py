@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from vgpud.config import RESTART_KEYS, Config, ConfigError, changed_keys, load_config, parse_config
+from vgpud.daemon import flags_of, parse_args
 
 ETC = Path(__file__).resolve().parents[2] / "etc" / "vgpud.toml"
 
@@ -16,6 +17,18 @@ def test_etc_vgpud_toml_is_exactly_the_defaults() -> None:
     values = tomllib.loads(ETC.read_text())
     assert set(values) == set(Config().as_dict()), "every key documented, no stray key"
     assert load_config(ETC, env={}) == Config()
+
+
+def test_only_the_node_daemon_writes_cdi_specs_unless_asked() -> None:
+    # The README's unprivileged run, even as root with the shipped file.
+    private = ["--socket", "/tmp/s", "--run-dir", "/tmp/r", "--state-dir", "/tmp/d", "--sim"]
+    assert load_config(ETC, {}, flags_of(parse_args(private))).cdi_spec_dir == ""
+    assert load_config(ETC, {}, {}).cdi_spec_dir == "/var/run/cdi"  # the node's daemon
+    asked = load_config(ETC, {"VGPUD_CDI_DIR": "/tmp/cdi"}, flags_of(parse_args(private)))
+    assert asked.cdi_spec_dir == "/tmp/cdi"
+    assert load_config(ETC, {"VGPUD_CDI_DIR": ""}, {}).cdi_spec_dir == ""
+    with pytest.raises(ConfigError, match='"auto" or ""'):
+        parse_config({"cdi_dir": "cdi"}, {}, {})
 
 
 def test_precedence_flags_over_env_over_file() -> None:

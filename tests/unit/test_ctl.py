@@ -13,9 +13,10 @@ import pytest
 
 from vgpud.ctl import client as client_mod
 from vgpud.ctl.client import Client, DaemonUnreachable
-from vgpud.ctl.doctor import risky, unhooked
+from vgpud.ctl.doctor import find_driver, risky, unhooked
 from vgpud.ctl.elf import ElfError, exported_functions
-from vgpud.ctl.main import limits_body, parser
+from vgpud.ctl.main import command_env, limits_body, parser
+from vgpud.ctl.table import process_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 ATOMICS = ROOT / "build" / "libvgpu-atomics.so"
@@ -169,3 +170,46 @@ def test_non_ascii_digits_go_to_the_daemon_as_text() -> None:
     args = parser().parse_args(["create", "--memory", "\u0661\u0662\u0663m", "--gpus", "\u0660"])
     assert limits_body(args, creating=True)["memory"] == "\u0661\u0662\u0663m"
     assert limits_body(args, creating=True)["gpus"] == ["\u0660"]
+
+
+def test_run_puts_the_recipes_libraries_first_and_keeps_the_callers() -> None:
+    env = command_env(
+        {"LD_LIBRARY_PATH": "/opt/lib", "LD_PRELOAD": "/x.so", "HOME": "/h"},
+        {"LD_LIBRARY_PATH": "/b/sim", "LD_PRELOAD": "/libvgpu.so", "VGPU_ID": "vg-1"},
+    )
+    assert env == {
+        "LD_LIBRARY_PATH": "/b/sim:/opt/lib",
+        "LD_PRELOAD": "/libvgpu.so:/x.so",
+        "HOME": "/h",
+        "VGPU_ID": "vg-1",
+    }
+    assert command_env({}, {"LD_PRELOAD": "/libvgpu.so"}) == {"LD_PRELOAD": "/libvgpu.so"}
+
+
+def test_doctor_finds_the_driver_on_the_library_path_first(tmp_path: Path) -> None:
+    (tmp_path / "libcuda.so.1").write_bytes(b"")
+    found = find_driver(None, False, {"LD_LIBRARY_PATH": f"/nowhere::{tmp_path}"})
+    assert found == tmp_path / "libcuda.so.1"
+
+
+def test_doctor_on_a_simulated_daemon_compares_the_simulator() -> None:
+    found = find_driver(None, True, {})
+    assert found == ROOT / "build" / "sim" / "libcuda.so.1"
+    assert find_driver("/given/libcuda.so.1", True, {}) == Path("/given/libcuda.so.1")
+
+
+def test_process_rows_prefer_the_hooks_word_and_sum_the_gpus() -> None:
+    hooked = {
+        "host_pid": 42,
+        "container_pid": 7,
+        "kind": "vgpu",
+        "comm": "python",
+        "memory": {"GPU-a": 3 << 30},
+        "hooked": {"GPU-a": 1 << 30, "GPU-b": 1 << 30},
+        "utilization": {"GPU-a": 12.4},
+    }
+    unhooked_process = {**hooked, "host_pid": 9, "hooked": {}, "utilization": {}}
+    assert process_rows([hooked, unhooked_process]) == [
+        [9, 7, "vgpu", "python", "3.0GiB", None],
+        [42, 7, "vgpu", "python", "2.0GiB", "12"],
+    ]

@@ -2,7 +2,16 @@ from __future__ import annotations
 
 import pytest
 
-from vgpud.units import MemoryAmount, format_bytes, parse_bytes, parse_memory
+from vgpud.units import (
+    PPM_FULL,
+    MemoryAmount,
+    format_bytes,
+    parse_bytes,
+    parse_memory,
+    percent_to_ppm,
+    ppm_to_fraction,
+    ppm_to_percent,
+)
 
 
 @pytest.mark.parametrize(
@@ -46,3 +55,11 @@ def test_bad_memory(value: object) -> None:
 def test_format_bytes() -> None:
     assert format_bytes(512) == "512B"
     assert format_bytes(8 << 30) == "8.0GiB"
+
+
+def test_shares_in_percent_ppm_and_fractions_agree() -> None:
+    assert percent_to_ppm(30) == 300_000 and percent_to_ppm(100) == PPM_FULL
+    assert ppm_to_percent(300_000) == 30.0 and ppm_to_percent(12_345) == 1.2345
+    assert ppm_to_fraction(PPM_FULL) == 1.0 and ppm_to_fraction(250_000) == 0.25
+    for percent in range(1, 101):
+        assert ppm_to_percent(percent_to_ppm(percent)) == percent

@@ -11,7 +11,9 @@ pass through by design and are listed with the reason.
 from __future__ import annotations
 
 import ctypes.util
+import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -73,6 +75,7 @@ def reviewed(name: str) -> str | None:
     return next((why for pattern, why in REVIEWED if pattern.search(name)), None)
 
 
+SIM_DRIVER = "sim/libcuda.so.1"  # under the library directory (build/ in a checkout)
 DRIVER_PATHS = (
     "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
     "/usr/lib/aarch64-linux-gnu/libcuda.so.1",
@@ -97,10 +100,20 @@ class Report:
         self.lines.append(f"      {text}")
 
 
-def find_driver(explicit: str | None) -> Path | None:
+def find_driver(explicit: str | None, simulated: bool, environ: Mapping[str, str]) -> Path | None:
+    """The libcuda.so.1 a vGPU's process gets: the one named; on a daemon
+    that runs the simulated GPU, the simulator (its recipe puts it first on
+    the library path); otherwise the loader's order: LD_LIBRARY_PATH, the
+    distributions' places, ldconfig's cache."""
     if explicit:
         return Path(explicit)
-    for candidate in DRIVER_PATHS:
+    if simulated:
+        try:
+            return find_library(SIM_DRIVER)
+        except BlockError:
+            return None
+    searched = [d for d in environ.get("LD_LIBRARY_PATH", "").split(":") if d]
+    for candidate in [str(Path(d) / "libcuda.so.1") for d in searched] + list(DRIVER_PATHS):
         if Path(candidate).is_file():
             return Path(candidate)
     name = ctypes.util.find_library("cuda")
@@ -131,9 +144,14 @@ def unhooked(driver: set[str], hook: set[str]) -> Unhooked:
 
 def doctor(client: Client, driver_path: str | None, hook_path: str | None, verbose: bool) -> Report:
     report = Report()
+    simulated = False
     try:
         health = client.get("/v1/health")
-        report.ok(f"vgpud answers on {client.socket_path} (version {health['version']})")
+        simulated = bool(health.get("simulated"))
+        report.ok(
+            f"vgpud answers on {client.socket_path} (version {health['version']}"
+            + (", on the SIMULATED GPU)" if simulated else ")")
+        )
         if health["nvml"]:
             report.ok(f"NVML reachable: driver {health['driver_version']}, {health['gpus']} GPU(s)")
         else:
@@ -143,7 +161,7 @@ def doctor(client: Client, driver_path: str | None, hook_path: str | None, verbo
     except (DaemonUnreachable, ApiFailure) as exc:
         report.bad(str(exc))
 
-    driver = find_driver(driver_path)
+    driver = find_driver(driver_path, simulated, os.environ)
     try:
         hook = Path(hook_path) if hook_path else find_library("libvgpu.so")
     except BlockError as exc:

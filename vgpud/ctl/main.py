@@ -1,4 +1,4 @@
-"""vgpuctl: list, show, create, update, delete, top, env, run, doctor.
+"""vgpuctl: list, devices, show, create, update, delete, top, env, run, doctor.
 
 Talks to vgpud over its unix socket (--socket, $VGPUD_SOCKET, default
 /run/vgpud.sock). Exit status: 0 ok, 1 the daemon refused or is unreachable
@@ -14,13 +14,20 @@ import shlex
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote, urlencode
 
 from vgpud.ctl.client import ApiFailure, Client, DaemonUnreachable, default_socket
 from vgpud.ctl.doctor import doctor
-from vgpud.ctl.table import VGPU_HEADERS, render, show, vgpu_rows
+from vgpud.ctl.table import (
+    DEVICE_HEADERS,
+    VGPU_HEADERS,
+    device_rows,
+    render,
+    show,
+    vgpu_rows,
+)
 from vgpud.ctl.top import run_top
 
 EXIT_FAILED = 1
@@ -49,7 +56,11 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=cmd_list)
 
-    c = sub.add_parser("show", help="one vGPU in detail")
+    c = sub.add_parser("devices", help="the node's GPUs and the vGPUs on each")
+    c.add_argument("--json", action="store_true")
+    c.set_defaults(func=cmd_devices)
+
+    c = sub.add_parser("show", help="one vGPU in detail, with its processes")
     c.add_argument("id", help="vGPU id or name")
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=cmd_show)
@@ -167,18 +178,31 @@ def vgpu_path(key: str) -> str:
 def cmd_list(client: Client, a: argparse.Namespace) -> int:
     query = {k: v for k, v in (("gpu", a.gpu), ("label", a.label), ("owner_pod", a.owner_pod)) if v}
     vgpus = client.get("/v1/vgpus" + (f"?{urlencode(query)}" if query else ""))
-    if a.json:
-        print(json.dumps(vgpus, indent=2))
-    elif not vgpus:
-        print("no vGPUs")
+    return _listing(vgpus, a.json, "no vGPUs", VGPU_HEADERS, vgpu_rows)
+
+
+def cmd_devices(client: Client, a: argparse.Namespace) -> int:
+    return _listing(client.get("/v1/devices"), a.json, "no GPUs", DEVICE_HEADERS, device_rows)
+
+
+def _listing(
+    items: list[dict[str, Any]],
+    as_json: bool,
+    none: str,
+    headers: Sequence[str],
+    rows: Callable[[Sequence[dict[str, Any]]], list[list[object]]],
+) -> int:
+    """A list answer as JSON, a table, or the line that says it is empty."""
+    if as_json:
+        print(json.dumps(items, indent=2))
     else:
-        print(render(VGPU_HEADERS, vgpu_rows(vgpus)))
+        print(render(headers, rows(items)) if items else none)
     return 0
 
 
 def cmd_show(client: Client, a: argparse.Namespace) -> int:
     v = client.get(vgpu_path(a.id))
-    print(json.dumps(v, indent=2) if a.json else show(v))
+    print(json.dumps(v, indent=2) if a.json else show(v, client.get("/v1/processes")))
     return 0
 
 
@@ -204,7 +228,13 @@ def cmd_update(client: Client, a: argparse.Namespace) -> int:
 
 
 def cmd_delete(client: Client, a: argparse.Namespace) -> int:
-    v = client.delete(vgpu_path(a.id) + ("?force=true" if a.force else ""))
+    try:
+        v = client.delete(vgpu_path(a.id) + ("?force=true" if a.force else ""))
+    except ApiFailure as exc:
+        if exc.error != "in_use":
+            raise
+        print(f"vgpuctl: {exc.detail}; add --force to delete it anyway", file=sys.stderr)
+        return EXIT_FAILED
     print(f"deleted {v['deleted']}")
     return 0
 
@@ -239,12 +269,21 @@ def cmd_run(client: Client, a: argparse.Namespace) -> int:
         client.delete(vgpu_path(v["id"]) + "?force=true")
 
 
+# Lists the vGPU's recipe puts first, keeping what the caller had after it.
+PATH_LISTS = ("LD_PRELOAD", "LD_LIBRARY_PATH")
+
+
+def command_env(environ: Mapping[str, str], host_env: Mapping[str, str]) -> dict[str, str]:
+    """The caller's environment with the vGPU's host recipe on top."""
+    env = {**environ, **host_env}
+    for key in PATH_LISTS:
+        if key in host_env and environ.get(key):
+            env[key] = f"{host_env[key]}:{environ[key]}"
+    return env
+
+
 def _run_in(v: dict[str, Any], cmd: list[str]) -> int:
-    env = dict(os.environ)
-    host_env = dict(v["host_env"])
-    if env.get("LD_PRELOAD"):
-        host_env["LD_PRELOAD"] = f"{host_env['LD_PRELOAD']}:{env['LD_PRELOAD']}"
-    env.update(host_env)
+    env = command_env(os.environ, v["host_env"])
     try:
         child = subprocess.Popen(cmd, env=env)
     except OSError as exc:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from vgpud.units import format_bytes
+from vgpud.units import format_bytes, ppm_to_percent
 
 
 def render(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
@@ -39,7 +39,7 @@ def vgpu_rows(vgpus: Sequence[dict[str, Any]]) -> list[list[object]]:
                     f"{v['share']:g}%",
                     v["mode"],
                     None if util is None else f"{util:.0f}",
-                    f"{g['quota_ppm'] / 10_000:.0f}",
+                    f"{ppm_to_percent(g['quota_ppm']):.0f}",
                     v["processes"],
                 ]
             )
@@ -54,9 +54,56 @@ def _bytes(value: int | None) -> str | None:
     return None if value is None else format_bytes(value)
 
 
-def show(v: dict[str, Any]) -> str:
+DEVICE_HEADERS = ("GPU", "UUID", "NAME", "MEMORY", "USED", "SMS", "UTIL%", "MIG", "HEALTH", "VGPUS")
+
+
+def device_rows(devices: Sequence[dict[str, Any]]) -> list[list[object]]:
+    return [
+        [
+            d["index"],
+            d["uuid"],
+            d["name"],
+            format_bytes(d["memory_total"]),
+            _bytes(d["memory_used"]),
+            d["sms"],
+            None if d["utilization"] is None else f"{d['utilization']:.0f}",
+            "on" if d["mig_mode"] else "off",
+            "ok" if d["healthy"] else f"unhealthy: {d['health_reason'] or 'unknown'}",
+            ",".join(d["vgpus"]),
+        ]
+        for d in devices
+    ]
+
+
+PROCESS_HEADERS = ("PID", "CONTAINER PID", "KIND", "COMMAND", "MEMORY", "UTIL%")
+
+
+def process_rows(processes: Sequence[dict[str, Any]]) -> list[list[object]]:
+    """One row per process: memory by the hook's word (NVML's where the hook
+    holds none), summed over its GPUs."""
+    rows: list[list[object]] = []
+    for p in sorted(processes, key=lambda p: p["host_pid"]):
+        memory = sum((p["hooked"] or p["memory"]).values())
+        util = p["utilization"]
+        rows.append(
+            [
+                p["host_pid"],
+                p["container_pid"],
+                p["kind"],
+                p["comm"],
+                format_bytes(memory),
+                f"{sum(util.values()):.0f}" if util else None,
+            ]
+        )
+    return rows
+
+
+def show(v: dict[str, Any], processes: Sequence[dict[str, Any]]) -> str:
+    """A vGPU in detail, with the processes the daemon's last scan found in it."""
+    mine = [p for p in processes if p["vgpu"] == v["id"]]
+    table = render(PROCESS_HEADERS, process_rows(mine)) if mine else "  none found by the last scan"
     if v.get("kind") == "standalone":
-        return _show_standalone(v)
+        return _show_standalone(v) + "\n\nprocesses:\n" + table
     lines = [
         f"vGPU {v['id']}" + (f" ({v['name']})" if v["name"] else ""),
         f"  memory {_memory(v['memory'])}  share {v['share']}% {v['mode']}  weight {v['weight']}"
@@ -74,6 +121,9 @@ def show(v: dict[str, Any]) -> str:
     )
     lines.append("")
     lines.append(render(VGPU_HEADERS, vgpu_rows([v])))
+    lines.append("")
+    lines.append("processes:")
+    lines.append(table)
     lines.append("")
     lines.append("environment for a plain process (vgpuctl env --shell):")
     lines += [f"  {k}={val}" for k, val in v["host_env"].items()]
