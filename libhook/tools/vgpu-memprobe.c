@@ -24,6 +24,8 @@
  *                     --resolve procaddr the pointer comes from
  *                     cuGetProcAddress_v2("cuCtxCreate", --cuda-version) and
  *                     must be NAME's ("result":"wrong-variant" otherwise)
+ *   device:N          make device ordinal N's primary context current: the
+ *                     commands after it work on device N (as --device N)
  *   meminfo           cuMemGetInfo_v2 and cuDeviceTotalMem_v2
  *   nvml              NVML memory info and compute process pids of the device
  *   trim              trim the pools (default pool, graph memory) after a sync
@@ -925,6 +927,27 @@ static void cmd_graph_keep(const char *arg)
     report("graph-keep", "graph", a->size, rc);
 }
 
+/* Make ordinal's primary context current: the probe now works on it. */
+static CUresult use_device(int ordinal)
+{
+    CUcontext ctx = NULL;
+    CUresult rc = cu.cuDeviceGet(&device, ordinal);
+    if (rc == CUDA_SUCCESS)
+        rc = cu.cuDevicePrimaryCtxRetain(&ctx, device);
+    if (rc == CUDA_SUCCESS)
+        rc = cu.cuCtxSetCurrent(ctx);
+    return rc;
+}
+
+static void cmd_device(const char *arg)
+{
+    char *end = NULL;
+    long n = strtol(arg, &end, 10);
+    if (end == arg || *end != '\0' || n < 0 || n > 1023)
+        usage_exit("expected device:N");
+    report("device", "", (uint64_t)n, use_device((int)n));
+}
+
 static void cmd_reinit(void)
 {
     CUcontext ctx = NULL;
@@ -972,6 +995,8 @@ static void run(const char *cmd)
         cmd_fill(cmd + 5);
     else if (strncmp(cmd, "ctx:", 4) == 0)
         cmd_ctx(cmd + 4);
+    else if (strncmp(cmd, "device:", 7) == 0)
+        cmd_device(cmd + 7);
     else if (strcmp(cmd, "meminfo") == 0)
         cmd_meminfo();
     else if (strcmp(cmd, "nvml") == 0)
@@ -1115,18 +1140,13 @@ int main(int argc, char **argv)
     if (resolve_cuda(how, version, ptsz) != 0)
         return 1;
     resolve_nvml();
-    CUcontext ctx;
     if (cu.cuInit == NULL || cu.cuGetErrorName == NULL) {
         printf("{\"op\":\"init\",\"path\":\"\",\"size\":0,\"result\":\"unresolved\",\"code\":-1}\n");
         return 1;
     }
     CUresult rc = cu.cuInit(0);
     if (rc == CUDA_SUCCESS)
-        rc = cu.cuDeviceGet(&device, ordinal);
-    if (rc == CUDA_SUCCESS)
-        rc = cu.cuDevicePrimaryCtxRetain(&ctx, device);
-    if (rc == CUDA_SUCCESS)
-        rc = cu.cuCtxSetCurrent(ctx);
+        rc = use_device(ordinal);
     report("init", "", 0, rc);
     if (rc != CUDA_SUCCESS)
         return 1;
