@@ -24,7 +24,9 @@ LIMIT = 100 * MiB
 OK, OOM = "CUDA_SUCCESS", "CUDA_ERROR_OUT_OF_MEMORY"
 
 
-def vgpu(sim_env: dict[str, str], tmp_path: Path, name: str, uuids: tuple[str, ...] = (GPU0,)) -> dict[str, str]:
+def vgpu(
+    sim_env: dict[str, str], tmp_path: Path, name: str, uuids: tuple[str, ...] = (GPU0,)
+) -> dict[str, str]:
     """A vGPU of LIMIT bytes on each GPU named; the env of its processes."""
     control, usage = tmp_path / f"control-{name}", tmp_path / f"usage-{name}"
     ControlBlock.create(control, name, [DeviceSlice(u, LIMIT) for u in uuids]).close()
@@ -54,7 +56,11 @@ def test_a_vmm_handle_passed_as_a_descriptor_is_charged_once_to_its_exporter(
         # budget never moves, and the exporter's neither.
         importer = probe(
             vgpu(sim_env, tmp_path, "b"),
-            "meminfo", f"vmm-import:{export['pid']}:{export['fd']}", "meminfo", "free", "meminfo",
+            "meminfo",
+            f"vmm-import:{export['pid']}:{export['fd']}",
+            "meminfo",
+            "free",
+            "meminfo",
         )
         assert importer.ops("vmm-import")[0]["result"] == OK
         assert importer.ops("vmm-import")[0]["size"] == 8 * MiB

@@ -51,8 +51,14 @@ def test_one_process_on_both_gpus_is_held_to_each_gpus_slice(
     proc = InteractiveProbe(
         env,
         [
-            "device:0", "meminfo", "alloc:alloc:40m", "alloc:vmm:24m",
-            "device:1", "meminfo", "alloc:alloc:40m", "alloc:vmm:24m",
+            "device:0",
+            "meminfo",
+            "alloc:alloc:40m",
+            "alloc:vmm:24m",
+            "device:1",
+            "meminfo",
+            "alloc:alloc:40m",
+            "alloc:vmm:24m",
             "wait",
         ],
     )
@@ -90,7 +96,11 @@ def test_one_process_per_gpu_each_charges_its_own_slice(
         assert [line["result"] for line in lines if line["op"] == "alloc"] == [OK, OOM]
         rank0 = probe(
             two_gpu_vgpu(sim_env, tmp_path, CUDA_VISIBLE_DEVICES="0"),
-            "meminfo", "alloc:alloc:48m", "alloc:alloc:16m", "alloc:alloc:1m", "meminfo",
+            "meminfo",
+            "alloc:alloc:48m",
+            "alloc:alloc:16m",
+            "alloc:alloc:1m",
+            "meminfo",
         )
         assert [a["result"] for a in rank0.ops("alloc")] == [OK, OK, OOM]
         before, after = rank0.ops("meminfo")
