@@ -37,8 +37,11 @@ def vgpu(
 
 
 def used(tmp_path: Path, name: str, devices: int = 1) -> list[int]:
-    with UsageBlock.open(tmp_path / f"usage-{name}", device_count=devices) as usage:
+    usage = UsageBlock.open(tmp_path / f"usage-{name}", device_count=devices)
+    try:
         return [d.used for d in usage.devices()]
+    finally:
+        usage.close()
 
 
 def test_a_vmm_handle_passed_as_a_descriptor_is_charged_once_to_its_exporter(

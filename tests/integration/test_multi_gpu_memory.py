@@ -37,8 +37,11 @@ def two_gpu_vgpu(sim_env: dict[str, str], tmp_path: Path, **extra: str) -> dict[
 
 
 def used_by_gpu(tmp_path: Path) -> dict[str, int]:
-    with UsageBlock.open(tmp_path / "usage", device_count=2) as usage:
+    usage = UsageBlock.open(tmp_path / "usage", device_count=2)
+    try:
         return dict(zip(LIMITS, (d.used for d in usage.devices()), strict=True))
+    finally:
+        usage.close()
 
 
 @pytest.mark.parametrize("visible", ["0,1", "1,0"])
