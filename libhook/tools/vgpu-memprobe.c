@@ -208,6 +208,7 @@ struct allocation {
 };
 
 #define MAX_ALLOCS 4096
+#define POSIX_FD_HANDLE 1 /* CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR */
 static struct allocation allocs[MAX_ALLOCS];
 static int nallocs;
 static CUdevice device;
@@ -417,6 +418,7 @@ static CUresult do_alloc(struct allocation *a)
         prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
         prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
         prop.location.id = device;
+        prop.requestedHandleTypes = POSIX_FD_HANDLE; /* so that vmm-export can share it */
         return cu.cuMemCreate(&a->vmm, a->size, &prop, 0);
     }
     case P_ARRAY:
@@ -677,8 +679,6 @@ static void cmd_ipc_open(const char *hex)
     printf("{\"op\":\"ipc-open\",\"result\":\"%s\",\"first\":%u}\n", err_name(rc), first);
     fflush(stdout);
 }
-
-#define POSIX_FD_HANDLE 1 /* CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR */
 
 static void cmd_vmm_export(void)
 {

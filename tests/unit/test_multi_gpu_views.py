@@ -1,6 +1,7 @@
 """A vGPU over two GPUs is reported GPU by GPU: the API's `gpus` entries,
 `vgpuctl show` and /metrics each give every GPU its own memory, counters and
-processes, never the vGPU's total or another GPU's figure."""
+processes, never the vGPU's total or another GPU's figure. Its recipe keeps
+NCCL off NVLink multicast, which the hook refuses."""
 
 from __future__ import annotations
 
@@ -86,3 +87,11 @@ async def test_metrics_carry_each_gpu_separately(api: Api) -> None:
     assert series(metrics, "vgpud_vgpu_memory_limit_bytes") == {uuid0: 4 * GIB, uuid1: 4 * GIB}
     assert series(metrics, "vgpud_vgpu_oom_total") == {uuid0: 1, uuid1: 0}
     assert series(metrics, "vgpud_vgpu_gpu_processes") == {uuid0: 1, uuid1: 2}
+
+
+async def test_the_recipe_keeps_nccl_off_nvlink_multicast(api: Api) -> None:
+    """The hook refuses cuMulticastCreate in a vGPU: NCCL is told not to
+    plan on NVLS, in the container's recipe and a plain process's env."""
+    vg = await two_gpu_vgpu(api)
+    assert vg["recipe"]["env"]["NCCL_NVLS_ENABLE"] == "0"
+    assert vg["host_env"]["NCCL_NVLS_ENABLE"] == "0"
