@@ -143,29 +143,14 @@ def base_env() -> dict[str, str]:
 def vgpu(tmp: Path, shares: Sequence[int], memory: int) -> Iterator[dict[str, str]]:
     """A vGPU over GPUs 0 and 1 with `memory` bytes and shares[i] % on GPU
     i, its GPUs entered in a turn broker; yields the env of its processes."""
-    from vgpud.blocks import PPM_FULL, Atomics, ControlBlock, DeviceSlice, TurnBroker, UsageBlock
+    from tests.helpers.vgpus import BrokeredVgpus
 
-    atomics = Atomics.load()
-    slices = [
-        DeviceSlice(uuid, memory, share_ppm=share * PPM_FULL // 100)
-        for uuid, share in zip(gpu_uuids()[:RANKS], shares, strict=True)
-    ]
-    control = ControlBlock.create(tmp / "control", "multi-gpu", slices, atomics=atomics)
-    usage = UsageBlock.create(tmp / "usage", device_count=RANKS, atomics=atomics)
-    broker = TurnBroker(atomics)
-    handles = [broker.add(control, usage, dev) for dev in range(RANKS)]
+    vgpus = BrokeredVgpus(tmp)
     try:
-        yield {
-            "LD_PRELOAD": str(HOOK),
-            "VGPU_CONTROL": str(tmp / "control"),
-            "VGPU_USAGE": str(tmp / "usage"),
-        }
+        shares_by_gpu = dict(zip(gpu_uuids()[:RANKS], shares, strict=True))
+        yield {"LD_PRELOAD": str(HOOK), **vgpus.make("multi-gpu", shares_by_gpu, memory)}
     finally:
-        for h in handles:
-            broker.remove(h)
-        broker.stop()
-        control.close()
-        usage.close()
+        vgpus.close()
 
 
 def run_ranks(

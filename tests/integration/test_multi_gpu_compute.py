@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 
 from tests.conftest import BUILD
+from tests.helpers.vgpus import BrokeredVgpus
 from tests.integration.compute_harness import Burn, Sampler, device_util
-from vgpud.blocks import Atomics, ControlBlock, DeviceSlice, TurnBroker, UsageBlock
 
 GPU0 = "GPU-5117a000-0000-4000-8000-000000000000"  # the simulator's default UUIDs
 GPU1 = "GPU-5117a000-0000-4000-8000-000000000001"
@@ -40,43 +39,6 @@ pytestmark = pytest.mark.skipif(
     not (BUILD / "vgpu-burn").is_file() or not (BUILD / "libvgpu.so").is_file(),
     reason="run `make` first (build/vgpu-burn, build/libvgpu.so)",
 )
-
-
-class Vgpus:
-    """vGPUs' blocks as the daemon makes them, every GPU of each entered in
-    a turn broker (no daemon: each quota stays its share)."""
-
-    def __init__(self, tmp_path: Path) -> None:
-        self.tmp = tmp_path
-        self.atomics = Atomics.load()
-        self.broker = TurnBroker(self.atomics)
-        self.blocks: list[tuple[ControlBlock, UsageBlock]] = []
-        self.handles: list[int] = []
-
-    def make(self, name: str, shares: dict[str, int]) -> dict[str, str]:
-        """A vGPU with a share (%) on each GPU named; its processes' env."""
-        control, usage = self.tmp / f"control-{name}", self.tmp / f"usage-{name}"
-        slices = [DeviceSlice(uuid, 1 << 30, share_ppm=s * 10_000) for uuid, s in shares.items()]
-        c = ControlBlock.create(control, name, slices, 0, atomics=self.atomics)
-        u = UsageBlock.create(usage, device_count=len(slices), atomics=self.atomics)
-        self.blocks.append((c, u))
-        self.handles += [self.broker.add(c, u, dev) for dev in range(len(slices))]
-        return {"VGPU_CONTROL": str(control), "VGPU_USAGE": str(usage)}
-
-    def close(self) -> None:
-        for handle in self.handles:
-            self.broker.remove(handle)
-        for c, u in self.blocks:
-            c.close()
-            u.close()
-        self.broker.stop()
-
-
-@pytest.fixture
-def vgpus(tmp_path: Path) -> Iterator[Vgpus]:
-    v = Vgpus(tmp_path)
-    yield v
-    v.close()
 
 
 def burn(
@@ -119,7 +81,7 @@ def run_on_both_gpus(sim_env: dict[str, str], start: Callable[[], list[Burn]]) -
 
 @pytest.mark.parametrize("visible", ["0,1", "1,0"])
 def test_one_process_on_two_gpus_runs_each_at_its_own_share(
-    sim_env: dict[str, str], vgpus: Vgpus, visible: str
+    sim_env: dict[str, str], vgpus: BrokeredVgpus, visible: str
 ) -> None:
     blocks = vgpus.make("tp", {GPU0: 30, GPU1: 60})
     util = run_on_both_gpus(sim_env, lambda: [burn(sim_env, blocks, "0,1", visible)])
@@ -128,7 +90,7 @@ def test_one_process_on_two_gpus_runs_each_at_its_own_share(
 
 
 def test_one_process_per_gpu_each_runs_at_its_gpus_share(
-    sim_env: dict[str, str], vgpus: Vgpus
+    sim_env: dict[str, str], vgpus: BrokeredVgpus
 ) -> None:
     """Two ranks of one vGPU, each with one GPU visible as ordinal 0."""
     blocks = vgpus.make("ranks", {GPU0: 30, GPU1: 60})
@@ -149,7 +111,7 @@ def lockstep_pipes() -> tuple[tuple[int, int], tuple[int, int], list[int]]:
 
 @pytest.mark.parametrize("placement", ["own-gpus", "same-gpu"])
 def test_a_paced_rank_and_an_unlimited_rank_waiting_on_each_other_both_progress(
-    sim_env: dict[str, str], vgpus: Vgpus, placement: str
+    sim_env: dict[str, str], vgpus: BrokeredVgpus, placement: str
 ) -> None:
     """Rank 0 in a vGPU at 30 %, rank 1 in a vGPU with no compute limit,
     stepping together. own-gpus: each rank on its own GPU (tensor
