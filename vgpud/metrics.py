@@ -112,6 +112,9 @@ class _StateCollector(Collector):
         throttled = counter("vgpud_vgpu_throttled_seconds", "Time launches waited in the pacer.")
         ooms = counter("vgpud_vgpu_oom", "Allocations refused for the limit.")
         procs = gauge("vgpud_vgpu_processes", "Processes using the vGPU.")
+        gpu_procs = gauge(
+            "vgpud_vgpu_gpu_processes", "The vGPU's processes NVML lists on this GPU."
+        )
         for entry in self.service.registry.all():
             v = entry.vgpu
             nprocs = sum(1 for s in entry.usage.slots() if s.state == SLOT_ACTIVE)
@@ -126,6 +129,7 @@ class _StateCollector(Collector):
                 throttled.add_metric(labels, u.throttled_ns / 1e9)
                 ooms.add_metric(labels, u.oom_count)
                 procs.add_metric(labels, nprocs)
+                gpu_procs.add_metric(labels, self.service.vgpu_gpu_processes(v.id, s.gpu_uuid))
                 figure = self.service.vgpu_utilization(v.id, s.gpu_uuid)
                 if figure is not None:
                     util.add_metric(labels, figure)
@@ -153,7 +157,8 @@ class _StateCollector(Collector):
                 throttled.add_metric(labels, u.throttled_ns / 1e9)
                 ooms.add_metric(labels, u.oom_count)
                 procs.add_metric(labels, use.live_slots if use is not None else 0)
+                gpu_procs.add_metric(labels, self.service.vgpu_gpu_processes(vgpu_id, uuid))
                 figure = self.service.vgpu_utilization(vgpu_id, uuid)
                 if figure is not None:
                     util.add_metric(labels, figure)
-        yield from (used, limit, util, quota, share, throttled, ooms, procs)
+        yield from (used, limit, util, quota, share, throttled, ooms, procs, gpu_procs)

@@ -82,6 +82,10 @@ def _env(vgpu: Vgpu, at: Paths) -> dict[str, str]:
         # container that sees only its own GPUs, renumbered from 0.
         "CUDA_VISIBLE_DEVICES": uuids,
         "NVIDIA_VISIBLE_DEVICES": uuids,
+        # NCCL's NVLink SHARP (NVLS) binds multicast memory the hook does
+        # not count, and the hook refuses cuMulticastCreate: NCCL must not
+        # plan on it.
+        "NCCL_NVLS_ENABLE": "0",
     }
 
 

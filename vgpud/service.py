@@ -328,6 +328,7 @@ class Service:
                     "quota_ppm": g.steered_ppm or 0,
                     "share": share,
                     "utilization": self.vgpu_utilization(use.vgpu_id, uuid),
+                    "processes": g.processes,
                 }
             )
         return {
@@ -359,6 +360,7 @@ class Service:
                     "throttled_ns": u.throttled_ns,
                     "quota_ppm": t.throttle.quota_ppm,
                     "utilization": self.vgpu_utilization(v.id, s.gpu_uuid),
+                    "processes": self.vgpu_gpu_processes(v.id, s.gpu_uuid),
                 }
             )
         return {
@@ -394,6 +396,13 @@ class Service:
             self._recipes = {i: r for i, r in self._recipes.items() if i in self.registry.entries}
             self._recipes[v.id] = known
         return {"recipe": known[2], "host_env": known[3]}
+
+    def vgpu_gpu_processes(self, vgpu_id: str, uuid: str) -> int:
+        """The vGPU's processes that NVML listed on one of its GPUs at the
+        last scan (0 before the first)."""
+        use = self.track.vgpus.get(vgpu_id) if self.track is not None else None
+        gpu = use.gpus.get(uuid) if use is not None else None
+        return gpu.processes if gpu is not None else 0
 
     def vgpu_utilization(self, vgpu_id: str, uuid: str) -> float | None:
         figures = self.figures.get(uuid)

@@ -207,6 +207,15 @@ typedef struct {
 
 _Static_assert(sizeof(CUlaunchAttribute) == 72, "CUlaunchAttribute ABI");
 _Static_assert(sizeof(CUmemAllocationProp) == 32, "CUmemAllocationProp ABI");
+
+/* An NVLink multicast object (cuMulticastCreate). */
+typedef struct CUmulticastObjectProp_st {
+    unsigned int numDevices;
+    size_t size;
+    unsigned long long handleTypes;
+    unsigned long long flags;
+} CUmulticastObjectProp;
+_Static_assert(sizeof(CUmulticastObjectProp) == 32, "CUmulticastObjectProp ABI");
 _Static_assert(sizeof(CUmemPoolProps) == 88, "CUmemPoolProps ABI");
 _Static_assert(sizeof(CUDA_ARRAY3D_DESCRIPTOR) == 40, "CUDA_ARRAY3D_DESCRIPTOR ABI");
 _Static_assert(sizeof(CUexecAffinityParam) == 8, "CUexecAffinityParam ABI");
@@ -429,6 +438,13 @@ _Static_assert(sizeof(CUgraphEdgeData) == 8, "CUgraphEdgeData ABI");
     X(CUresult, cuArrayDestroy, (CUarray hArray), (hArray)) \
     X(CUresult, cuMipmappedArrayCreate, (CUmipmappedArray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pMipmappedArrayDesc, unsigned int numMipmapLevels), (pHandle, pMipmappedArrayDesc, numMipmapLevels)) \
     X(CUresult, cuMipmappedArrayDestroy, (CUmipmappedArray hMipmappedArray), (hMipmappedArray)) \
+    /* peers and NVLink multicast */ \
+    X(CUresult, cuDeviceCanAccessPeer, (int *canAccessPeer, CUdevice dev, CUdevice peerDev), (canAccessPeer, dev, peerDev)) \
+    X(CUresult, cuCtxEnablePeerAccess, (CUcontext peerContext, unsigned int Flags), (peerContext, Flags)) \
+    X(CUresult, cuCtxDisablePeerAccess, (CUcontext peerContext), (peerContext)) \
+    X(CUresult, cuMemcpyPeer, (CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice, CUcontext srcContext, size_t ByteCount), (dstDevice, dstContext, srcDevice, srcContext, ByteCount)) \
+    X(CUresult, cuMemcpyPeerAsync, (CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice, CUcontext srcContext, size_t ByteCount, CUstream hStream), (dstDevice, dstContext, srcDevice, srcContext, ByteCount, hStream)) \
+    X(CUresult, cuMulticastCreate, (CUmemGenericAllocationHandle *mcHandle, const CUmulticastObjectProp *prop), (mcHandle, prop)) \
     /* IPC */ \
     X(CUresult, cuIpcGetMemHandle, (CUipcMemHandle *pHandle, CUdeviceptr dptr), (pHandle, dptr)) \
     X(CUresult, cuIpcOpenMemHandle, (CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags), (pdptr, handle, Flags)) \

@@ -85,6 +85,7 @@
     X(cuMemMapArrayAsync, cuMemMapArrayAsync, 11010, 0) \
     X(cuMemMapArrayAsync_ptsz, cuMemMapArrayAsync, 11010, 1) \
     X(cuMemAddressFree, cuMemAddressFree, 10020, 0) \
+    X(cuMulticastCreate, cuMulticastCreate, 12010, 0) \
     X(cuArrayCreate, cuArrayCreate, 2000, 0) \
     X(cuArrayCreate_v2, cuArrayCreate, 3020, 0) \
     X(cuArray3DCreate, cuArray3DCreate, 2000, 0) \
@@ -104,6 +105,11 @@
     X(cuGraphDestroy, cuGraphDestroy, 10000, 0) \
     X(cuDeviceGraphMemTrim, cuDeviceGraphMemTrim, 11040, 0)
 
+/* share_hooks.c: memory handed to other processes (its charge is pinned) */
+#define HOOK_SHARE_LIST(X) \
+    X(cuIpcGetMemHandle, cuIpcGetMemHandle, 4010, 0) \
+    X(cuMemExportToShareableHandle, cuMemExportToShareableHandle, 10020, 0)
+
 /*
  * Launch interception is the compute module's (launch_hooks.c): it defines
  * HOOK_LAUNCH_LIST in its own header and adds it to HOOK_CUDA_LIST below.
@@ -112,6 +118,7 @@
     HOOK_INIT_LIST(X) \
     HOOK_CTX_LIST(X) \
     HOOK_MEM_LIST(X) \
+    HOOK_SHARE_LIST(X) \
     HOOK_LAUNCH_LIST(X)
 
 /* Variants of hooked bases that we forward untouched (see above). */

@@ -8,7 +8,8 @@
  * (failure). Each free: look the allocation up, call the driver, then give
  * the bytes back (or, for pool memory, leave them held by the pool).
  * Memory we did not allocate (IPC-opened, imported, host) is not ours to
- * count: it belongs to its owner, or is not device memory.
+ * count: it belongs to its owner, or is not device memory. Memory we
+ * exported stays ours to count after its free (share_hooks.c).
  */
 #include <limits.h>
 #include <stdlib.h>
@@ -79,10 +80,13 @@ static CUresult settle(const struct reservation *r, CUresult rc, enum alloc_spac
     return rc;
 }
 
-/* Bytes freed by the driver go back to the budget; pool memory stays held. */
+/* Bytes freed by the driver go back to the budget; pool memory stays held,
+ * and exported memory stays charged (another process may still map it). */
 static void give_back(const struct alloc_info *info)
 {
-    if (info->kind == ALLOC_GRAPH)
+    if (info->exported)
+        share_pin(info);
+    else if (info->kind == ALLOC_GRAPH)
         pools_hold(NULL, info->index, info->size);
     else if (info->kind == ALLOC_ASYNC && info->pool != NULL)
         pools_hold(info->pool, info->index, info->size);
@@ -960,23 +964,26 @@ VGPU_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
     return rc;
 }
 
-/* Mapping memory into a sparse array is a mapping the hook cannot count (a
- * handle released while so mapped would keep its memory uncharged): closed
- * in a limited process rather than left open. Sparse arrays (tiled
- * textures) are rare in compute work. */
-static CUresult sparse_refused(void)
+/* A road whose memory the hook cannot count, closed in a limited process
+ * rather than left open (one warning per road and process). */
+static CUresult unaccounted_refused(_Atomic bool *told, const char *why)
 {
-    static _Atomic bool told;
-    if (!atomic_exchange(&told, true))
-        log_warn("cuMemMapArrayAsync refused: mappings into sparse arrays are not accounted");
+    if (!atomic_exchange(told, true))
+        log_warn("%s", why);
     return CUDA_ERROR_NOT_SUPPORTED;
 }
+
+/* Mapping memory into a sparse array is a mapping the hook cannot count (a
+ * handle released while so mapped would keep its memory uncharged). Sparse
+ * arrays (tiled textures) are rare in compute work. */
+static _Atomic bool sparse_told;
+#define SPARSE_REFUSED "cuMemMapArrayAsync refused: mappings into sparse arrays are not accounted"
 
 VGPU_EXPORT CUresult cuMemMapArrayAsync(CUarrayMapInfo *mapInfoList, unsigned int count,
                                         CUstream hStream)
 {
     VGPU_CUDA_ENTER(cuMemMapArrayAsync);
-    return vgpu_limited() ? sparse_refused()
+    return vgpu_limited() ? unaccounted_refused(&sparse_told, SPARSE_REFUSED)
                           : vgpu_real_cuda.cuMemMapArrayAsync(mapInfoList, count, hStream);
 }
 
@@ -984,8 +991,22 @@ VGPU_EXPORT CUresult cuMemMapArrayAsync_ptsz(CUarrayMapInfo *mapInfoList, unsign
                                              CUstream hStream)
 {
     VGPU_CUDA_ENTER(cuMemMapArrayAsync_ptsz);
-    return vgpu_limited() ? sparse_refused()
+    return vgpu_limited() ? unaccounted_refused(&sparse_told, SPARSE_REFUSED)
                           : vgpu_real_cuda.cuMemMapArrayAsync_ptsz(mapInfoList, count, hStream);
+}
+
+/* NVLink multicast objects (NCCL's NVLS) hold device memory on every GPU
+ * they span, bound through cuMulticastBindMem/Addr, which the hook does not
+ * count; a limited process never gets one. NCCL falls back to its other
+ * algorithms (and vGPU recipes set NCCL_NVLS_ENABLE=0 so it never asks). */
+VGPU_EXPORT CUresult cuMulticastCreate(CUmemGenericAllocationHandle *mcHandle,
+                                       const CUmulticastObjectProp *prop)
+{
+    static _Atomic bool told;
+    VGPU_CUDA_ENTER(cuMulticastCreate);
+    return vgpu_limited() ? unaccounted_refused(
+                                &told, "cuMulticastCreate refused: NVLink multicast memory is not accounted")
+                          : vgpu_real_cuda.cuMulticastCreate(mcHandle, prop);
 }
 
 /* Freeing a reservation drops whatever is still mapped in it. */

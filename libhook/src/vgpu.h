@@ -253,6 +253,8 @@ struct alloc_info {
     CUcontext ctx;     /* the context whose destruction frees it; NULL: none */
     uint32_t maps;     /* ALLOC_VMM: mappings in place */
     uint32_t refs;     /* ALLOC_VMM: handle references (cuMemCreate's, retains) */
+    bool exported;     /* handed to other processes (IPC handle, shareable
+                        * VMM handle): its bytes stay charged when freed */
     uint64_t aux;      /* ALLOC_MAPPING: the handle mapped; ALLOC_LIMIT: the
                         * limit's value when first seen (counted as overhead);
                         * ALLOC_GRAPH, ALLOC_GRAPH_FREED: the graph */
@@ -260,10 +262,11 @@ struct alloc_info {
 /* Keys live in separate spaces: device pointers, VMM handles, arrays, VMM
  * mappings (by address), context limits ((ctx << 2) | limit), pools, graph
  * allocations freed in their graph (by address), graphs instantiated,
- * graphs with memory nodes. */
+ * graphs with memory nodes, exported allocations freed here (by a serial
+ * number: share_pin). */
 enum alloc_space {
     SPACE_PTR = 0, SPACE_HANDLE, SPACE_ARRAY, SPACE_MAP, SPACE_LIMIT, SPACE_POOL,
-    SPACE_GRAPH_FREED, SPACE_GRAPH_RUN, SPACE_GRAPH_MEM, SPACE_COUNT
+    SPACE_GRAPH_FREED, SPACE_GRAPH_RUN, SPACE_GRAPH_MEM, SPACE_PINNED, SPACE_COUNT
 };
 int allocmap_put(enum alloc_space space, uint64_t key, const struct alloc_info *info);
 /* Copy an entry out, leaving it; -1 if the key is not ours. */
@@ -353,6 +356,14 @@ void overhead_reset(void);
 void mem_ctx_destroyed(CUcontext ctx);
 /* Fork child: forget the parent's contexts, re-initialise the locks. */
 void ctx_hooks_reset(void);
+
+/* ---- share_hooks.c: memory other processes may hold --------------------- *
+ * An allocation exported to another process (cuIpcGetMemHandle, a VMM handle
+ * exported as a shareable handle) may outlive this process's free: the
+ * importer's mapping keeps it on the device, and nothing here can see when
+ * the importer lets go. Its charge stays with this process until it exits. */
+/* A freed exported allocation: keep its bytes charged (and tracked). */
+void share_pin(const struct alloc_info *info);
 
 /* ---- oversub.c: host-backed allocations -------------------------------- */
 /* Serve `bytes` from pinned host memory mapped into the device. */

@@ -26,6 +26,13 @@
  * of all threads and processes never interleave. A failed write is reported
  * once per process and ends tracing, not the run.
  *
+ * --device 0,1 spreads the stream threads over several devices (thread i
+ * on the i-th device of the list, round robin), each with its primary
+ * context: one process using several GPUs. --lockstep IN,OUT makes the
+ * process wait for a peer after every batch, as ranks of a collective do:
+ * it writes one byte to descriptor OUT, then reads one from IN; once the
+ * peer is gone (end of file) it runs on alone.
+ *
  * Exit status: 0 success, 1 CUDA error, 2 bad arguments, 3 an --alloc was
  * not fully satisfied (unless --alloc-best-effort).
  */
@@ -58,6 +65,7 @@
 #define FILL_THREADS 256
 #define MAX_STREAMS 64
 #define MAX_PROCS 256
+#define MAX_DEVICES 16
 #define ARRAY_ROW_BYTES 65536u /* 4096 texels of 4 x u32 */
 #define CU_MEM_ALLOC_GRANULARITY_RECOMMENDED 1
 #define CU_MEM_ACCESS_FLAGS_PROT_READWRITE 3
@@ -239,7 +247,9 @@ enum alloc_api { API_ALLOC, API_PITCH, API_MANAGED, API_ASYNC, API_POOL, API_VMM
 static const char *const ALLOC_APIS[] = {"alloc", "pitch", "managed", "async", "pool", "vmm", "array"};
 
 struct options {
-    int device;
+    int devices[MAX_DEVICES]; /* --device: ordinals, stream threads spread over them */
+    unsigned device_count;
+    int lockstep_in, lockstep_out; /* -1: no --lockstep */
     double seconds;
     uint64_t kernel_ns;
     unsigned blocks; /* 0: the device's SM count */
@@ -256,7 +266,10 @@ static void usage(FILE *out)
 {
     fputs("usage: vgpu-burn [options]\n"
           "Keep a GPU busy with spin kernels; optionally allocate device memory first.\n"
-          "  --device N            CUDA device ordinal (default 0)\n"
+          "  --device N[,N...]     CUDA device ordinal(s) (default 0); several: stream threads\n"
+          "                        spread over them, memory and --meminfo on the first\n"
+          "  --lockstep IN,OUT     after every batch write a byte to fd OUT and wait for one\n"
+          "                        on fd IN (a peer's step); alone again once IN is closed\n"
           "  --seconds S           how long to run kernels (default 5; 0: none)\n"
           "  --kernel-us US        duration of one kernel wave in microseconds (default 1000)\n"
           "  --blocks N            blocks per kernel (default: the SM count, one wave)\n"
@@ -302,6 +315,40 @@ static int parse_uint(const char *opt, const char *text, unsigned min, unsigned 
     if (!isdigit((unsigned char)text[0]) || *end != '\0' || errno != 0 || v < min || v > max)
         return bad_usage("--%s '%s': expected an integer from %u to %u", opt, text, min, max);
     *out = (unsigned)v;
+    return 0;
+}
+
+/* "N[,N...]": device ordinals, none repeated. */
+static int parse_devices(const char *text, struct options *o)
+{
+    o->device_count = 0;
+    for (const char *p = text;; p++) {
+        char *end = NULL;
+        errno = 0;
+        unsigned long v = strtoul(p, &end, 10);
+        if (!isdigit((unsigned char)*p) || errno != 0 || v > 1023 || (*end != ',' && *end != '\0') ||
+            o->device_count == MAX_DEVICES)
+            return bad_usage("--device '%s': expected up to %d ordinals 0-1023, comma separated", text, MAX_DEVICES);
+        for (unsigned i = 0; i < o->device_count; i++)
+            if (o->devices[i] == (int)v)
+                return bad_usage("--device '%s': %lu is named twice", text, v);
+        o->devices[o->device_count++] = (int)v;
+        if (*end == '\0')
+            return 0;
+        p = end;
+    }
+}
+
+/* "IN,OUT": two open descriptors. */
+static int parse_lockstep(const char *text, struct options *o)
+{
+    unsigned in = 0, out = 0;
+    char extra;
+    if (sscanf(text, "%u,%u%c", &in, &out, &extra) != 2 || fcntl((int)in, F_GETFD) < 0 ||
+        fcntl((int)out, F_GETFD) < 0)
+        return bad_usage("--lockstep '%s': expected IN,OUT, two open file descriptors", text);
+    o->lockstep_in = (int)in;
+    o->lockstep_out = (int)out;
     return 0;
 }
 
@@ -413,7 +460,7 @@ static int parse_options(int argc, char **argv, struct options *o)
     /* OPT_, not O_: fcntl.h owns O_SYNC and friends. */
     enum { OPT_DEVICE = 256, OPT_SECONDS, OPT_KERNEL_US, OPT_BLOCKS, OPT_DUTY, OPT_STREAMS, OPT_PROCS, OPT_SYNC,
            OPT_GRAPH, OPT_ALLOC, OPT_CHUNK, OPT_ALLOC_API, OPT_BEST_EFFORT, OPT_HOLD, OPT_VERIFY, OPT_MEMINFO,
-           OPT_JSON, OPT_RESOLVE, OPT_TRACE, OPT_HELP };
+           OPT_JSON, OPT_RESOLVE, OPT_TRACE, OPT_LOCKSTEP, OPT_HELP };
     static const struct option LONG[] = {
         {"device", required_argument, NULL, OPT_DEVICE},       {"seconds", required_argument, NULL, OPT_SECONDS},
         {"kernel-us", required_argument, NULL, OPT_KERNEL_US}, {"blocks", required_argument, NULL, OPT_BLOCKS},
@@ -425,17 +472,18 @@ static int parse_options(int argc, char **argv, struct options *o)
         {"hold", no_argument, NULL, OPT_HOLD},                 {"verify", no_argument, NULL, OPT_VERIFY},
         {"meminfo", no_argument, NULL, OPT_MEMINFO},           {"json", no_argument, NULL, OPT_JSON},
         {"resolve", required_argument, NULL, OPT_RESOLVE},     {"help", no_argument, NULL, OPT_HELP},
-        {"trace", required_argument, NULL, OPT_TRACE},
+        {"trace", required_argument, NULL, OPT_TRACE},         {"lockstep", required_argument, NULL, OPT_LOCKSTEP},
         {NULL, 0, NULL, 0},
     };
-    *o = (struct options){.seconds = 5, .kernel_ns = 1000000, .duty = 1, .streams = 1, .procs = 1, .sync = 1};
-    unsigned u = 0;
+    *o = (struct options){.seconds = 5, .kernel_ns = 1000000, .duty = 1, .streams = 1, .procs = 1, .sync = 1,
+                          .device_count = 1, .lockstep_in = -1, .lockstep_out = -1};
+    bool streams_given = false;
     double d = 0;
     opterr = 0;
     for (int c; (c = getopt_long(argc, argv, "", LONG, NULL)) != -1;) {
         int r = 0;
         switch (c) {
-        case OPT_DEVICE: r = parse_uint("device", optarg, 0, 1023, &u), o->device = (int)u; break;
+        case OPT_DEVICE: r = parse_devices(optarg, o); break;
         case OPT_SECONDS: r = parse_double("seconds", optarg, 0, 86400, false, &o->seconds); break;
         case OPT_KERNEL_US:
             r = parse_double("kernel-us", optarg, 0, 60e6, true, &d);
@@ -443,7 +491,10 @@ static int parse_options(int argc, char **argv, struct options *o)
             break;
         case OPT_BLOCKS: r = parse_uint("blocks", optarg, 1, 1u << 30, &o->blocks); break;
         case OPT_DUTY: r = parse_double("duty", optarg, 0, 1, true, &o->duty); break;
-        case OPT_STREAMS: r = parse_uint("streams", optarg, 1, MAX_STREAMS, &o->streams); break;
+        case OPT_STREAMS:
+            r = parse_uint("streams", optarg, 1, MAX_STREAMS, &o->streams);
+            streams_given = true;
+            break;
         case OPT_PROCS: r = parse_uint("procs", optarg, 1, MAX_PROCS, &o->procs); break;
         case OPT_SYNC: r = parse_uint("sync", optarg, 1, 1000000, &o->sync); break;
         case OPT_GRAPH: r = parse_uint("graph", optarg, 1, 100000, &o->graph); break;
@@ -471,6 +522,7 @@ static int parse_options(int argc, char **argv, struct options *o)
                 r = bad_usage("--resolve '%s': expected procaddr or dlsym", optarg);
             break;
         case OPT_TRACE: o->trace = optarg; break;
+        case OPT_LOCKSTEP: r = parse_lockstep(optarg, o); break;
         case OPT_HELP: usage(stdout); return 1;
         case ':': return bad_usage("option %s needs a value", argv[optind - 1]);
         default: return bad_usage("unknown option '%s'", argv[optind - 1]);
@@ -480,6 +532,12 @@ static int parse_options(int argc, char **argv, struct options *o)
     }
     if (optind < argc)
         return bad_usage("unexpected argument '%s'", argv[optind]);
+    if (!streams_given)
+        o->streams = o->device_count;
+    if (o->streams < o->device_count)
+        return bad_usage("--streams %u: fewer threads than devices (%u)", o->streams, o->device_count);
+    if (o->lockstep_in >= 0 && (o->streams != 1 || o->procs != 1))
+        return bad_usage("--lockstep steps one stream of one process: leave --streams and --procs at 1");
     if (o->chunk != 0 && o->alloc == 0)
         return bad_usage("--chunk needs --alloc");
     if ((o->hold || o->verify || o->alloc_best_effort) && o->alloc == 0)
@@ -741,6 +799,23 @@ static void fail(struct worker *w, const char *call, CUresult r)
         }                                   \
     } while (0)
 
+/* --lockstep: tell the peer this step is done, wait for its step. Once the
+ * peer has gone (end of file, or a write it cannot read) we run alone. */
+static void lockstep(const struct options *o)
+{
+    static bool alone;
+    char byte = 1;
+    if (o->lockstep_in < 0 || alone)
+        return;
+    ssize_t n;
+    while ((n = write(o->lockstep_out, &byte, 1)) < 0 && errno == EINTR)
+        ;
+    if (n == 1)
+        while ((n = read(o->lockstep_in, &byte, 1)) < 0 && errno == EINTR)
+            ;
+    alone = n != 1;
+}
+
 /* One stream: batches of launches between two events, sleeping after a
  * batch as long as needed for GPU time / wall time to stay at --duty. */
 static void *work(void *arg)
@@ -782,6 +857,7 @@ static void *work(void *arg)
         float ms = 0;
         TRY(w, "cuEventElapsedTime", cu.cuEventElapsedTime(&ms, start, end));
         w->gpu_ms += ms;
+        lockstep(o);
         if (o->duty < 1)
             sleep_until(w->start + w->gpu_ms / 1000 / o->duty);
     }
@@ -807,7 +883,7 @@ static double kernel_s(const struct options *o, const struct device_ctx *dc)
     return (double)o->kernel_ns * waves / 1e9;
 }
 
-static void run_kernels(const struct options *o, const struct device_ctx *dc, struct trace *trace,
+static void run_kernels(const struct options *o, const struct device_ctx *dcs, struct trace *trace,
                         struct result *res)
 {
     struct worker workers[MAX_STREAMS];
@@ -815,7 +891,7 @@ static void run_kernels(const struct options *o, const struct device_ctx *dc, st
     double start = now_s();
     for (unsigned i = 0; i < o->streams; i++)
         workers[i] = (struct worker){
-            .o = o, .dc = dc, .trace = trace, .start = start, .deadline = start + o->seconds};
+            .o = o, .dc = &dcs[i % o->device_count], .trace = trace, .start = start, .deadline = start + o->seconds};
     for (unsigned i = 0; i < o->streams; i++)
         if (pthread_create(&threads[i], NULL, work, &workers[i]) != 0)
             workers[i].error_call = "pthread_create", workers[i].error = CUDA_ERROR_OPERATING_SYSTEM;
@@ -824,7 +900,7 @@ static void run_kernels(const struct options *o, const struct device_ctx *dc, st
             pthread_join(threads[i], NULL);
         res->launches += workers[i].launches;
         res->kernels += workers[i].kernels;
-        res->work_s += (double)workers[i].kernels * kernel_s(o, dc);
+        res->work_s += (double)workers[i].kernels * kernel_s(o, workers[i].dc);
         res->gpu_ms += workers[i].gpu_ms;
         if (workers[i].error != CUDA_SUCCESS)
             note_error(res, workers[i].error_call, workers[i].error);
@@ -832,12 +908,12 @@ static void run_kernels(const struct options *o, const struct device_ctx *dc, st
     res->wall_s = now_s() - start;
 }
 
-static CUresult open_device(const struct options *o, struct device_ctx *dc)
+static CUresult open_device(int ordinal, struct device_ctx *dc)
 {
     CUresult r;
     int sms = 0;
     CUmodule module;
-    if ((r = cu.cuInit(0)) != CUDA_SUCCESS || (r = cu.cuDeviceGet(&dc->dev, o->device)) != CUDA_SUCCESS ||
+    if ((r = cu.cuInit(0)) != CUDA_SUCCESS || (r = cu.cuDeviceGet(&dc->dev, ordinal)) != CUDA_SUCCESS ||
         (r = cu.cuDevicePrimaryCtxRetain(&dc->ctx, dc->dev)) != CUDA_SUCCESS ||
         (r = cu.cuCtxSetCurrent(dc->ctx)) != CUDA_SUCCESS ||
         (r = cu.cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dc->dev)) != CUDA_SUCCESS ||
@@ -851,24 +927,30 @@ static CUresult open_device(const struct options *o, struct device_ctx *dc)
 
 static void run_process(const struct options *o, struct result *res)
 {
-    struct device_ctx dc = {0};
+    struct device_ctx dcs[MAX_DEVICES] = {0};
     struct allocation a = {0};
     memset(res, 0, sizeof(*res));
     res->pid = getpid();
-    res->device = o->device;
-    CUresult r = open_device(o, &dc);
-    if (r != CUDA_SUCCESS) {
-        note_error(res, "device setup", r);
-        return;
+    res->device = o->devices[0];
+    for (unsigned i = 0; i < o->device_count; i++) {
+        CUresult r = open_device(o->devices[i], &dcs[i]);
+        if (r != CUDA_SUCCESS) {
+            note_error(res, "device setup", r);
+            return;
+        }
     }
-    if (o->alloc != 0 && allocate(o, &dc, &a, res) == 0 && o->verify)
-        verify(&dc, &a, res);
+    /* Memory goes on the first device, whose context is current last. */
+    const struct device_ctx *dc = &dcs[0];
+    if (o->device_count > 1 && cu.cuCtxSetCurrent(dc->ctx) != CUDA_SUCCESS)
+        note_error(res, "cuCtxSetCurrent", CUDA_ERROR_INVALID_CONTEXT);
+    if (o->alloc != 0 && allocate(o, dc, &a, res) == 0 && o->verify)
+        verify(dc, &a, res);
     if (!o->hold)
         free_all(&a);
     if (res->error[0] == '\0' && o->seconds > 0) {
         struct trace trace;
         trace_open(&trace, o->trace);
-        run_kernels(o, &dc, &trace, res);
+        run_kernels(o, dcs, &trace, res);
         trace_close(&trace);
     }
     free_all(&a);
@@ -973,7 +1055,7 @@ static int meminfo(const struct options *o)
 {
     struct device_ctx dc = {0};
     size_t free_bytes = 0, total = 0, device_total = 0;
-    CUresult r = open_device(o, &dc);
+    CUresult r = open_device(o->devices[0], &dc);
     if (r == CUDA_SUCCESS)
         r = cu.cuMemGetInfo(&free_bytes, &total);
     if (r == CUDA_SUCCESS)
@@ -983,10 +1065,10 @@ static int meminfo(const struct options *o)
         return EXIT_CUDA;
     }
     if (o->json)
-        printf("{\"device\": %d, \"free\": %zu, \"total\": %zu, \"device_total\": %zu}\n", o->device, free_bytes,
+        printf("{\"device\": %d, \"free\": %zu, \"total\": %zu, \"device_total\": %zu}\n", o->devices[0], free_bytes,
                total, device_total);
     else
-        printf("device %d: free %zu total %zu device_total %zu\n", o->device, free_bytes, total, device_total);
+        printf("device %d: free %zu total %zu device_total %zu\n", o->devices[0], free_bytes, total, device_total);
     return 0;
 }
 

@@ -8,6 +8,7 @@
  */
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <stdbool.h>
@@ -83,7 +84,13 @@
     X(cuMemcpyDtoH, cuMemcpyDtoH_v2, cuMemcpyDtoH) \
     X(cuIpcGetMemHandle, cuIpcGetMemHandle, cuIpcGetMemHandle) \
     X(cuIpcOpenMemHandle, cuIpcOpenMemHandle_v2, cuIpcOpenMemHandle) \
-    X(cuIpcCloseMemHandle, cuIpcCloseMemHandle, cuIpcCloseMemHandle)
+    X(cuIpcCloseMemHandle, cuIpcCloseMemHandle, cuIpcCloseMemHandle) \
+    X(cuMemExportToShareableHandle, cuMemExportToShareableHandle, cuMemExportToShareableHandle) \
+    X(cuMemImportFromShareableHandle, cuMemImportFromShareableHandle, \
+      cuMemImportFromShareableHandle) \
+    X(cuCtxEnablePeerAccess, cuCtxEnablePeerAccess, cuCtxEnablePeerAccess) \
+    X(cuMemcpyPeer, cuMemcpyPeer, cuMemcpyPeer) \
+    X(cuMulticastCreate, cuMulticastCreate, cuMulticastCreate)
 
 #define FIELD(field, name, base) __typeof__(name) *field;
 static struct {
@@ -125,6 +132,7 @@ struct allocation {
 };
 
 #define MAX_ALLOCS 4096
+#define POSIX_FD_HANDLE 1 /* CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR */
 static struct allocation allocs[MAX_ALLOCS];
 static int nallocs;
 static CUdevice device;
@@ -159,6 +167,8 @@ static const char USAGE[] =
     "                    --resolve procaddr the pointer comes from\n"
     "                    cuGetProcAddress_v2(\"cuCtxCreate\", --cuda-version) and\n"
     "                    must be NAME's (\"result\":\"wrong-variant\" otherwise)\n"
+    "  device:N          make device ordinal N's primary context current: the\n"
+    "                    commands after it work on device N (as --device N)\n"
     "  meminfo           cuMemGetInfo_v2 and cuDeviceTotalMem_v2\n"
     "  nvml              NVML memory info and compute process pids of the device\n"
     "  trim              trim the pools (default pool, graph memory) after a sync\n"
@@ -186,6 +196,17 @@ static const char USAGE[] =
     "                    the graph until freed (free frees it)\n"
     "  ipc-export        export the most recent allocation; prints its handle\n"
     "  ipc-open:HEX      open an exported handle and read its first u32\n"
+    "  vmm-export        export the most recent allocation (a vmm handle) as a\n"
+    "                    POSIX file descriptor; prints this pid and the fd\n"
+    "  vmm-import:PID:FD import the descriptor FD of process PID (through\n"
+    "                    /proc/PID/fd/FD), map all of it, release the imported\n"
+    "                    handle (the mapping keeps it), read its first u32; the\n"
+    "                    mapping is the most recent allocation (free unmaps it)\n"
+    "  peer-copy:N       enable peer access both ways between the current\n"
+    "                    device and device N, allocate on device N as much as\n"
+    "                    the most recent allocation, cuMemcpyPeer it there and\n"
+    "                    read the copy's first u32 (kept; free frees it)\n"
+    "  multicast:SIZE    cuMulticastCreate of SIZE bytes over one device\n"
     "  churn:PATH:SIZE   allocate and free through PATH forever (for kill tests)\n"
     "  bench:PATH:SIZE:N time N alloc+free pairs (after a warm-up); prints the\n"
     "                    median, p99 and mean ns per pair\n"
@@ -399,6 +420,7 @@ static CUresult do_alloc(struct allocation *a)
         prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
         prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
         prop.location.id = device;
+        prop.requestedHandleTypes = POSIX_FD_HANDLE; /* so that vmm-export can share it */
         return cu.cuMemCreate(&a->vmm, a->size, &prop, 0);
     }
     case P_ARRAY:
@@ -658,6 +680,98 @@ static void cmd_ipc_open(const char *hex)
         rc = cu.cuMemcpyDtoH(&first, ptr, sizeof(first));
     printf("{\"op\":\"ipc-open\",\"result\":\"%s\",\"first\":%u}\n", err_name(rc), first);
     fflush(stdout);
+}
+
+static void cmd_vmm_export(void)
+{
+    int fd = -1;
+    if (nallocs == 0 || allocs[nallocs - 1].path != P_VMM)
+        usage_exit("vmm-export needs a vmm allocation");
+    CUresult rc = cu.cuMemExportToShareableHandle(&fd, allocs[nallocs - 1].vmm, POSIX_FD_HANDLE, 0);
+    printf("{\"op\":\"vmm-export\",\"result\":\"%s\",\"pid\":%d,\"fd\":%d}\n", err_name(rc), (int)getpid(), fd);
+    fflush(stdout);
+}
+
+static void cmd_vmm_import(const char *arg)
+{
+    int pid = 0, theirs = 0;
+    char path[64];
+    if (nallocs == MAX_ALLOCS || sscanf(arg, "%d:%d", &pid, &theirs) != 2)
+        usage_exit("expected vmm-import:PID:FD");
+    snprintf(path, sizeof(path), "/proc/%d/fd/%d", pid, theirs);
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    struct allocation *a = &allocs[nallocs];
+    memset(a, 0, sizeof(*a));
+    a->path = P_VMMMAP;
+    off_t size = fd >= 0 ? lseek(fd, 0, SEEK_END) : -1;
+    uint32_t first = 0;
+    CUmemAccessDesc access = {{CU_MEM_LOCATION_TYPE_DEVICE, device}, 3 /* read-write */};
+    CUresult rc = size > 0 ? cu.cuMemImportFromShareableHandle(&a->vmm, (void *)(intptr_t)fd, POSIX_FD_HANDLE)
+                           : CUDA_ERROR_INVALID_VALUE;
+    if (fd >= 0)
+        close(fd); /* the imported handle holds the memory now */
+    if (rc == CUDA_SUCCESS) {
+        a->size = (uint64_t)size;
+        rc = cu.cuMemAddressReserve(&a->ptr, a->size, 0, 0, 0);
+        if (rc == CUDA_SUCCESS && (rc = cu.cuMemMap(a->ptr, a->size, 0, a->vmm, 0)) == CUDA_SUCCESS &&
+            (rc = cu.cuMemSetAccess(a->ptr, a->size, &access, 1)) == CUDA_SUCCESS)
+            rc = cu.cuMemcpyDtoH(&first, a->ptr, sizeof(first));
+        CUresult released = cu.cuMemRelease(a->vmm);
+        rc = rc != CUDA_SUCCESS ? rc : released;
+    }
+    if (rc == CUDA_SUCCESS)
+        nallocs++;
+    printf("{\"op\":\"vmm-import\",\"result\":\"%s\",\"size\":%lld,\"first\":%u}\n", err_name(rc),
+           (long long)size, first);
+    fflush(stdout);
+}
+
+static void cmd_peer_copy(const char *arg)
+{
+    char *end = NULL;
+    long n = strtol(arg, &end, 10);
+    if (end == arg || *end != '\0' || n < 0 || nallocs == 0 || nallocs == MAX_ALLOCS)
+        usage_exit("expected peer-copy:N after an allocation");
+    const struct allocation *src = &allocs[nallocs - 1];
+    struct allocation *dst = &allocs[nallocs];
+    memset(dst, 0, sizeof(*dst));
+    dst->path = P_ALLOC;
+    dst->size = src->size;
+    CUcontext here = NULL, there = NULL, popped = NULL;
+    CUdevice peer = 0;
+    uint32_t first = 0;
+    CUresult rc = cu.cuCtxPopCurrent(&here);
+    if (rc == CUDA_SUCCESS && (rc = cu.cuDeviceGet(&peer, (int)n)) == CUDA_SUCCESS &&
+        (rc = cu.cuDevicePrimaryCtxRetain(&there, peer)) == CUDA_SUCCESS &&
+        (rc = cu.cuCtxPushCurrent(there)) == CUDA_SUCCESS) {
+        rc = cu.cuCtxEnablePeerAccess(here, 0);
+        if (rc == CUDA_SUCCESS)
+            rc = cu.cuMemAlloc(&dst->ptr, dst->size);
+        cu.cuCtxPopCurrent(&popped);
+    }
+    if (here != NULL)
+        cu.cuCtxPushCurrent(here);
+    if (rc == CUDA_SUCCESS)
+        rc = cu.cuCtxEnablePeerAccess(there, 0);
+    if (rc == CUDA_SUCCESS) {
+        nallocs++;
+        rc = cu.cuMemcpyPeer(dst->ptr, there, src->ptr, here, src->size);
+    }
+    if (rc == CUDA_SUCCESS)
+        rc = cu.cuMemcpyDtoH(&first, dst->ptr, sizeof(first));
+    printf("{\"op\":\"peer-copy\",\"result\":\"%s\",\"first\":%u}\n", err_name(rc), first);
+    fflush(stdout);
+}
+
+static void cmd_multicast(const char *arg)
+{
+    CUmulticastObjectProp prop = {.numDevices = 1, .handleTypes = POSIX_FD_HANDLE};
+    CUmemGenericAllocationHandle handle = 0;
+    uint64_t size = 0;
+    if (parse_size(arg, &size) != 0)
+        usage_exit("expected multicast:SIZE");
+    prop.size = size;
+    report("multicast", "", size, cu.cuMulticastCreate(&handle, &prop));
 }
 
 static void cmd_churn(const char *arg)
@@ -928,6 +1042,27 @@ static void cmd_graph_keep(const char *arg)
     report("graph-keep", "graph", a->size, rc);
 }
 
+/* Make ordinal's primary context current: the probe now works on it. */
+static CUresult use_device(int ordinal)
+{
+    CUcontext ctx = NULL;
+    CUresult rc = cu.cuDeviceGet(&device, ordinal);
+    if (rc == CUDA_SUCCESS)
+        rc = cu.cuDevicePrimaryCtxRetain(&ctx, device);
+    if (rc == CUDA_SUCCESS)
+        rc = cu.cuCtxSetCurrent(ctx);
+    return rc;
+}
+
+static void cmd_device(const char *arg)
+{
+    char *end = NULL;
+    long n = strtol(arg, &end, 10);
+    if (end == arg || *end != '\0' || n < 0 || n > 1023)
+        usage_exit("expected device:N");
+    report("device", "", (uint64_t)n, use_device((int)n));
+}
+
 static void cmd_reinit(void)
 {
     CUcontext ctx = NULL;
@@ -975,6 +1110,8 @@ static void run(const char *cmd)
         cmd_fill(cmd + 5);
     else if (strncmp(cmd, "ctx:", 4) == 0)
         cmd_ctx(cmd + 4);
+    else if (strncmp(cmd, "device:", 7) == 0)
+        cmd_device(cmd + 7);
     else if (strcmp(cmd, "meminfo") == 0)
         cmd_meminfo();
     else if (strcmp(cmd, "nvml") == 0)
@@ -1007,6 +1144,14 @@ static void run(const char *cmd)
         cmd_ipc_export();
     else if (strncmp(cmd, "ipc-open:", 9) == 0)
         cmd_ipc_open(cmd + 9);
+    else if (strcmp(cmd, "vmm-export") == 0)
+        cmd_vmm_export();
+    else if (strncmp(cmd, "vmm-import:", 11) == 0)
+        cmd_vmm_import(cmd + 11);
+    else if (strncmp(cmd, "peer-copy:", 10) == 0)
+        cmd_peer_copy(cmd + 10);
+    else if (strncmp(cmd, "multicast:", 10) == 0)
+        cmd_multicast(cmd + 10);
     else if (strncmp(cmd, "churn:", 6) == 0)
         cmd_churn(cmd + 6);
     else if (strncmp(cmd, "bench:", 6) == 0)
@@ -1120,18 +1265,13 @@ int main(int argc, char **argv)
     if (resolve_cuda(how, version, ptsz) != 0)
         return 1;
     resolve_nvml();
-    CUcontext ctx;
     if (cu.cuInit == NULL || cu.cuGetErrorName == NULL) {
         printf("{\"op\":\"init\",\"path\":\"\",\"size\":0,\"result\":\"unresolved\",\"code\":-1}\n");
         return 1;
     }
     CUresult rc = cu.cuInit(0);
     if (rc == CUDA_SUCCESS)
-        rc = cu.cuDeviceGet(&device, ordinal);
-    if (rc == CUDA_SUCCESS)
-        rc = cu.cuDevicePrimaryCtxRetain(&ctx, device);
-    if (rc == CUDA_SUCCESS)
-        rc = cu.cuCtxSetCurrent(ctx);
+        rc = use_device(ordinal);
     report("init", "", 0, rc);
     if (rc != CUDA_SUCCESS)
         return 1;

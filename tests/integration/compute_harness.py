@@ -249,13 +249,24 @@ class Burn:
 
     @classmethod
     def start(
-        cls, cmd: Sequence[str], env: dict[str, str], kernel_us: int, trace: Path | None = None
+        cls,
+        cmd: Sequence[str],
+        env: dict[str, str],
+        kernel_us: int,
+        trace: Path | None = None,
+        pass_fds: Sequence[int] = (),
     ) -> Burn:
         """Run cmd (a vgpu-burn command line); with a trace path, it also
-        appends its completions there (--trace)."""
+        appends its completions there (--trace). ``pass_fds`` stay open in
+        it (--lockstep's pipes)."""
         args = [*cmd, "--trace", str(trace)] if trace is not None else list(cmd)
         proc = subprocess.Popen(
-            args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            args,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            pass_fds=pass_fds,
         )
         return cls(proc, kernel_us, trace)
 

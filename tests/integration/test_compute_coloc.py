@@ -15,14 +15,13 @@ them).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import BUILD
+from tests.helpers.vgpus import BrokeredVgpus
 from tests.integration.compute_harness import Burn, Sampler, device_util
-from vgpud.blocks import Atomics, ControlBlock, DeviceSlice, TurnBroker, UsageBlock
 
 SECONDS = 4.5
 WARMUP = 1.0
@@ -83,58 +82,27 @@ def test_colocated_tenants_get_their_shares(
     assert busy >= 90, f"device busy {busy:.1f} %, work {got}"
 
 
-class Vgpus:
-    """vGPUs' blocks as the daemon makes them, entered in a turn broker (no
-    daemon: each quota stays its share)."""
-
-    def __init__(self, tmp_path: Path) -> None:
-        self.tmp = tmp_path
-        self.atomics = Atomics.load()
-        self.broker = TurnBroker(self.atomics)
-        self.blocks: list[tuple[ControlBlock, UsageBlock, int]] = []
-
-    def make(self, name: str, share: int) -> dict[str, str]:
-        control, usage = self.tmp / f"control-{name}", self.tmp / f"usage-vgpu-{name}"
-        slices = [DeviceSlice(SIM_GPU0, 1 << 30, share_ppm=share * 10_000)]
-        c = ControlBlock.create(control, name, slices, 0, atomics=self.atomics)
-        u = UsageBlock.create(usage, device_count=1, atomics=self.atomics)
-        self.blocks.append((c, u, self.broker.add(c, u, 0)))
-        return {"VGPU_CONTROL": str(control), "VGPU_USAGE": str(usage)}
-
-    def close(self) -> None:
-        for c, u, handle in self.blocks:
-            self.broker.remove(handle)
-            c.close()
-            u.close()
-        self.broker.stop()
-
-
-@pytest.fixture
-def vgpus(tmp_path: Path) -> Iterator[Vgpus]:
-    v = Vgpus(tmp_path)
-    yield v
-    v.close()
-
-
 def test_colocated_vgpus_get_their_shares(
-    sim_env: dict[str, str], tmp_path: Path, vgpus: Vgpus
+    sim_env: dict[str, str], tmp_path: Path, vgpus: BrokeredVgpus
 ) -> None:
     """Two vGPUs on one GPU take turns through the broker, each measuring
     only its own work."""
-    got, busy = colocate(sim_env, tmp_path, [vgpus.make("a", 30), vgpus.make("b", 70)])
+    got, busy = colocate(
+        sim_env, tmp_path, [vgpus.make("a", {SIM_GPU0: 30}), vgpus.make("b", {SIM_GPU0: 70})]
+    )
     for share, work in zip((30, 70), got, strict=True):
         assert work == pytest.approx(share, abs=TOLERANCE), f"work {got}"
     assert busy >= 90, f"device busy {busy:.1f} %, work {got}"
 
 
 def test_vgpus_run_on_when_the_broker_stops(
-    sim_env: dict[str, str], tmp_path: Path, vgpus: Vgpus
+    sim_env: dict[str, str], tmp_path: Path, vgpus: BrokeredVgpus
 ) -> None:
     """The daemon's broker goes away mid-run (the daemon stopped): nobody
     waits for a grant for ever. Once its beat is stale the hooks run
     unarbitrated between vGPUs: they over-count, so a vGPU gets no more
     than its share, never more."""
-    tenants = [vgpus.make("a", 30), vgpus.make("b", 70)]
+    tenants = [vgpus.make("a", {SIM_GPU0: 30}), vgpus.make("b", {SIM_GPU0: 70})]
     sampler = Sampler(sim_env, device=0)
     try:
         sampler.wait_ready()
@@ -152,7 +120,7 @@ def test_vgpus_run_on_when_the_broker_stops(
 
 @pytest.mark.parametrize("unlimited_mode", ["standalone", "vgpu"])
 def test_paced_tenant_next_to_an_unlimited_one(
-    sim_env: dict[str, str], tmp_path: Path, vgpus: Vgpus, unlimited_mode: str
+    sim_env: dict[str, str], tmp_path: Path, vgpus: BrokeredVgpus, unlimited_mode: str
 ) -> None:
     """A hooked process whose quota is 100 % (standalone with a memory limit
     only next to a standalone one at 30, or a vGPU at share 100 next to a
@@ -162,7 +130,7 @@ def test_paced_tenant_next_to_an_unlimited_one(
     if unlimited_mode == "standalone":
         tenants = [{"CUDA_CORE_LIMIT": "30"}, {"CUDA_MEM_LIMIT": "1g"}]
     else:
-        tenants = [vgpus.make("paced", 30), vgpus.make("unlimited", 100)]
+        tenants = [vgpus.make("paced", {SIM_GPU0: 30}), vgpus.make("unlimited", {SIM_GPU0: 100})]
     got, busy = colocate(sim_env, tmp_path, tenants)
     assert got[0] == pytest.approx(30, abs=TOLERANCE), f"work {got}"
     assert got[1] >= 55, f"work {got}"

@@ -94,6 +94,7 @@ async def test_listed_beside_the_daemons_own_with_the_environments_limits(api: A
                 "quota_ppm": 250_000,
                 "share": 30.0,
                 "utilization": None,
+                "processes": 2,
             }
         ],
         "processes": 2,

@@ -46,6 +46,27 @@ def vgpu_rows(vgpus: Sequence[dict[str, Any]]) -> list[list[object]]:
     return rows
 
 
+GPU_HEADERS = ("GPU", "UUID", "USED", "PEAK", "OOMS", "GPU-TIME", "THROTTLED", "PROCS")
+
+
+def gpu_rows(v: dict[str, Any]) -> list[list[object]]:
+    """One row per GPU of a vGPU: what its slice on that GPU holds and did
+    (PROCS: its processes NVML lists on that GPU)."""
+    return [
+        [
+            g["index"],
+            g["uuid"],
+            format_bytes(g["memory_used"]),
+            format_bytes(g["memory_peak"]),
+            g["oom_count"],
+            f"{g['gpu_time_ns'] / 1e9:.1f}s",
+            f"{g['throttled_ns'] / 1e9:.1f}s",
+            g["processes"],
+        ]
+        for g in v["gpus"]
+    ]
+
+
 def _memory(value: int | str) -> str:
     return format_bytes(value) if isinstance(value, int) else value
 
@@ -122,6 +143,8 @@ def show(v: dict[str, Any], processes: Sequence[dict[str, Any]]) -> str:
     lines.append("")
     lines.append(render(VGPU_HEADERS, vgpu_rows([v])))
     lines.append("")
+    lines.append(render(GPU_HEADERS, gpu_rows(v)))
+    lines.append("")
     lines.append("processes:")
     lines.append(table)
     lines.append("")
@@ -139,5 +162,7 @@ def _show_standalone(v: dict[str, Any]) -> str:
             + " ".join(str(p) for p in v["pids"]),
             "",
             render(VGPU_HEADERS, vgpu_rows([v])),
+            "",
+            render(GPU_HEADERS, gpu_rows(v)),
         ]
     )

@@ -28,6 +28,8 @@
 #define CUDA_ERROR_ILLEGAL_ADDRESS 700
 #define CUDA_ERROR_CONTEXT_ALREADY_IN_USE 216
 #define CUDA_ERROR_PEER_ACCESS_UNSUPPORTED 217
+#define CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED 704
+#define CUDA_ERROR_PEER_ACCESS_NOT_ENABLED 705
 #define CUDA_ERROR_STREAM_CAPTURE_INVALIDATED 901
 #define CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD 908
 
@@ -67,6 +69,7 @@ struct CUctx_st {
     struct CUstream_st legacy; /* the NULL / CU_STREAM_LEGACY stream */
     size_t limits[3];          /* stack, printf FIFO, malloc heap (cuCtxSetLimit) */
     uint64_t limit_charged;    /* device bytes the limits above their defaults cost */
+    _Atomic uint32_t peers;    /* simulated devices whose memory it may access (bit per index) */
 };
 
 /* Per visible device, process-local. */

@@ -8,6 +8,7 @@
  * can be imported by another process without being charged twice.
  */
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -30,6 +31,7 @@ struct vmm_handle {
     int handles; /* handle references: cuMemCreate's, plus one per retain */
 };
 #define VMM_TAG 0x564d4d31u
+#define VMM_MEMFD "vgpu-sim-vmm-" /* memfd name prefix; the device index follows */
 
 struct reservation {
     uintptr_t base;
@@ -96,7 +98,9 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CU
         return CUDA_ERROR_INVALID_DEVICE;
     if ((r = cu_charge(d->dev, size)) != CUDA_SUCCESS)
         return r;
-    int fd = memfd_create("vgpu-sim-vmm", MFD_CLOEXEC);
+    char name[32]; /* the device travels with an exported descriptor */
+    snprintf(name, sizeof(name), VMM_MEMFD "%u", d->dev);
+    int fd = memfd_create(name, MFD_CLOEXEC);
     if (fd < 0 || ftruncate(fd, (off_t)size) != 0 || (r = new_handle(fd, size, d->dev, size, handle)) != CUDA_SUCCESS) {
         if (fd >= 0)
             close(fd);
@@ -291,6 +295,22 @@ CUresult cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocat
     return CUDA_SUCCESS;
 }
 
+/* The device a VMM memfd was created on (its name says), else the first
+ * visible device's. */
+static unsigned memfd_device(int fd)
+{
+    char link[64], target[128];
+    unsigned dev;
+    snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(link, target, sizeof(target) - 1);
+    if (n > 0) {
+        target[n] = '\0';
+        if (sscanf(target, "/memfd:" VMM_MEMFD "%u", &dev) == 1 && dev < cu_proc->st->config.devices)
+            return dev;
+    }
+    return cu_proc->devices[0].dev;
+}
+
 CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *osHandle, int shHandleType)
 {
     CUresult r = cu_ready();
@@ -308,7 +328,7 @@ CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, vo
         return CUDA_ERROR_INVALID_VALUE;
     }
     /* The exporter is charged; the importer's view costs nothing more. */
-    r = new_handle(fd, (size_t)sb.st_size, cu_proc->devices[0].dev, 0, handle);
+    r = new_handle(fd, (size_t)sb.st_size, memfd_device(fd), 0, handle);
     if (r != CUDA_SUCCESS)
         close(fd);
     return r;
