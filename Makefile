@@ -36,8 +36,12 @@ ATOMICS := $(BUILD)/libvgpu-atomics.so
 TOOLS := $(patsubst libhook/tools/%.c,$(BUILD)/%,$(TOOL_SRC))
 CTESTS := $(patsubst libhook/tests/%.c,$(BUILD)/tests/%,$(CTEST_SRC))
 VENV_STAMP := $(VENV)/.installed
+# The kubelet's gRPC APIs (vgpud-k8s): Python modules and typed stubs
+# generated from our .proto files with grpcio-tools and mypy-protobuf.
+PROTOS    := $(wildcard vgpud/k8s/proto/*/*/api.proto)
+PROTO_PY  := $(PROTOS:.proto=_pb2.py)
 
-.PHONY: all lib sim tools venv test test-c test-py lint test-gpu demo install uninstall clean bench e2e-deps
+.PHONY: all lib sim tools venv protos test test-c test-py lint test-gpu demo install uninstall clean bench e2e-deps
 all: lib sim tools venv
 
 lib: $(LIB) $(ATOMICS)
@@ -86,7 +90,12 @@ $(VENV_STAMP): pyproject.toml
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -e '.[dev]'
 	touch $@
-venv: $(VENV_STAMP)
+venv: $(VENV_STAMP) protos
+
+protos: $(PROTO_PY)
+vgpud/k8s/proto/%/api_pb2.py: vgpud/k8s/proto/%/api.proto $(VENV_STAMP)
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/python -m grpc_tools.protoc -I . \
+	  --python_out=. --grpc_python_out=. --mypy_out=. --mypy_grpc_out=. $<
 
 lint: venv
 	$(VENV)/bin/ruff check vgpud tests benchmarks
@@ -121,7 +130,7 @@ demo: all
 # our dependencies stay out of the system's. It is built beside the old one
 # and swapped in, never rebuilt under a running daemon's feet.
 VENV_NEW = $(DESTDIR)$(LIBDIR)/venv.new
-install: lib
+install: lib protos
 	install -d $(DESTDIR)$(LIBDIR) $(DESTDIR)$(BINDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)/etc/vgpud
 	install -m 0644 $(LIB) $(ATOMICS) $(DESTDIR)$(LIBDIR)/
 	rm -rf $(VENV_NEW)
