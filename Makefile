@@ -110,7 +110,7 @@ e2e-deps:
 	@tests/e2e/install_deps.sh
 
 test-py: all e2e-deps
-	$(VENV)/bin/python -m pytest -q tests/unit tests/integration tests/redteam tests/faults tests/e2e
+	$(VENV)/bin/python -m pytest -q tests/unit tests/integration tests/k8s tests/redteam tests/faults tests/e2e
 
 test: lint test-c test-py
 
