@@ -14,25 +14,39 @@ import contextlib
 import os
 import signal
 from collections.abc import Coroutine, Sequence
+from pathlib import Path
 from typing import Any
 
 import structlog
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
 
 from vgpud import log as logging_setup
 from vgpud.ctl.client import default_socket
 from vgpud.ctl.main import user_arg
 from vgpud.k8s.allocate import DEVICE_PLUGIN_OWNER, Allocator, Settings
+from vgpud.k8s.checkpoint import Checkpoint
 from vgpud.k8s.daemon import Daemon
 from vgpud.k8s.deviceplugin import DevicePlugin
+from vgpud.k8s.dra import ApiClaims, Driver, grpc_server
 from vgpud.k8s.inventory import Inventory
+from vgpud.k8s.pluginwatcher import (
+    DEFAULT_REGISTRY,
+    Registrar,
+    registration_socket,
+    remove_stale,
+    serve,
+)
 from vgpud.k8s.podresources import DEFAULT_SOCKET as POD_RESOURCES_SOCKET
 from vgpud.k8s.podresources import PodResources
 from vgpud.k8s.reconcile import Reconciler
 from vgpud.k8s.registration import DEFAULT_DIR, Plugins
 from vgpud.k8s.resources import RESOURCES, Units
+from vgpud.k8s.slices import DRIVER, Publisher
 from vgpud.units import parse_bytes
 
 log = structlog.get_logger("vgpud.k8s")
+DRA_DIR = f"/var/lib/kubelet/plugins/{DRIVER}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -70,6 +84,22 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--reconcile-interval", type=float, default=10.0)
     d.add_argument("--grace", type=float, default=60.0, help="seconds before a vGPU can be orphan")
     d.set_defaults(func=device_plugin)
+
+    r = sub.add_parser("dra", help="the DRA kubelet plugin of driver vgpud.io")
+    r.add_argument("--node-name", default=os.environ.get("NODE_NAME"), help="env NODE_NAME")
+    r.add_argument("--plugin-dir", default=DRA_DIR, help="its sockets and checkpoint")
+    r.add_argument("--registry", default=DEFAULT_REGISTRY, help="the kubelet's plugin watcher dir")
+    r.add_argument("--kubeconfig", help="default: the pod's service account")
+    r.add_argument("--shares", type=int, default=4, help="default request: 1/N of a GPU")
+    r.add_argument("--memory-unit", type=parse_bytes, default="256m", help="memory request step")
+    r.add_argument(
+        "--no-consumable-capacity",
+        action="store_true",
+        help="publish whole GPUs (API servers before 1.34, or the DRAConsumableCapacity gate off)",
+    )
+    r.add_argument("--user", type=user_arg, help="UID[:GID] the vGPUs' processes run as")
+    r.add_argument("--health-interval", type=float, default=5.0, help="seconds between reads")
+    r.set_defaults(func=dra_driver)
     return p
 
 
@@ -93,6 +123,58 @@ def device_plugin(args: argparse.Namespace) -> Coroutine[Any, Any, None]:
             tasks.create_task(reconciler.run())
 
     return run()
+
+
+def dra_driver(args: argparse.Namespace) -> Coroutine[Any, Any, None]:
+    if not args.node_name:
+        raise ValueError("dra needs --node-name (or NODE_NAME)")
+    units = Units(shares=args.shares, memory_unit=args.memory_unit)
+    daemon = Daemon(args.socket)
+    api = k8s.ResourceV1Api(_api_client(args.kubeconfig))
+    plugin_dir = Path(args.plugin_dir)
+    plugin_dir.mkdir(parents=True, exist_ok=True)
+    driver = Driver(daemon, ApiClaims(api), Checkpoint(plugin_dir / "checkpoint.json"), args.user)
+    inventory = Inventory(daemon, units, args.health_interval)
+    publisher = Publisher(api, args.node_name, units, not args.no_consumable_capacity)
+    dra_socket = plugin_dir / "dra.sock"
+    reg_socket = registration_socket(args.registry, DRIVER)
+
+    async def publish() -> None:
+        while True:
+            try:
+                await publisher.publish(inventory.gpus)
+            except (k8s.ApiException, OSError) as exc:
+                log.warning("ResourceSlice not published; retrying", reason=str(exc)[:200])
+            await asyncio.sleep(args.health_interval)
+
+    async def run() -> None:
+        await inventory.refresh()
+        remove_stale(dra_socket)
+        server = grpc_server(driver, str(dra_socket))
+        await server.start()
+        registration = await serve(Registrar(DRIVER, str(dra_socket)), reg_socket)
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                tasks.create_task(inventory.run())
+                tasks.create_task(publish())
+        finally:
+            await registration.stop(grace=1)
+            await server.stop(grace=1)
+            remove_stale(reg_socket)
+            remove_stale(dra_socket)
+
+    return run()
+
+
+def _api_client(kubeconfig: str | None) -> k8s.ApiClient:
+    if kubeconfig is None:
+        k8s_config.load_incluster_config()  # type: ignore[no-untyped-call]
+        return k8s.ApiClient()
+    configuration = k8s.Configuration()
+    k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
+        config_file=kubeconfig, client_configuration=configuration
+    )
+    return k8s.ApiClient(configuration)
 
 
 async def _until_signalled(work: Coroutine[Any, Any, None]) -> None:

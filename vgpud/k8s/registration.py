@@ -6,7 +6,6 @@ empties the directory, our sockets with it)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import grpc
 import structlog
 
 from vgpud.k8s.deviceplugin import DevicePlugin, options
+from vgpud.k8s.pluginwatcher import remove_stale
 from vgpud.k8s.proto.deviceplugin.v1beta1 import api_pb2 as dp
 from vgpud.k8s.proto.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
 
@@ -70,8 +70,7 @@ class Plugins:
     async def _serve(self) -> None:
         for resource, plugin in self.plugins.items():
             path = self.directory / socket_name(resource)
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+            remove_stale(path)
             server = grpc.aio.server()
             dp_grpc.add_DevicePluginServicer_to_server(plugin, server)
             server.add_insecure_port(f"unix://{path}")
@@ -116,5 +115,4 @@ class Plugins:
         for server in servers:
             await server.stop(grace=1)
         for resource in self.plugins:
-            with contextlib.suppress(FileNotFoundError):
-                (self.directory / socket_name(resource)).unlink()
+            remove_stale(self.directory / socket_name(resource))
