@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 from collections.abc import Awaitable
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -31,6 +29,7 @@ from typing import Any, TypeVar
 import grpc
 
 from tests.integration.daemon_harness import wait_for
+from tests.k8s.loop import LoopThread
 from vgpud.k8s.proto.deviceplugin.v1beta1 import api_pb2 as dp
 from vgpud.k8s.proto.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
 from vgpud.k8s.proto.podresources.v1 import api_pb2 as pr
@@ -101,9 +100,7 @@ class Kubelet:
         self.registrations: list[dp.RegisterRequest] = []
         self.containers: list[Container] = []
         self.lists = 0
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._thread.start()
+        self._thread = LoopThread()
         self._registration: grpc.aio.Server | None = None
         self._pod_resources: grpc.aio.Server | None = None
         self._run(self._start())
@@ -175,14 +172,12 @@ class Kubelet:
     def close(self) -> None:
         self._run(self._stop())
         self._run(self._stop_pod_resources())
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
+        self._thread.close()
 
     # -- the loop's side
 
     def _run(self, work: Awaitable[T]) -> T:
-        future: Future[T] = asyncio.run_coroutine_threadsafe(_awaited(work), self._loop)
-        return future.result(timeout=30)
+        return self._thread.run(work, timeout=30)
 
     def _container(self, namespace: str, pod: str, name: str) -> Container:
         for c in self.containers:
@@ -236,8 +231,3 @@ class Kubelet:
             async for answer in plugin.stub.ListAndWatch(dp.Empty()):
                 plugin.devices = {d.ID: d.health for d in answer.devices}
                 plugin.updates += 1
-
-
-async def _awaited(work: Awaitable[T]) -> T:
-    """gRPC calls are awaitables, not coroutines: make them one."""
-    return await work
