@@ -149,6 +149,8 @@ install: lib protos
 	rm -rf $(DESTDIR)$(LIBDIR)/venv.old
 	ln -sfn $(LIBDIR)/venv/bin/vgpud $(DESTDIR)$(BINDIR)/vgpud
 	ln -sfn $(LIBDIR)/venv/bin/vgpuctl $(DESTDIR)$(BINDIR)/vgpuctl
+	ln -sfn $(LIBDIR)/venv/bin/vgpud-k8s $(DESTDIR)$(BINDIR)/vgpud-k8s
+	install -m 0644 systemd/vgpud-k8s.service $(DESTDIR)$(UNITDIR)/vgpud-k8s.service
 	sed 's|^ExecStart=/usr/bin/vgpud |ExecStart=$(BINDIR)/vgpud |' systemd/vgpud.service > $(DESTDIR)$(UNITDIR)/vgpud.service
 	chmod 0644 $(DESTDIR)$(UNITDIR)/vgpud.service
 	@# An existing config is the admin's: never overwritten.
@@ -165,8 +167,9 @@ install: lib protos
 # vgpud group (files may belong to it).
 uninstall:
 	@if [ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ]; then \
-	  systemctl disable --now vgpud.service 2>/dev/null || true; fi
+	  systemctl disable --now vgpud-k8s.service vgpud.service 2>/dev/null || true; fi
 	rm -f $(DESTDIR)$(BINDIR)/vgpud $(DESTDIR)$(BINDIR)/vgpuctl $(DESTDIR)$(UNITDIR)/vgpud.service
+	rm -f $(DESTDIR)$(BINDIR)/vgpud-k8s $(DESTDIR)$(UNITDIR)/vgpud-k8s.service
 	rm -f $(DESTDIR)$(LIBDIR)/libvgpu.so $(DESTDIR)$(LIBDIR)/libvgpu-atomics.so
 	rm -rf $(DESTDIR)$(LIBDIR)/venv $(DESTDIR)$(LIBDIR)/venv.new $(DESTDIR)$(LIBDIR)/venv.old
 	rmdir $(DESTDIR)$(LIBDIR) 2>/dev/null || true
