@@ -5,7 +5,7 @@ claim as the kubelet sends them."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
@@ -61,10 +61,10 @@ class DraKubelet:
             )
         return info
 
-    async def _call(self, call: object) -> object:
+    async def _call(self, call: Callable[[dra_grpc.DRAPluginStub], Awaitable[T]]) -> T:
         assert self.info is not None, "register first"
         async with grpc.aio.insecure_channel(f"unix://{self.info.endpoint}") as channel:
-            return await call(dra_grpc.DRAPluginStub(channel))  # type: ignore[operator]
+            return await call(dra_grpc.DRAPluginStub(channel))
 
     def _run(self, work: Awaitable[T]) -> T:
         return self._thread.run(work)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -128,23 +128,17 @@ class Kubelet:
     ) -> dp.ContainerAllocateResponse:
         """Allocate for one container; its devices are recorded only if the
         plugin answered (raises grpc.aio.AioRpcError otherwise)."""
-        answer = self._run(
-            self.plugins[resource].stub.Allocate(
-                dp.AllocateRequest(
-                    container_requests=[dp.ContainerAllocateRequest(devices_ids=ids)]
-                )
-            )
+        request = dp.AllocateRequest(
+            container_requests=[dp.ContainerAllocateRequest(devices_ids=ids)]
         )
+        answer = self._call(lambda: self.plugins[resource].stub.Allocate(request))
         self._container(namespace, pod, container).devices[resource] = list(ids)
         response: dp.ContainerAllocateResponse = answer.container_responses[0]
         return response
 
     def prestart(self, resource: str, ids: list[str]) -> None:
-        self._run(
-            self.plugins[resource].stub.PreStartContainer(
-                dp.PreStartContainerRequest(devices_ids=ids)
-            )
-        )
+        request = dp.PreStartContainerRequest(devices_ids=ids)
+        self._call(lambda: self.plugins[resource].stub.PreStartContainer(request))
 
     def preferred(
         self, resource: str, available: list[str], must: list[str], size: int
@@ -156,7 +150,7 @@ class Kubelet:
                 )
             ]
         )
-        answer = self._run(self.plugins[resource].stub.GetPreferredAllocation(request))
+        answer = self._call(lambda: self.plugins[resource].stub.GetPreferredAllocation(request))
         return list(answer.container_responses[0].deviceIDs)
 
     def remove_pod(self, namespace: str, pod: str) -> None:
@@ -178,6 +172,11 @@ class Kubelet:
 
     def _run(self, work: Awaitable[T]) -> T:
         return self._thread.run(work, timeout=30)
+
+    def _call(self, call: Callable[[], Awaitable[T]]) -> T:
+        """A gRPC call, made on the loop's thread (grpc.aio binds a call to
+        the running loop when the call is made)."""
+        return self._run(_made_here(call))
 
     def _container(self, namespace: str, pod: str, name: str) -> Container:
         for c in self.containers:
@@ -231,3 +230,7 @@ class Kubelet:
             async for answer in plugin.stub.ListAndWatch(dp.Empty()):
                 plugin.devices = {d.ID: d.health for d in answer.devices}
                 plugin.updates += 1
+
+
+async def _made_here(call: Callable[[], Awaitable[T]]) -> T:
+    return await call()
