@@ -57,8 +57,12 @@ CTESTS := $(patsubst libhook/tests/%.c,$(BUILD)/tests/%,$(CTEST_SRC))
 ASAN_CTEST_SRC := $(filter-out %/test_hook_stress.c %/test_pacer_launch.c,$(CTEST_SRC))
 ASAN_CTESTS := $(patsubst libhook/tests/%.c,$(BUILD)/asan/tests/%,$(ASAN_CTEST_SRC))
 VENV_STAMP := $(VENV)/.installed
+# The kubelet's gRPC APIs (vgpud-k8s): Python modules and typed stubs
+# generated from our .proto files with grpcio-tools and mypy-protobuf.
+PROTOS    := $(wildcard vgpud/k8s/proto/*/*/api.proto)
+PROTO_PY  := $(PROTOS:.proto=_pb2.py)
 
-.PHONY: all lib sim tools venv test test-c test-c-asan test-py lint test-gpu demo install uninstall clean bench e2e-deps
+.PHONY: all lib sim tools venv protos test test-c test-c-asan test-py lint test-gpu demo install uninstall clean bench e2e-deps
 all: lib sim tools venv
 
 lib: $(LIB) $(ATOMICS)
@@ -128,7 +132,12 @@ $(VENV_STAMP): pyproject.toml
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -e '.[dev]'
 	touch $@
-venv: $(VENV_STAMP)
+venv: $(VENV_STAMP) protos
+
+protos: $(PROTO_PY)
+vgpud/k8s/proto/%/api_pb2.py: vgpud/k8s/proto/%/api.proto $(VENV_STAMP)
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/python -m grpc_tools.protoc -I . \
+	  --python_out=. --grpc_python_out=. --mypy_out=. --mypy_grpc_out=. $<
 
 lint: venv
 	$(VENV)/bin/ruff check vgpud tests benchmarks
@@ -147,7 +156,7 @@ e2e-deps:
 	@tests/e2e/install_deps.sh
 
 test-py: all e2e-deps
-	$(VENV)/bin/python -m pytest -q tests/unit tests/integration tests/redteam tests/faults tests/e2e
+	$(VENV)/bin/python -m pytest -q tests/unit tests/integration tests/k8s tests/redteam tests/faults tests/e2e
 
 # e2e-deps first: as root it installs podman and runc, and says so before
 # anything else runs (VGPUD_E2E_DEPS=skip: nothing installed, tests/e2e skipped).
@@ -169,7 +178,7 @@ demo: all
 # our dependencies stay out of the system's. It is built beside the old one
 # and swapped in, never rebuilt under a running daemon's feet.
 VENV_NEW = $(DESTDIR)$(LIBDIR)/venv.new
-install: lib
+install: lib protos
 	install -d $(DESTDIR)$(LIBDIR) $(DESTDIR)$(BINDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)/etc/vgpud
 	install -m 0644 $(LIB) $(ATOMICS) $(DESTDIR)$(LIBDIR)/
 	rm -rf $(VENV_NEW)
@@ -188,6 +197,8 @@ install: lib
 	rm -rf $(DESTDIR)$(LIBDIR)/venv.old
 	ln -sfn $(LIBDIR)/venv/bin/vgpud $(DESTDIR)$(BINDIR)/vgpud
 	ln -sfn $(LIBDIR)/venv/bin/vgpuctl $(DESTDIR)$(BINDIR)/vgpuctl
+	ln -sfn $(LIBDIR)/venv/bin/vgpud-k8s $(DESTDIR)$(BINDIR)/vgpud-k8s
+	install -m 0644 systemd/vgpud-k8s.service $(DESTDIR)$(UNITDIR)/vgpud-k8s.service
 	sed 's|^ExecStart=/usr/bin/vgpud |ExecStart=$(BINDIR)/vgpud |' systemd/vgpud.service > $(DESTDIR)$(UNITDIR)/vgpud.service
 	chmod 0644 $(DESTDIR)$(UNITDIR)/vgpud.service
 	@# An existing config is the admin's: never overwritten.
@@ -204,8 +215,9 @@ install: lib
 # vgpud group (files may belong to it).
 uninstall:
 	@if [ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ]; then \
-	  systemctl disable --now vgpud.service 2>/dev/null || true; fi
+	  systemctl disable --now vgpud-k8s.service vgpud.service 2>/dev/null || true; fi
 	rm -f $(DESTDIR)$(BINDIR)/vgpud $(DESTDIR)$(BINDIR)/vgpuctl $(DESTDIR)$(UNITDIR)/vgpud.service
+	rm -f $(DESTDIR)$(BINDIR)/vgpud-k8s $(DESTDIR)$(UNITDIR)/vgpud-k8s.service
 	rm -f $(DESTDIR)$(LIBDIR)/libvgpu.so $(DESTDIR)$(LIBDIR)/libvgpu-atomics.so
 	rm -rf $(DESTDIR)$(LIBDIR)/venv $(DESTDIR)$(LIBDIR)/venv.new $(DESTDIR)$(LIBDIR)/venv.old
 	rmdir $(DESTDIR)$(LIBDIR) 2>/dev/null || true

@@ -155,12 +155,15 @@ def test_make_install_stages_the_layout_for_usr(stage: Path) -> None:
         "usr/lib/vgpud/libvgpu-atomics.so",
         "usr/lib/vgpud/venv/bin/vgpud",
         "usr/lib/vgpud/venv/bin/vgpuctl",
+        "usr/lib/vgpud/venv/bin/vgpud-k8s",
         "lib/systemd/system/vgpud.service",
+        "lib/systemd/system/vgpud-k8s.service",
         "etc/vgpud/vgpud.toml",
     ):
         assert path in files, f"make install did not install {path}"
     assert (stage / "usr/bin/vgpud").readlink() == Path("/usr/lib/vgpud/venv/bin/vgpud")
     assert (stage / "usr/bin/vgpuctl").readlink() == Path("/usr/lib/vgpud/venv/bin/vgpuctl")
+    assert (stage / "usr/bin/vgpud-k8s").readlink() == Path("/usr/lib/vgpud/venv/bin/vgpud-k8s")
     assert (stage / "lib/systemd/system/vgpud.service").read_text() == (
         ROOT / "systemd/vgpud.service"
     ).read_text()

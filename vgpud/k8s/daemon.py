@@ -1,0 +1,85 @@
+"""vgpud as vgpud-k8s sees it: the few calls it makes on the daemon's socket,
+through vgpuctl's client, off the event loop (the client is synchronous).
+
+vgpud stays the one owner of vGPUs on the node; vgpud-k8s only asks it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from vgpud.ctl.client import ApiFailure, Client, DaemonUnreachable
+
+# Every vGPU made for Kubernetes carries this label, so that vgpud-k8s finds
+# its own after a restart and never touches anyone else's.
+MANAGED_BY = "vgpud.io/managed-by"
+
+
+@dataclass(frozen=True)
+class Gpu:
+    uuid: str
+    index: int
+    name: str
+    memory_total: int
+    healthy: bool
+
+
+class Daemon:
+    def __init__(self, socket_path: str | None = None, timeout: float = 10.0) -> None:
+        self.client = Client(socket_path, timeout=timeout)
+
+    async def gpus(self) -> list[Gpu]:
+        answer = await self._call("GET", "/v1/devices")
+        return [
+            Gpu(
+                uuid=str(d["uuid"]),
+                index=int(d["index"]),
+                name=str(d["name"]),
+                memory_total=int(d["memory_total"]),
+                healthy=bool(d["healthy"]) and not d.get("mig_mode", False),
+            )
+            for d in answer
+        ]
+
+    async def vgpus(self, owner: str) -> list[dict[str, Any]]:
+        """The vGPUs ``owner`` (a MANAGED_BY value) made."""
+        answer: list[dict[str, Any]] = await self._call(
+            "GET", f"/v1/vgpus?label={MANAGED_BY}={owner}"
+        )
+        return answer
+
+    async def vgpu(self, key: str) -> dict[str, Any] | None:
+        try:
+            answer: dict[str, Any] = await self._call("GET", f"/v1/vgpus/{key}")
+        except ApiFailure as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return answer
+
+    async def create(self, body: dict[str, Any]) -> dict[str, Any]:
+        answer: dict[str, Any] = await self._call("POST", "/v1/vgpus", body)
+        return answer
+
+    async def update(self, key: str, body: dict[str, Any]) -> dict[str, Any]:
+        answer: dict[str, Any] = await self._call("PATCH", f"/v1/vgpus/{key}", body)
+        return answer
+
+    async def delete(self, key: str) -> bool:
+        """Delete a vGPU no process uses; False when processes still use it
+        (vgpud refuses, 409) or it is already gone."""
+        try:
+            await self._call("DELETE", f"/v1/vgpus/{key}")
+        except ApiFailure as exc:
+            if exc.status in (404, 409):
+                return False
+            raise
+        return True
+
+    async def _call(self, method: str, path: str, body: Any = None) -> Any:
+        return await asyncio.to_thread(self.client.request, method, path, body)
+
+
+__all__ = ["MANAGED_BY", "ApiFailure", "Daemon", "DaemonUnreachable", "Gpu"]

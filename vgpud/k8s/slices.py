@@ -1,0 +1,113 @@
+"""The node's ResourceSlice for the DRA driver, built with the official
+``kubernetes`` client models (resource.k8s.io/v1), and its publication.
+
+One device per healthy GPU, named ``gpu-<uuid>``, with attributes (uuid,
+productName, index) and two capacities: ``memory`` (bytes) and ``cores``
+(percent of the GPU's time). With consumable capacity (Kubernetes ≥ 1.36,
+or 1.34-1.35 with the DRAConsumableCapacity gate) a device allows multiple
+allocations: each claim consumes the memory and cores it requests, in steps
+of the memory unit and whole cores, and gets a vGPU of exactly that size.
+Without it each claim takes a whole GPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import structlog
+from kubernetes import client as k8s
+
+from vgpud.k8s.daemon import Gpu
+from vgpud.k8s.resources import CORES_PER_GPU, MIB, MIN_MEMORY_UNIT, Units
+
+DRIVER = "vgpud.io"
+log = structlog.get_logger("vgpud.k8s.slices")
+
+
+def device_name(gpu: Gpu) -> str:
+    return gpu.uuid.lower() if gpu.uuid.lower().startswith("gpu-") else f"gpu-{gpu.uuid.lower()}"
+
+
+def slice_name(node: str) -> str:
+    return f"{node}-{DRIVER}"
+
+
+def device(gpu: Gpu, units: Units, consumable: bool) -> k8s.V1Device:
+    memory = k8s.V1DeviceCapacity(value=str(gpu.memory_total))
+    cores = k8s.V1DeviceCapacity(value=str(CORES_PER_GPU))
+    if consumable:
+        step = units.memory_unit
+        part = max(step, gpu.memory_total // units.shares // step * step)
+        memory.request_policy = k8s.V1CapacityRequestPolicy(
+            default=str(part),
+            valid_range=k8s.V1CapacityRequestPolicyRange(
+                min=str(max(MIN_MEMORY_UNIT, step)), max=str(gpu.memory_total), step=str(step)
+            ),
+        )
+        cores.request_policy = k8s.V1CapacityRequestPolicy(
+            default=str(CORES_PER_GPU // units.shares),
+            valid_range=k8s.V1CapacityRequestPolicyRange(min="1", max=str(CORES_PER_GPU), step="1"),
+        )
+    return k8s.V1Device(
+        name=device_name(gpu),
+        attributes={
+            "uuid": k8s.V1DeviceAttribute(string=gpu.uuid),
+            "productName": k8s.V1DeviceAttribute(string=gpu.name),
+            "index": k8s.V1DeviceAttribute(int=gpu.index),
+            "memoryMiB": k8s.V1DeviceAttribute(int=gpu.memory_total // MIB),
+        },
+        capacity={"memory": memory, "cores": cores},
+        allow_multiple_allocations=consumable or None,
+    )
+
+
+def build(
+    node: str, gpus: Sequence[Gpu], units: Units, consumable: bool, generation: int
+) -> k8s.V1ResourceSlice:
+    """The node's slice: its healthy GPUs (an unhealthy one is withdrawn, so
+    nothing new is allocated on it; prepared claims stay)."""
+    return k8s.V1ResourceSlice(
+        api_version="resource.k8s.io/v1",
+        kind="ResourceSlice",
+        metadata=k8s.V1ObjectMeta(name=slice_name(node)),
+        spec=k8s.V1ResourceSliceSpec(
+            driver=DRIVER,
+            node_name=node,
+            pool=k8s.V1ResourcePool(name=node, generation=generation, resource_slice_count=1),
+            devices=[device(g, units, consumable) for g in gpus if g.healthy],
+        ),
+    )
+
+
+class Publisher:
+    """Keeps the node's slice in the API server equal to ``build``'s."""
+
+    def __init__(self, api: k8s.ResourceV1Api, node: str, units: Units, consumable: bool):
+        self.api = api
+        self.node = node
+        self.units = units
+        self.consumable = consumable
+        self.generation = 0
+        self.published: list[Gpu] | None = None
+
+    async def publish(self, gpus: Sequence[Gpu]) -> None:
+        if self.published == list(gpus):
+            return
+        self.generation += 1
+        body = build(self.node, gpus, self.units, self.consumable, self.generation)
+        await asyncio.to_thread(self._put, body)
+        self.published = list(gpus)
+        log.info("ResourceSlice published", name=slice_name(self.node), devices=len(gpus))
+
+    def _put(self, body: k8s.V1ResourceSlice) -> None:
+        try:
+            current = self.api.read_resource_slice(slice_name(self.node))
+        except k8s.ApiException as exc:
+            if exc.status != 404:
+                raise
+            self.api.create_resource_slice(body)
+            return
+        assert body.metadata is not None and current.metadata is not None
+        body.metadata.resource_version = current.metadata.resource_version
+        self.api.replace_resource_slice(slice_name(self.node), body)
