@@ -215,7 +215,8 @@ install: lib protos
 # vgpud group (files may belong to it).
 uninstall:
 	@if [ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ]; then \
-	  systemctl disable --now vgpud-k8s.service vgpud.service 2>/dev/null || true; fi
+	  for unit in vgpud-k8s.service vgpud.service; do \
+	    systemctl disable --now $$unit 2>/dev/null || true; done; fi
 	rm -f $(DESTDIR)$(BINDIR)/vgpud $(DESTDIR)$(BINDIR)/vgpuctl $(DESTDIR)$(UNITDIR)/vgpud.service
 	rm -f $(DESTDIR)$(BINDIR)/vgpud-k8s $(DESTDIR)$(UNITDIR)/vgpud-k8s.service
 	rm -f $(DESTDIR)$(LIBDIR)/libvgpu.so $(DESTDIR)$(LIBDIR)/libvgpu-atomics.so

@@ -93,11 +93,14 @@ class Driver:
         )
         return self
 
-    def _socket_inode(self) -> int | None:
+    def _socket_inode(self) -> tuple[int, int] | None:
+        """The socket file's identity: its inode and change time, since a
+        socket made again may get the inode number its predecessor freed."""
         try:
-            return self.registration_socket.stat().st_ino
+            st = self.registration_socket.stat()
         except FileNotFoundError:
             return None
+        return st.st_ino, st.st_ctime_ns
 
     def kill(self) -> None:
         assert self.proc is not None

@@ -59,7 +59,7 @@ async def test_the_api_gives_each_gpu_its_own_figures(api: Api) -> None:
 
 async def test_vgpuctl_show_has_a_row_per_gpu(api: Api) -> None:
     vg = await two_gpu_vgpu(api)
-    text = show(await (await api.client.get(f"/v1/vgpus/{vg['id']}")).json())
+    text = show(await (await api.client.get(f"/v1/vgpus/{vg['id']}")).json(), [])
     for g, used, peak, ooms, procs in (
         (api.inventory.devices()[0], "1.0GiB", "0B", "1", "1"),
         (api.inventory.devices()[1], "3.0GiB", "3.0GiB", "0", "2"),
