@@ -910,14 +910,22 @@ class UsageBlock(_Mapping):
         return out
 
     def slots(self) -> list[SlotView]:
-        first = _SLOTS_OFF // 4
-        stride = _SLOT_SIZE // 4
-        states = self._w32[first : first + stride * MAX_PROCS : stride].tolist()
+        states = self._slot_states()
         if states != self._states:  # which slots are in use changes rarely
             self._states = states
             self._in_use = [i for i, st in enumerate(states) if st != SLOT_FREE]
             self._views = {i: v for i, v in self._views.items() if i in self._in_use}
         return [self._slot(i, states[i]) for i in self._in_use]
+
+    def active_slots(self) -> int:
+        """How many slots are ACTIVE: the states alone are read (the API
+        counts a vGPU's processes this way on every render)."""
+        return self._slot_states().count(SLOT_ACTIVE)
+
+    def _slot_states(self) -> list[int]:
+        first = _SLOTS_OFF // 4
+        stride = _SLOT_SIZE // 4
+        return self._w32[first : first + stride * MAX_PROCS : stride].tolist()
 
     def _slot(self, index: int, state: int) -> SlotView:
         w = (_SLOTS_OFF + index * _SLOT_SIZE) // 8

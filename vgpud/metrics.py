@@ -1,29 +1,92 @@
 """Prometheus metrics, in a registry of our own (no globals).
 
-GPU and vGPU figures are produced at scrape time from the service's current
-state by a collector, so the label sets of a deleted vGPU or a vanished GPU
-disappear with it; nothing has to be removed by hand. The daemon's own loop
-timings and API request durations are histograms.
+The daemon's own loop timings and API request durations are histograms in
+a prometheus_client registry. GPU and vGPU figures are written at scrape
+time from the service's current view (the figures the API answers from),
+so the label sets of a deleted vGPU or a vanished GPU disappear with it;
+nothing has to be removed by hand. Those are written here rather than by a
+prometheus_client collector: a vGPU's lines are formatted once per change
+of its figures, not once per scrape (100 vGPUs are 800 samples, which
+prometheus_client formats at several microseconds each).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
-from vgpud.blocks import SLOT_ACTIVE
 from vgpud.units import ppm_to_fraction
 
 if TYPE_CHECKING:
-    from vgpud.service import Service
+    from vgpud.registry import Entry
+    from vgpud.service import Service, VgpuFigures
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-GPU_LABELS = ["gpu", "uuid"]
-VGPU_LABELS = ["vgpu", "name", "gpu", "uuid"]
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str  # as exposed (a counter's with its _total)
+    kind: str  # gauge | counter
+    doc: str
+
+    def header(self) -> str:
+        return f"# HELP {self.name} {_escape_doc(self.doc)}\n# TYPE {self.name} {self.kind}\n"
+
+
+def _gauge(name: str, doc: str) -> Family:
+    return Family(name, "gauge", doc)
+
+
+def _counter(name: str, doc: str) -> Family:
+    return Family(name + "_total", "counter", doc)
+
+
+GPU_MEMORY_USED = _gauge("vgpud_gpu_memory_used_bytes", "GPU memory in use (NVML).")
+GPU_MEMORY_TOTAL = _gauge("vgpud_gpu_memory_total_bytes", "GPU memory.")
+GPU_UTILIZATION = _gauge("vgpud_gpu_utilization_percent", "GPU utilization (NVML).")
+GPU_HEALTHY = _gauge("vgpud_gpu_healthy", "1 when the GPU is healthy.")
+GPU_VGPUS = _gauge("vgpud_gpu_vgpus", "vGPUs placed on the GPU.")
+GPU_FAMILIES = (GPU_MEMORY_USED, GPU_MEMORY_TOTAL, GPU_UTILIZATION, GPU_HEALTHY, GPU_VGPUS)
+
+VGPU_MEMORY_USED = _gauge("vgpud_vgpu_memory_used_bytes", "Memory the vGPU holds (hook-tracked).")
+VGPU_MEMORY_LIMIT = _gauge("vgpud_vgpu_memory_limit_bytes", "The vGPU's memory limit.")
+VGPU_UTILIZATION = _gauge(
+    "vgpud_vgpu_utilization_percent", "GPU time the vGPU's processes use (NVML)."
+)
+VGPU_QUOTA = _gauge("vgpud_vgpu_quota_ratio", "Compute quota the controller gives now (0-1).")
+VGPU_SHARE = _gauge("vgpud_vgpu_share_ratio", "Configured compute share (0-1).")
+VGPU_THROTTLED = _counter("vgpud_vgpu_throttled_seconds", "Time launches waited in the pacer.")
+VGPU_OOM = _counter("vgpud_vgpu_oom", "Allocations refused for the limit.")
+VGPU_PROCESSES = _gauge("vgpud_vgpu_processes", "Processes using the vGPU.")
+VGPU_GPU_PROCESSES = _gauge(
+    "vgpud_vgpu_gpu_processes", "The vGPU's processes NVML lists on this GPU."
+)
+VGPU_FAMILIES = (
+    VGPU_MEMORY_USED,
+    VGPU_MEMORY_LIMIT,
+    VGPU_UTILIZATION,
+    VGPU_QUOTA,
+    VGPU_SHARE,
+    VGPU_THROTTLED,
+    VGPU_OOM,
+    VGPU_PROCESSES,
+    VGPU_GPU_PROCESSES,
+)
+
+DRIFT_REPAIRS = _counter(
+    "vgpud_usage_drift_repairs",
+    "vGPU budgets found apart from their live slots' sum and set back to it "
+    "(a process killed inside the hook's reservation window).",
+)
+DRIFT_BYTES = _counter("vgpud_usage_drift_bytes", "Bytes those repairs moved (either way).")
+
+# A vGPU's samples, by family (a family may have none of it: no figure).
+Samples = dict[Family, list[str]]
 
 
 class Metrics:
@@ -43,122 +106,129 @@ class Metrics:
             buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5),
             registry=self.registry,
         )
-        self.registry.register(_StateCollector(service))
         self._service = service
+        # A vGPU's lines, kept while its definition and figures are the same.
+        self._lines: dict[str, tuple[object, VgpuFigures, Samples]] = {}
 
     def render(self) -> bytes:
-        """The exposition, generated once per state of the daemon (a scrape
-        of 100 vGPUs costs milliseconds; many scrapers need not multiply it)."""
-        return self._service.rendered("metrics", lambda: generate_latest(self.registry))
-
-
-class _StateCollector(Collector):
-    def __init__(self, service: Service) -> None:
-        self.service = service
-
-    def collect(self) -> Iterator[Metric]:
-        yield from self._gpus()
-        yield from self._vgpus()
-        yield from self._drift()
-
-    def _drift(self) -> Iterator[Metric]:
-        repairs = CounterMetricFamily(
-            "vgpud_usage_drift_repairs",
-            "vGPU budgets found apart from their live slots' sum and set back to it "
-            "(a process killed inside the hook's reservation window).",
+        """The exposition, generated once per view of the daemon (many
+        scrapers need not multiply it)."""
+        return self._service.rendered(
+            "metrics", lambda: generate_latest(self.registry) + self._state().encode()
         )
-        repairs.add_metric([], self.service.drift_repairs)
-        moved = CounterMetricFamily(
-            "vgpud_usage_drift_bytes", "Bytes those repairs moved (either way)."
-        )
-        moved.add_metric([], self.service.drift_bytes)
-        yield from (repairs, moved)
 
-    def _gpus(self) -> Iterator[Metric]:
-        used = GaugeMetricFamily(
-            "vgpud_gpu_memory_used_bytes", "GPU memory in use (NVML).", labels=GPU_LABELS
-        )
-        total = GaugeMetricFamily("vgpud_gpu_memory_total_bytes", "GPU memory.", labels=GPU_LABELS)
-        util = GaugeMetricFamily(
-            "vgpud_gpu_utilization_percent", "GPU utilization (NVML).", labels=GPU_LABELS
-        )
-        healthy = GaugeMetricFamily(
-            "vgpud_gpu_healthy", "1 when the GPU is healthy.", labels=GPU_LABELS
-        )
-        count = GaugeMetricFamily("vgpud_gpu_vgpus", "vGPUs placed on the GPU.", labels=GPU_LABELS)
-        for d in self.service.devices_json():
-            labels = [str(d["index"]), d["uuid"]]
-            total.add_metric(labels, d["memory_total"])
-            healthy.add_metric(labels, 1.0 if d["healthy"] else 0.0)
-            count.add_metric(labels, len(d["vgpus"]))
-            if d["memory_used"] is not None:
-                used.add_metric(labels, d["memory_used"])
-            if d["utilization"] is not None:
-                util.add_metric(labels, d["utilization"])
-        yield from (used, total, util, healthy, count)
+    def _state(self) -> str:
+        service = self._service
+        out: list[str] = []
+        devices = service.devices_json()
+        gpu_lines: Samples = {f: [] for f in GPU_FAMILIES}
+        for d in devices:
+            labels = _labels(gpu=str(d["index"]), uuid=d["uuid"])
+            add = _adder(gpu_lines, labels)
+            add(GPU_MEMORY_USED, d["memory_used"])
+            add(GPU_MEMORY_TOTAL, d["memory_total"])
+            add(GPU_UTILIZATION, d["utilization"])
+            add(GPU_HEALTHY, 1.0 if d["healthy"] else 0.0)
+            add(GPU_VGPUS, len(d["vgpus"]))
+        out.extend(_families(GPU_FAMILIES, [gpu_lines]))
+        entries = service.registry.all()
+        live = {e.vgpu.id for e in entries}
+        self._lines = {i: hit for i, hit in self._lines.items() if i in live}
+        per_vgpu = [self._vgpu_lines(e) for e in entries] + list(self._standalone_lines())
+        out.extend(_families(VGPU_FAMILIES, per_vgpu))
+        drift: Samples = {DRIFT_REPAIRS: [], DRIFT_BYTES: []}
+        add = _adder(drift, "")
+        add(DRIFT_REPAIRS, service.drift_repairs)
+        add(DRIFT_BYTES, service.drift_bytes)
+        out.extend(_families((DRIFT_REPAIRS, DRIFT_BYTES), [drift]))
+        return "".join(out)
 
-    def _vgpus(self) -> Iterator[Metric]:
-        def gauge(name: str, doc: str) -> GaugeMetricFamily:
-            return GaugeMetricFamily(name, doc, labels=VGPU_LABELS)
+    def _vgpu_lines(self, entry: Entry) -> Samples:
+        v = entry.vgpu
+        figures = self._service.vgpu_figures(entry)
+        hit = self._lines.get(v.id)
+        if hit is not None and hit[0] is v and hit[1] == figures:
+            return hit[2]
+        lines: Samples = {f: [] for f in VGPU_FAMILIES}
+        for g in figures.gpus:
+            add = _adder(
+                lines, _labels(vgpu=v.id, name=v.name or "", gpu=str(g.gpu_index), uuid=g.uuid)
+            )
+            add(VGPU_MEMORY_USED, g.memory_used)
+            add(VGPU_MEMORY_LIMIT, g.memory_limit)
+            add(VGPU_UTILIZATION, g.utilization)
+            add(VGPU_QUOTA, ppm_to_fraction(g.quota_ppm))
+            add(VGPU_SHARE, ppm_to_fraction(g.share_ppm))
+            add(VGPU_THROTTLED, g.throttled_ns / 1e9)
+            add(VGPU_OOM, g.oom_count)
+            add(VGPU_PROCESSES, figures.processes)
+            add(VGPU_GPU_PROCESSES, g.processes)
+        self._lines[v.id] = (v, figures, lines)
+        return lines
 
-        def counter(name: str, doc: str) -> CounterMetricFamily:
-            return CounterMetricFamily(name, doc, labels=VGPU_LABELS)
-
-        used = gauge("vgpud_vgpu_memory_used_bytes", "Memory the vGPU holds (hook-tracked).")
-        limit = gauge("vgpud_vgpu_memory_limit_bytes", "The vGPU's memory limit.")
-        util = gauge("vgpud_vgpu_utilization_percent", "GPU time the vGPU's processes use (NVML).")
-        quota = gauge("vgpud_vgpu_quota_ratio", "Compute quota the controller gives now (0-1).")
-        share = gauge("vgpud_vgpu_share_ratio", "Configured compute share (0-1).")
-        throttled = counter("vgpud_vgpu_throttled_seconds", "Time launches waited in the pacer.")
-        ooms = counter("vgpud_vgpu_oom", "Allocations refused for the limit.")
-        procs = gauge("vgpud_vgpu_processes", "Processes using the vGPU.")
-        gpu_procs = gauge(
-            "vgpud_vgpu_gpu_processes", "The vGPU's processes NVML lists on this GPU."
-        )
-        for entry in self.service.registry.all():
-            v = entry.vgpu
-            nprocs = sum(1 for s in entry.usage.slots() if s.state == SLOT_ACTIVE)
-            for s, u, c in zip(
-                v.slices, entry.usage.devices(), entry.control.devices(), strict=True
-            ):
-                labels = [v.id, v.name or "", str(s.gpu_index), s.gpu_uuid]
-                used.add_metric(labels, u.used)
-                limit.add_metric(labels, s.memory)
-                quota.add_metric(labels, ppm_to_fraction(c.throttle.quota_ppm))
-                share.add_metric(labels, ppm_to_fraction(c.share_ppm))
-                throttled.add_metric(labels, u.throttled_ns / 1e9)
-                ooms.add_metric(labels, u.oom_count)
-                procs.add_metric(labels, nprocs)
-                gpu_procs.add_metric(labels, self.service.vgpu_gpu_processes(v.id, s.gpu_uuid))
-                figure = self.service.vgpu_utilization(v.id, s.gpu_uuid)
-                if figure is not None:
-                    util.add_metric(labels, figure)
-        # Adopted standalone vGPUs (env-limited containers): their limits
-        # are the environment's, their quota the steer area's.
-        track = self.service.track
-        index = {g.uuid: str(g.index) for g in self.service.devices()}
+    def _standalone_lines(self) -> Iterator[Samples]:
+        """Adopted standalone vGPUs (env-limited containers): their limits
+        are the environment's, their quota the steer area's."""
+        service = self._service
+        track = service.track
+        index = {g.uuid: str(g.index) for g in service.devices()}
         # The tracker may unmap an adopted block while its scan thread runs:
         # those figures wait for the next scrape then.
-        busy = self.service.blocks_lock.locked()
-        standalone = track.standalone if track is not None and not busy else {}
-        for vgpu_id, blocks in standalone.items():
+        if track is None or service.blocks_lock.locked():
+            return
+        for vgpu_id, blocks in track.standalone.items():
             own = blocks.usage.standalone_limits()
-            use = track.vgpus.get(vgpu_id) if track is not None else None
+            use = track.vgpus.get(vgpu_id)
+            lines: Samples = {f: [] for f in VGPU_FAMILIES}
             for i, (uuid, u) in enumerate(zip(own.uuids, blocks.usage.devices(), strict=False)):
-                labels = [vgpu_id, "", index.get(uuid, ""), uuid]
-                used.add_metric(labels, u.used)
-                if own.mem_limit[i]:  # 0: the environment set no limit here
-                    limit.add_metric(labels, own.mem_limit[i])
-                if own.share_ppm[i]:
-                    share.add_metric(labels, ppm_to_fraction(own.share_ppm[i]))
+                add = _adder(
+                    lines, _labels(vgpu=vgpu_id, name="", gpu=index.get(uuid, ""), uuid=uuid)
+                )
+                add(VGPU_MEMORY_USED, u.used)
+                add(VGPU_MEMORY_LIMIT, own.mem_limit[i] or None)  # 0: the environment set none
+                add(VGPU_UTILIZATION, service.vgpu_utilization(vgpu_id, uuid))
                 steered = blocks.usage.read_steer(i).quota_ppm  # 0: never steered
-                if steered:
-                    quota.add_metric(labels, ppm_to_fraction(steered))
-                throttled.add_metric(labels, u.throttled_ns / 1e9)
-                ooms.add_metric(labels, u.oom_count)
-                procs.add_metric(labels, use.live_slots if use is not None else 0)
-                gpu_procs.add_metric(labels, self.service.vgpu_gpu_processes(vgpu_id, uuid))
-                figure = self.service.vgpu_utilization(vgpu_id, uuid)
-                if figure is not None:
-                    util.add_metric(labels, figure)
-        yield from (used, limit, util, quota, share, throttled, ooms, procs, gpu_procs)
+                add(VGPU_QUOTA, ppm_to_fraction(steered) if steered else None)
+                add(VGPU_SHARE, ppm_to_fraction(own.share_ppm[i]) if own.share_ppm[i] else None)
+                add(VGPU_THROTTLED, u.throttled_ns / 1e9)
+                add(VGPU_OOM, u.oom_count)
+                add(VGPU_PROCESSES, use.live_slots if use is not None else 0)
+                add(VGPU_GPU_PROCESSES, service.vgpu_gpu_processes(vgpu_id, uuid))
+            yield lines
+
+
+def _families(families: Sequence[Family], parts: Iterable[Samples]) -> Iterator[str]:
+    """Each family's header, then its samples from every part in order."""
+    parts = list(parts)
+    for family in families:
+        yield family.header()
+        for part in parts:
+            yield from part.get(family, ())
+
+
+def _adder(into: Samples, labels: str) -> Callable[[Family, float | None], None]:
+    """Adds one sample of ``labels`` to a family's lines; no figure, no sample."""
+
+    def add(family: Family, value: float | None) -> None:
+        if value is not None:
+            into[family].append(_line(family, labels, value))
+
+    return add
+
+
+def _line(family: Family, labels: str, value: float) -> str:
+    text: str = floatToGoString(value)  # type: ignore[no-untyped-call]
+    return f"{family.name}{labels} {text}\n"
+
+
+def _labels(**labels: str) -> str:
+    """The label set as the text format writes it, names in sorted order."""
+    return "{" + ",".join(f'{k}="{_escape_value(v)}"' for k, v in sorted(labels.items())) + "}"
+
+
+def _escape_value(value: str) -> str:
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+
+
+def _escape_doc(doc: str) -> str:
+    return doc.replace("\\", r"\\").replace("\n", r"\n")

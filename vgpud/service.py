@@ -8,13 +8,13 @@ and nothing global.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 from vgpud import recipe
-from vgpud.blocks import SLOT_ACTIVE
 from vgpud.config import Config
 from vgpud.errors import Conflict, Forbidden, Unprocessable
 from vgpud.events import EventLog
@@ -31,19 +31,94 @@ from vgpud.nvml import NvmlSample
 from vgpud.placement import Rules
 from vgpud.registry import Entry, Registry
 from vgpud.tracker import TrackedProcess, TrackSnapshot, VgpuUse
-from vgpud.units import parse_memory, ppm_to_percent
+from vgpud.units import parse_memory, percent_to_ppm, ppm_to_percent
 
-RENDERED_MAX = 256  # rendered answers kept (one per route and query string)
+T = TypeVar("T")
+
+RENDERED_MAX = 256  # rendered answers kept per view (one per route and query string)
 # How stale a figure an answer may show: NVML's per-process samples are
-# 200 ms apart anyway, and rendering 100 vGPUs costs milliseconds.
+# 200 ms apart anyway, and reading 100 vGPUs' blocks costs a millisecond.
 RENDER_MAX_AGE = 0.2
 
 
+class SliceFigures(NamedTuple):
+    """One GPU of a daemon-owned vGPU as its blocks and NVML show it (a
+    tuple: made for 100 vGPUs at every view, and compared as fast)."""
+
+    uuid: str
+    gpu_index: int
+    memory_limit: int
+    memory_used: int
+    memory_peak: int
+    oom_count: int
+    gpu_time_ns: int
+    throttled_ns: int
+    quota_ppm: int
+    share_ppm: int
+    utilization: float | None  # NVML, summed over its processes
+    processes: int  # its processes NVML listed on this GPU at the last scan
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "uuid": self.uuid,
+            "index": self.gpu_index,
+            "memory_limit": self.memory_limit,
+            "memory_used": self.memory_used,
+            "memory_peak": self.memory_peak,
+            "oom_count": self.oom_count,
+            "gpu_time_ns": self.gpu_time_ns,
+            "throttled_ns": self.throttled_ns,
+            "quota_ppm": self.quota_ppm,
+            "utilization": self.utilization,
+            "processes": self.processes,
+        }
+
+
 @dataclass(frozen=True)
-class _Rendered:
-    changes: int
-    ticks: int
-    at: float  # time.monotonic() when rendered
+class VgpuFigures:
+    """What changes of a daemon-owned vGPU between two changes of its
+    definition: the API's answer and /metrics are both rendered from it."""
+
+    processes: int  # slots ACTIVE now
+    gpus: tuple[SliceFigures, ...]
+
+
+class View:
+    """The daemon's state as the read routes show it: one immutable view
+    per state, shared by every route and /metrics.
+
+    A change (through the API, or a new scan) ends a view at once; a loop's
+    tick (new NVML figures, quotas and counters, ten times a second) ends it
+    once it is RENDER_MAX_AGE old. A vGPU's figures are read from its blocks
+    once per view, when first asked for; an answer is rendered once per view.
+    """
+
+    def __init__(self, changes: int, ticks: int, at: float) -> None:
+        self.changes = changes
+        self.ticks = ticks
+        self.at = at  # time.monotonic() when made
+        self.vgpus: dict[str, VgpuFigures] = {}
+        self.rendered: dict[Hashable, bytes] = {}
+
+    def current(self, changes: int, ticks: int, now: float) -> bool:
+        return changes == self.changes and (ticks == self.ticks or now - self.at < RENDER_MAX_AGE)
+
+
+@dataclass(frozen=True)
+class _Static:
+    """The part of a vGPU's answer that changes only with its definition,
+    serialised once: the JSON before its "gpus" and after its "processes"."""
+
+    vgpu: Vgpu
+    paths: recipe.Paths
+    head: bytes
+    tail: bytes
+
+
+@dataclass(frozen=True)
+class _Body:
+    static: _Static
+    figures: VgpuFigures
     body: bytes
 
 
@@ -55,36 +130,6 @@ class GpuInventory(Protocol):
 
     def devices(self) -> Sequence[Any]: ...
     def topology(self, uuid_a: str, uuid_b: str) -> int | None: ...
-
-
-@dataclass(frozen=True)
-class ProcessView:
-    """A GPU process as the API lists it (from the tracker's snapshot)."""
-
-    host_pid: int
-    container_pid: int  # the pid it sees for itself
-    vgpu: str | None
-    slot: int | None
-    kind: str  # vgpu | standalone | hooked | unmanaged | exited (tracker.ProcessKind)
-    comm: str
-    memory: dict[str, int]  # GPU uuid -> bytes (NVML)
-    hooked: dict[str, int]  # GPU uuid -> bytes its slot holds (the hook's word)
-    utilization: dict[str, float]  # GPU uuid -> % (NVML)
-    container: dict[str, str | None]
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "host_pid": self.host_pid,
-            "container_pid": self.container_pid,
-            "vgpu": self.vgpu,
-            "slot": self.slot,
-            "kind": self.kind,
-            "comm": self.comm,
-            "memory": self.memory,
-            "hooked": self.hooked,
-            "utilization": self.utilization,
-            "container": self.container,
-        }
 
 
 @dataclass(frozen=True)
@@ -122,12 +167,15 @@ class Service:
         # stale once they are RENDER_MAX_AGE old.
         self._changes = 0
         self._ticks = 0
-        self._rendered: dict[Hashable, _Rendered] = {}
-        self._recipes: dict[str, tuple[Vgpu, recipe.Paths, dict[str, Any], dict[str, str]]] = {}
+        self._view = View(-1, -1, 0.0)
+        # Serialised once per definition / per set of figures / per tracked
+        # process (the tracker hands back the same object while it is unchanged).
+        self._static: dict[str, _Static] = {}
+        self._bodies: dict[str, _Body] = {}
+        self._processes: dict[int, tuple[TrackedProcess, bytes]] = {}
         self._figures: dict[str, GpuFigures] = {}  # by GPU uuid, from the sampler
         self._sample: NvmlSample | None = None  # the sampler's latest
         self._track: TrackSnapshot | None = None  # the last scan
-        self._views: tuple[TrackSnapshot | None, list[ProcessView]] = (None, [])
         # Budgets the reaper set back to their slots' sum (usage.drift events).
         self.drift_repairs = 0
         self.drift_bytes = 0
@@ -180,20 +228,23 @@ class Service:
         quotas): answers rendered before are stale once RENDER_MAX_AGE old."""
         self._ticks += 1
 
-    def rendered(self, key: Hashable, build: Callable[[], bytes]) -> bytes:
-        """The body of a read route, built at most once per state."""
+    def view(self) -> View:
+        """The current view (see View): a new one after a change, or after
+        a tick once the last is RENDER_MAX_AGE old."""
         now = time.monotonic()
-        hit = self._rendered.get(key)
-        if (
-            hit is not None
-            and hit.changes == self._changes
-            and (hit.ticks == self._ticks or now - hit.at < RENDER_MAX_AGE)
-        ):
-            return hit.body
-        body = build()
-        if len(self._rendered) >= RENDERED_MAX:  # keys carry query strings: bounded
-            self._rendered.clear()
-        self._rendered[key] = _Rendered(self._changes, self._ticks, now, body)
+        if not self._view.current(self._changes, self._ticks, now):
+            self._view = View(self._changes, self._ticks, now)
+        return self._view
+
+    def rendered(self, key: Hashable, build: Callable[[], bytes]) -> bytes:
+        """The body of a read route, built at most once per view."""
+        answers = self.view().rendered
+        body = answers.get(key)
+        if body is None:
+            body = build()
+            if len(answers) >= RENDERED_MAX:  # keys carry query strings: bounded
+                answers.clear()
+            answers[key] = body
         return body
 
     # --- rules ------------------------------------------------------------------
@@ -252,20 +303,25 @@ class Service:
 
     # --- views ------------------------------------------------------------------
 
-    @property
-    def processes(self) -> list[ProcessView]:
-        """The last scan's processes, built when first asked for (not every scan)."""
+    def processes_body(self) -> bytes:
+        """The last scan's processes as JSON; each process serialised once
+        while the tracker hands back the same object for it."""
         track = self.track
-        if track is None:
-            return []
-        if self._views[0] is not track:
-            self._views = (track, [process_view(p) for p in track.processes.values()])
-        return self._views[1]
+        known, parts = self._processes, []
+        fresh: dict[int, tuple[TrackedProcess, bytes]] = {}
+        for pid, p in (track.processes if track is not None else {}).items():
+            hit = known.get(pid)
+            if hit is None or hit[0] is not p:
+                hit = (p, json.dumps(process_json(p)).encode())
+            fresh[pid] = hit
+            parts.append(hit[1])
+        self._processes = fresh
+        return _json_list(parts)
 
     def process_count(self, entry: Entry) -> int:
         """Processes holding a slot now (a dead one's slot is reclaimed
         within one scan, so it does not block a delete for long)."""
-        return sum(1 for s in entry.usage.slots() if s.state == SLOT_ACTIVE)
+        return entry.usage.active_slots()
 
     def standalone_vgpus(self) -> list[VgpuUse]:
         """The standalone vGPUs the last scan adopted (env-limited containers)."""
@@ -281,28 +337,25 @@ class Service:
         if self.registry.entries.get(key) is None and self.standalone(key) is not None:
             raise Conflict(STANDALONE_READ_ONLY)
 
-    def find_json(self, key: str) -> dict[str, Any]:
+    def find_body(self, key: str) -> bytes:
         """One vGPU's answer by id or name, daemon-owned or standalone."""
         use = self.standalone(key) if key not in self.registry.entries else None
-        return (
-            self.standalone_json(use) if use is not None else self.vgpu_json(self.registry.get(key))
-        )
+        if use is not None:
+            return json.dumps(self.standalone_json(use)).encode()
+        return self.vgpu_body(self.registry.get(key))
 
-    def list_json(
-        self, gpu: str | None, label: str | None, owner_pod: str | None
-    ) -> list[dict[str, Any]]:
-        managed = [
-            self.vgpu_json(e) for e in self.registry.all() if self.matches(e, gpu, label, owner_pod)
+    def list_body(self, gpu: str | None, label: str | None, owner_pod: str | None) -> bytes:
+        parts = [
+            self.vgpu_body(e) for e in self.registry.all() if self.matches(e, gpu, label, owner_pod)
         ]
-        if label is not None or owner_pod is not None:
-            return managed  # a standalone vGPU has neither labels nor an owner
-        index = {g.uuid: str(g.index) for g in self.gpus.devices()}
-        standalone = [
-            self.standalone_json(u)
-            for u in self.standalone_vgpus()
-            if gpu is None or any(gpu in (uuid, index.get(uuid)) for uuid in u.gpus)
-        ]
-        return managed + standalone
+        if label is None and owner_pod is None:  # a standalone vGPU has neither
+            index = {g.uuid: str(g.index) for g in self.gpus.devices()}
+            parts += [
+                json.dumps(self.standalone_json(u)).encode()
+                for u in self.standalone_vgpus()
+                if gpu is None or any(gpu in (uuid, index.get(uuid)) for uuid in u.gpus)
+            ]
+        return _json_list(parts)
 
     def standalone_json(self, use: VgpuUse) -> dict[str, Any]:
         """What the last scan read of an adopted standalone vGPU's usage block:
@@ -343,59 +396,63 @@ class Service:
         }
 
     def vgpu_json(self, entry: Entry) -> dict[str, Any]:
-        v = entry.vgpu
-        usage = entry.usage.devices()
-        throttles = entry.control.devices()
-        gpus = []
-        for s, u, t in zip(v.slices, usage, throttles, strict=True):
-            gpus.append(
-                {
-                    "uuid": s.gpu_uuid,
-                    "index": s.gpu_index,
-                    "memory_limit": s.memory,
-                    "memory_used": u.used,
-                    "memory_peak": u.peak,
-                    "oom_count": u.oom_count,
-                    "gpu_time_ns": u.gpu_time_ns,
-                    "throttled_ns": u.throttled_ns,
-                    "quota_ppm": t.throttle.quota_ppm,
-                    "utilization": self.vgpu_utilization(v.id, s.gpu_uuid),
-                    "processes": self.vgpu_gpu_processes(v.id, s.gpu_uuid),
-                }
-            )
-        return {
-            "id": v.id,
-            "kind": "managed",
-            "name": v.name,
-            "created_at": v.created_at,
-            "memory": v.limits.memory.to_json(),
-            "share": v.limits.share,
-            "mode": v.limits.mode,
-            "weight": v.limits.weight,
-            "oversubscribe": v.oversubscribe,
-            "exclusive": v.exclusive,
-            "labels": dict(v.labels),
-            "owner": dict(v.owner),
-            "user": {"uid": v.user.uid, "gid": v.user.gid},
-            "gpus": gpus,
-            "processes": self.process_count(entry),
-            **self._recipe(entry),
-        }
+        """A daemon-owned vGPU's answer as an object (create and update add to it)."""
+        answer: dict[str, Any] = json.loads(self.vgpu_body(entry))
+        return answer
 
-    def _recipe(self, entry: Entry) -> dict[str, Any]:
-        """The vGPU's recipes, built once while its definition and paths stay."""
-        known = self._recipes.get(entry.vgpu.id)
-        if known is None or known[0] is not entry.vgpu or known[1] is not entry.paths:
-            v = entry.vgpu
-            known = (
-                v,
-                entry.paths,
-                recipe.container_recipe(v, entry.paths),
-                recipe.host_env(v, entry.paths, self.driver_env),
+    def vgpu_body(self, entry: Entry) -> bytes:
+        """A daemon-owned vGPU's answer: the definition's part serialised
+        once, the figures' part once per change of its figures."""
+        v = entry.vgpu
+        figures = self.vgpu_figures(entry)
+        static = self._static.get(v.id)
+        if static is None or static.vgpu is not v or static.paths is not entry.paths:
+            static = self._static[v.id] = _static(entry, self.driver_env)
+            self._static = _pruned(self._static, self.registry.entries)
+        known = self._bodies.get(v.id)
+        if known is not None and known.static is static and known.figures == figures:
+            return known.body
+        body = b"".join(
+            (
+                static.head,
+                json.dumps([g.to_json() for g in figures.gpus]).encode(),
+                b', "processes": %d, ' % figures.processes,
+                static.tail,
             )
-            self._recipes = {i: r for i, r in self._recipes.items() if i in self.registry.entries}
-            self._recipes[v.id] = known
-        return {"recipe": known[2], "host_env": known[3]}
+        )
+        self._bodies[v.id] = _Body(static, figures, body)
+        self._bodies = _pruned(self._bodies, self.registry.entries)
+        return body
+
+    def vgpu_figures(self, entry: Entry) -> VgpuFigures:
+        """The vGPU's figures in the current view: its blocks are read once per view."""
+        view = self.view()
+        v = entry.vgpu
+        figures = view.vgpus.get(v.id)
+        if figures is None:
+            share_ppm = percent_to_ppm(v.limits.share)
+            figures = VgpuFigures(
+                processes=self.process_count(entry),
+                gpus=tuple(
+                    SliceFigures(
+                        uuid=s.gpu_uuid,
+                        gpu_index=s.gpu_index,
+                        memory_limit=s.memory,
+                        memory_used=u.used,
+                        memory_peak=u.peak,
+                        oom_count=u.oom_count,
+                        gpu_time_ns=u.gpu_time_ns,
+                        throttled_ns=u.throttled_ns,
+                        quota_ppm=entry.control.read_throttle(i).quota_ppm,
+                        share_ppm=share_ppm,
+                        utilization=self.vgpu_utilization(v.id, s.gpu_uuid),
+                        processes=self.vgpu_gpu_processes(v.id, s.gpu_uuid),
+                    )
+                    for i, (s, u) in enumerate(zip(v.slices, entry.usage.devices(), strict=True))
+                ),
+            )
+            view.vgpus[v.id] = figures
+        return figures
 
     def vgpu_gpu_processes(self, vgpu_id: str, uuid: str) -> int:
         """The vGPU's processes that NVML listed on one of its GPUs at the
@@ -409,8 +466,9 @@ class Service:
         if figures is None or figures.process_util is None:
             return None
         use = self.track.vgpus.get(vgpu_id) if self.track is not None else None
-        pids = set(use.pids) if use is not None else set()
-        return round(sum(u for pid, u in figures.process_util.items() if pid in pids), 1)
+        per_pid = figures.process_util
+        pids = use.pids if use is not None else ()
+        return round(sum(per_pid[pid] for pid in pids if pid in per_pid), 1)
 
     def matches(
         self, entry: Entry, gpu: str | None, label: str | None, owner_pod: str | None
@@ -478,25 +536,70 @@ def user_for(asked: BlockUser | None, caller: Credentials) -> BlockUser:
     return asked
 
 
-def process_view(p: TrackedProcess) -> ProcessView:
+def process_json(p: TrackedProcess) -> dict[str, Any]:
+    """A GPU process as /v1/processes lists it."""
     ref = p.container
-    return ProcessView(
-        host_pid=p.pid,
-        container_pid=p.ns_pid,
-        vgpu=p.vgpu_id,
-        slot=p.slot,
-        kind=str(p.kind),
-        comm=p.comm,
-        memory=dict(p.memory),
-        hooked=dict(p.hooked),
-        utilization=dict(p.sm_util),
-        container={
+    return {
+        "host_pid": p.pid,
+        "container_pid": p.ns_pid,  # the pid it sees for itself
+        "vgpu": p.vgpu_id,
+        "slot": p.slot,
+        "kind": str(p.kind),
+        "comm": p.comm,
+        "memory": dict(p.memory),  # GPU uuid -> bytes (NVML)
+        "hooked": dict(p.hooked),  # GPU uuid -> bytes its slot holds (the hook's word)
+        "utilization": dict(p.sm_util),  # GPU uuid -> % (NVML)
+        "container": {
             "runtime": str(ref.runtime),
             "id": ref.container_id,
             "pod_uid": ref.pod_uid,
             "cgroup": ref.cgroup_path,
         },
+    }
+
+
+def _static(entry: Entry, driver_env: Mapping[str, str]) -> _Static:
+    """A vGPU's definition, recipes included, as the JSON around its figures
+    (the same bytes json.dumps gives the whole answer: key order kept)."""
+    v = entry.vgpu
+    head = {
+        "id": v.id,
+        "kind": "managed",
+        "name": v.name,
+        "created_at": v.created_at,
+        "memory": v.limits.memory.to_json(),
+        "share": v.limits.share,
+        "mode": v.limits.mode,
+        "weight": v.limits.weight,
+        "oversubscribe": v.oversubscribe,
+        "exclusive": v.exclusive,
+        "labels": dict(v.labels),
+        "owner": dict(v.owner),
+        "user": {"uid": v.user.uid, "gid": v.user.gid},
+    }
+    tail = {
+        "recipe": recipe.container_recipe(v, entry.paths),
+        "host_env": recipe.host_env(v, entry.paths, driver_env),
+    }
+    return _Static(
+        v,
+        entry.paths,
+        json.dumps(head)[:-1].encode() + b', "gpus": ',
+        json.dumps(tail)[1:].encode(),
     )
+
+
+def _pruned(cache: dict[str, T], live: Mapping[str, object]) -> dict[str, T]:
+    """``cache`` without the vGPUs deleted since, once they are as many as
+    the live ones (amortised: a churn of creates and deletes stays bounded)."""
+    if len(cache) <= 2 * len(live) + 16:
+        return cache
+    return {key: value for key, value in cache.items() if key in live}
+
+
+def _json_list(parts: Sequence[bytes]) -> bytes:
+    """A JSON array of serialised items, as json.dumps writes one."""
+    return b"[" + b", ".join(parts) + b"]"
 
 
 def _version() -> str:

@@ -304,13 +304,13 @@ async def test_a_read_is_rendered_once_per_state_and_a_change_is_seen_at_once(
 ) -> None:
     vg = await create(api, {"memory": "1g", "share": 20})
     builds: list[int] = []
-    real = api.service.list_json
+    real = api.service.list_body
 
-    def counting(*args: str | None) -> list[dict[str, object]]:
+    def counting(*args: str | None) -> bytes:
         builds.append(1)
         return real(*args)
 
-    monkeypatch.setattr(api.service, "list_json", counting)
+    monkeypatch.setattr(api.service, "list_body", counting)
     for _ in range(5):
         assert [v["share"] for v in await (await api.client.get("/v1/vgpus")).json()] == [20]
     assert len(builds) == 1  # 64 clients do not rebuild it 64 times

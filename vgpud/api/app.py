@@ -195,8 +195,8 @@ async def list_vgpus(request: web.Request) -> web.Response:
     if label is not None:
         schemas.parse_label_query(label)
     gpu, owner_pod = q.get("gpu"), q.get("owner_pod")
-    return _json(
-        service, ("vgpus", gpu, label, owner_pod), lambda: service.list_json(gpu, label, owner_pod)
+    return _rendered(
+        service, ("vgpus", gpu, label, owner_pod), lambda: service.list_body(gpu, label, owner_pod)
     )
 
 
@@ -204,7 +204,7 @@ async def create_vgpu(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
     req = schemas.parse_create(await _json_body(request))
     entry = service.create(req, caller(request))
-    return web.json_response(service.vgpu_json(entry), status=201)
+    return web.Response(body=service.vgpu_body(entry), status=201, content_type="application/json")
 
 
 def caller(request: web.Request) -> Credentials:
@@ -223,7 +223,7 @@ def caller(request: web.Request) -> Credentials:
 
 async def get_vgpu(request: web.Request) -> web.Response:
     service, key = request.app[SERVICE], request.match_info["id"]
-    return _json(service, ("vgpu", key), lambda: service.find_json(key))
+    return _rendered(service, ("vgpu", key), lambda: service.find_body(key))
 
 
 async def update_vgpu(request: web.Request) -> web.Response:
@@ -246,12 +246,16 @@ async def delete_vgpu(request: web.Request) -> web.Response:
 
 async def processes(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
-    return _json(service, "processes", lambda: [p.to_json() for p in service.processes])
+    return _rendered(service, "processes", service.processes_body)
 
 
 def _json(service: Service, key: Hashable, build: Callable[[], object]) -> web.Response:
-    """A read route's answer, rendered once per state of the daemon."""
-    body = service.rendered(key, lambda: json.dumps(build()).encode())
+    """A read route's answer, rendered once per view of the daemon."""
+    return _rendered(service, key, lambda: json.dumps(build()).encode())
+
+
+def _rendered(service: Service, key: Hashable, build: Callable[[], bytes]) -> web.Response:
+    body = service.rendered(key, build)
     return web.Response(body=body, content_type="application/json")
 
 
