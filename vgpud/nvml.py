@@ -48,6 +48,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from enum import IntEnum
+from functools import cached_property
+from types import MappingProxyType
 from typing import Any, TypeVar
 
 import pynvml
@@ -114,18 +116,40 @@ class GpuSample:
     util_samples: tuple[UtilSample, ...] = ()
 
 
+_NONE: Mapping[str, Any] = MappingProxyType({})
+
+
 @dataclass(frozen=True)
 class NvmlSample:
     monotonic: float
     gpus: Mapping[str, GpuSample] = field(default_factory=dict)  # by uuid
 
-    def memory_of(self, pid: int) -> dict[str, int]:
+    def memory_of(self, pid: int) -> Mapping[str, int]:
         """Device memory a host process uses, per GPU uuid (known figures only)."""
-        return {
-            uuid: used
-            for uuid, gpu in self.gpus.items()
-            if (used := gpu.processes.get(pid)) is not None
-        }
+        return self._memory.get(pid, _NONE)
+
+    def util_of(self, pid: int) -> Mapping[str, float]:
+        """A host process's SM utilization, per GPU uuid (known figures only)."""
+        return self._util.get(pid, _NONE)
+
+    # By pid, built once per sample (a scan asks for each of 1000 processes):
+    # the sample is immutable, and so are the mappings handed out.
+    @cached_property
+    def _memory(self) -> dict[int, Mapping[str, int]]:
+        out: dict[int, dict[str, int]] = {}
+        for uuid, gpu in self.gpus.items():
+            for pid, used in gpu.processes.items():
+                if used is not None:
+                    out.setdefault(pid, {})[uuid] = used
+        return dict(out)
+
+    @cached_property
+    def _util(self) -> dict[int, Mapping[str, float]]:
+        out: dict[int, dict[str, float]] = {}
+        for uuid, gpu in self.gpus.items():
+            for pid, util in gpu.process_util.items():
+                out.setdefault(pid, {})[uuid] = util
+        return dict(out)
 
     def pids(self) -> set[int]:
         return {pid for gpu in self.gpus.values() for pid in gpu.processes}

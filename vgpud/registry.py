@@ -132,6 +132,7 @@ class Registry:
         self.events = events
         self.clock = clock
         self.entries: dict[str, Entry] = {}
+        self._listed: tuple[tuple[Entry, ...], tuple[Entry, ...]] = ((), ())  # for all()
         self.cdi = cdi or NullPublisher()  # CDI specs follow every change
         # Blocks let go of (a deleted vGPU's, a replaced usage block) while a
         # reader holds a pin: unmapped when the last pin goes (see ``pin``).
@@ -144,8 +145,13 @@ class Registry:
 
     # --- lookup ----------------------------------------------------------
 
-    def all(self) -> list[Entry]:
-        return sorted(self.entries.values(), key=lambda e: e.vgpu.created_at)
+    def all(self) -> tuple[Entry, ...]:
+        """The vGPUs, oldest first (asked for on every control tick: sorted
+        again only when the entries changed)."""
+        now = tuple(self.entries.values())
+        if now != self._listed[0]:
+            self._listed = (now, tuple(sorted(now, key=lambda e: e.vgpu.created_at)))
+        return self._listed[1]
 
     def get(self, key: str) -> Entry:
         """By id or by name."""

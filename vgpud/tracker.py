@@ -598,18 +598,19 @@ class Tracker:
     ) -> TrackedProcess:
         """A slot holder as tracked; the last scan's, when nothing it is made
         of changed (blocks.py hands back the same SlotView for unchanged slot
-        words) and NVML has no figure of it (those change with every sample)."""
+        words) and NVML's figures of it are the same."""
         identity = process.identity
         held = self._held.get(identity)
+        memory, util = _figures(process.pid, nvml if on_gpu else None)
         if (
             held is not None
-            and not on_gpu
             and held.slot is slot
             and held.devices is devices
             and held.process is process
             and held.tracked.vgpu_id == vgpu_id
-            and not held.tracked.memory
-            and not held.tracked.sm_util
+            and held.tracked.kind is kind
+            and held.tracked.memory == memory
+            and held.tracked.sm_util == util
         ):
             return held.tracked
         hooked = devices.per_uuid([d.used for d in slot.devices])
@@ -741,15 +742,7 @@ class Tracker:
         nvml: NvmlSample | None,
         hooked: Mapping[str, int] | None = None,
     ) -> TrackedProcess:
-        memory: dict[str, int] = {}
-        util: dict[str, float] = {}
-        if nvml is not None:
-            memory = nvml.memory_of(process.pid)
-            util = {
-                uuid: gpu.process_util[process.pid]
-                for uuid, gpu in nvml.gpus.items()
-                if process.pid in gpu.process_util
-            }
+        memory, util = _figures(process.pid, nvml)
         return TrackedProcess(
             pid=process.pid,
             ns_pid=process.ns_pid,
@@ -788,6 +781,13 @@ class Tracker:
                 del cache[identity]
         self._evidence.keep(keep)
         self._ghosts = {pid: g for pid, g in self._ghosts.items() if g.identity in current}
+
+
+def _figures(pid: int, nvml: NvmlSample | None) -> tuple[Mapping[str, int], Mapping[str, float]]:
+    """NVML's memory and SM utilization of a host process, per GPU uuid."""
+    if nvml is None:
+        return {}, {}
+    return nvml.memory_of(pid), nvml.util_of(pid)
 
 
 def _is_own_proc(proc_root: str | os.PathLike[str]) -> bool:

@@ -189,3 +189,23 @@ def test_deleted_vgpu_is_forgotten(proc: Path, vgpu: FakeVgpu) -> None:
 )
 def test_attributable(path: str, expected: bool) -> None:
     assert attributable(classify_path(path)) is expected
+
+
+def test_a_holder_shows_each_samples_nvml_figures_and_is_kept_while_they_stay(
+    proc: Path, vgpu: FakeVgpu
+) -> None:
+    vgpu.hook.claim(3, pid=1, pidns=DOCKER_NS, start_time=5100, used={0: GIB})
+    tracker = Tracker(proc, sees_all_pids=True)
+    first = tracker.scan({"v1": vgpu.blocks}, sample({4100: GIB}, {4100: 30.0}))
+    # A new sample with the same figures: the same process, as the API's
+    # per-process answers rely on (each is serialised once per object).
+    same = tracker.scan({"v1": vgpu.blocks}, sample({4100: GIB}, {4100: 30.0}))
+    assert same.processes[4100] is first.processes[4100]
+    for memory, util in ((2 * GIB, 30.0), (2 * GIB, 55.0), (2 * GIB, None)):
+        snap = tracker.scan(
+            {"v1": vgpu.blocks}, sample({4100: memory}, None if util is None else {4100: util})
+        )
+        p = snap.processes[4100]
+        assert (p.memory, p.sm_util) == ({GPU0: memory}, {} if util is None else {GPU0: util})
+    gone = tracker.scan({"v1": vgpu.blocks}, sample({}))
+    assert (gone.processes[4100].memory, gone.processes[4100].sm_util) == ({}, {})
