@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # one object per family: hashed by identity, fast
 class Family:
     name: str  # as exposed (a counter's with its _total)
     kind: str  # gauge | counter
