@@ -145,13 +145,13 @@ class Registry:
 
     # --- lookup ----------------------------------------------------------
 
-    def all(self) -> tuple[Entry, ...]:
+    def all(self) -> list[Entry]:
         """The vGPUs, oldest first (asked for on every control tick: sorted
         again only when the entries changed)."""
         now = tuple(self.entries.values())
         if now != self._listed[0]:
             self._listed = (now, tuple(sorted(now, key=lambda e: e.vgpu.created_at)))
-        return self._listed[1]
+        return list(self._listed[1])
 
     def get(self, key: str) -> Entry:
         """By id or by name."""

@@ -376,6 +376,7 @@ class Tracker:
         self._absent: set[SlotIdentity] = set()
         self._devices: dict[str, _Devices] = {}  # by vGPU, kept while unchanged
         self._held: dict[Identity, _Held] = {}  # what the last scan made of each slot holder
+        self._judged: dict[tuple[str, int], SlotState] = {}  # the last scan's, by vGPU and slot
 
     def close(self) -> None:
         for adopted in self._adopted.values():
@@ -423,11 +424,21 @@ class Tracker:
             claimed,
         )
         slot_states: list[SlotState] = []
+        judged: dict[tuple[str, int], SlotState] = {}
         for vgpu_id, slot, holder, proof in named:
             held = holder is not None and (proof is not False or membership.of(holder) == vgpu_id)
             if held or self.sees_all_pids:
                 host_pid = holder.pid if holder is not None and proof else None
-                slot_states.append(SlotState(vgpu_id, slot, host_pid, held))
+                state = self._judged.get((vgpu_id, slot.index))
+                if state is None or (state.slot, state.host_pid, state.held) != (
+                    slot,
+                    host_pid,
+                    held,
+                ):
+                    state = SlotState(vgpu_id, slot, host_pid, held)
+                judged[(vgpu_id, slot.index)] = state
+                slot_states.append(state)
+        self._judged = judged
 
         tracked: dict[int, TrackedProcess] = {}
         standalone_ids = {a.vgpu_id for a in self._adopted.values()}
