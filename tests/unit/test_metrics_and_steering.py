@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.unit.apiclient import running_api
@@ -50,6 +51,29 @@ async def test_loop_and_request_histograms_are_exported(tmp_path: Path) -> None:
         names = samples(metrics)
         assert "vgpud_loop_duration_seconds_count" in names
         assert "vgpud_api_request_duration_seconds_bucket" in names
+
+
+async def test_the_histograms_read_as_prometheus_client_writes_them(tmp_path: Path) -> None:
+    async with running_api(tmp_path) as api:
+        metrics = Metrics(api.service)
+        metrics.loop_seconds.labels("scan").observe(0.01)
+        metrics.loop_seconds.labels("control").observe(2.0)  # above every bucket
+        # A method and route as a client may send them: quoted, escaped, odd.
+        metrics.request_seconds.labels('GE"T', "/v1/a\\b\nc", "404").observe(0.003)
+        metrics.request_seconds.labels("GET", "/v1/health", "200").observe(0.0001)
+
+        def families(text: str) -> dict[str, list[tuple[str, dict[str, str], float]]]:
+            return {
+                f.name: [(s.name, s.labels, s.value) for s in f.samples]
+                for f in text_string_to_metric_families(text)
+            }
+
+        ours = families(metrics.render().decode())
+        reference = families(generate_latest(metrics.registry).decode())
+        assert {name: ours[name] for name in reference} == reference
+        assert any(
+            s[1].get("method") == 'GE"T' for s in reference["vgpud_api_request_duration_seconds"]
+        )
 
 
 async def test_a_share_change_reaches_the_throttle_table_at_the_next_tick(tmp_path: Path) -> None:
