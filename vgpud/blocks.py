@@ -773,6 +773,36 @@ def _clamp(
     return values, clamped
 
 
+def _usage_device(
+    used: int,
+    peak: int,
+    oom: int,
+    gtime: int,
+    launches: int,
+    throttled: int,
+    limit: int,
+    share: int,
+) -> UsageDevice:
+    """A usage block's device entry from its first eight words."""
+    values, clamped = _clamp(
+        {"used": used, "peak": peak, "mem_limit": limit, "share_ppm": share & 0xFFFFFFFF},
+        {
+            "used": ABSURD_BYTES,
+            "peak": ABSURD_BYTES,
+            "mem_limit": ABSURD_BYTES,
+            "share_ppm": PPM_FULL,
+        },
+    )
+    return UsageDevice(
+        oom_count=oom,
+        gpu_time_ns=gtime,
+        launches=launches,
+        throttled_ns=throttled,
+        clamped=clamped,
+        **values,
+    )
+
+
 class UsageBlock(_Mapping):
     """Per-device budgets and per-process slots; written by hooks (untrusted)."""
 
@@ -794,6 +824,9 @@ class UsageBlock(_Mapping):
         self._w32 = memoryview(mm).cast("I")
         self._w64 = memoryview(mm).cast("Q")
         self.device_count = device_count
+        self._device_words = [(_UDEV_OFF + d * _UDEV_SIZE) // 8 for d in range(device_count)]
+        self._devices: tuple[list[list[int]], tuple[UsageDevice, ...]] = ([], ())
+        self._active: tuple[bytes, int] = (b"", 0)  # slot states read last, ACTIVE among them
         # The last view built of each slot, with the words it was built from:
         # a slot whose words did not change since (most, most scans) is not
         # parsed again. A SlotView is a pure function of those words.
@@ -872,33 +905,16 @@ class UsageBlock(_Mapping):
 
     # reading
 
-    def devices(self) -> list[UsageDevice]:
-        out = []
-        for d in range(self.device_count):
-            w = (_UDEV_OFF + d * _UDEV_SIZE) // 8
-            used, peak, oom, gtime, launches, throttled, limit, share = self._w64[
-                w : w + 8
-            ].tolist()
-            values, clamped = _clamp(
-                {"used": used, "peak": peak, "mem_limit": limit, "share_ppm": share & 0xFFFFFFFF},
-                {
-                    "used": ABSURD_BYTES,
-                    "peak": ABSURD_BYTES,
-                    "mem_limit": ABSURD_BYTES,
-                    "share_ppm": PPM_FULL,
-                },
-            )
-            out.append(
-                UsageDevice(
-                    oom_count=oom,
-                    gpu_time_ns=gtime,
-                    launches=launches,
-                    throttled_ns=throttled,
-                    clamped=clamped,
-                    **values,
-                )
-            )
-        return out
+    def devices(self) -> tuple[UsageDevice, ...]:
+        """The vGPU-wide counters per device; parsed again only when their
+        words changed (read for every vGPU at every scan and API view)."""
+        words = [self._w64[w : w + 8].tolist() for w in self._device_words]
+        known = self._devices  # one attribute: the scan's thread reads it too
+        if known[0] == words:
+            return known[1]
+        parsed = tuple(_usage_device(*w) for w in words)
+        self._devices = (words, parsed)
+        return parsed
 
     def pacing_counters(self) -> list[tuple[int, int]]:
         """(gpu_time_ns, throttled_ns) per device: the controller's inputs,
@@ -910,7 +926,7 @@ class UsageBlock(_Mapping):
         return out
 
     def slots(self) -> list[SlotView]:
-        states = self._slot_states()
+        states = self._slot_states().tolist()
         if states != self._states:  # which slots are in use changes rarely
             self._states = states
             self._in_use = [i for i, st in enumerate(states) if st != SLOT_FREE]
@@ -918,14 +934,21 @@ class UsageBlock(_Mapping):
         return [self._slot(i, states[i]) for i in self._in_use]
 
     def active_slots(self) -> int:
-        """How many slots are ACTIVE: the states alone are read (the API
-        counts a vGPU's processes this way on every render)."""
-        return self._slot_states().count(SLOT_ACTIVE)
+        """How many slots are ACTIVE: the states alone are read, and counted
+        again only when they changed (the API asks for every vGPU in every
+        view)."""
+        states = self._slot_states().tobytes()
+        known = self._active  # one attribute: the scan's thread may ask too
+        if known[0] != states:
+            known = (states, memoryview(states).cast("I").tolist().count(SLOT_ACTIVE))
+            self._active = known
+        return known[1]
 
-    def _slot_states(self) -> list[int]:
+    def _slot_states(self) -> memoryview:
+        """Every slot's state word (a strided view of the block)."""
         first = _SLOTS_OFF // 4
         stride = _SLOT_SIZE // 4
-        return self._w32[first : first + stride * MAX_PROCS : stride].tolist()
+        return self._w32[first : first + stride * MAX_PROCS : stride]
 
     def _slot(self, index: int, state: int) -> SlotView:
         w = (_SLOTS_OFF + index * _SLOT_SIZE) // 8

@@ -248,6 +248,28 @@ def test_slot_views_follow_every_change_of_the_slot(usage: UsageBlock) -> None:
     hook.close()
 
 
+def test_device_counters_and_the_active_count_follow_every_change(usage: UsageBlock) -> None:
+    """Both are read again only when their words changed: any word the hook
+    changes shows at the next read."""
+    hook = HookSide(usage.path)
+    assert (usage.active_slots(), [d.used for d in usage.devices()]) == (0, [0, 0])
+    first = usage.devices()
+    assert usage.devices() is first  # nothing changed: not parsed again
+    hook.take_slot(5, pid=42, pidns=7, start=1000, used=[GIB, 0])
+    hook.c.slots[6].state = blocks.SLOT_CLAIMING  # not a process yet
+    assert (usage.active_slots(), [d.used for d in usage.devices()]) == (1, [GIB, 0])
+    for field, value in (("oom_count", 3), ("peak", 2 * GIB), ("throttled_ns", 9)):
+        setattr(hook.c.devices[1], field, value)
+        assert getattr(usage.devices()[1], field) == value
+    hook.c.devices[0].used = 1 << 62  # absurd: still clamped when read again
+    assert usage.devices()[0].clamped == ("used",)
+    hook.c.slots[6].state = blocks.SLOT_ACTIVE
+    assert usage.active_slots() == 2
+    hook.c.slots[5].state = blocks.SLOT_FREE
+    assert usage.active_slots() == 1
+    hook.close()
+
+
 def test_reclaim_returns_a_dead_process_bytes_and_frees_the_slot(usage: UsageBlock) -> None:
     hook = HookSide(usage.path)
     hook.take_slot(0, pid=10, pidns=1, start=5, used=[100, 0])
