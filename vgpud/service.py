@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, TypeVar
 
 from vgpud import recipe
+from vgpud.blocks import UsageDevice
 from vgpud.config import Config
 from vgpud.errors import Conflict, Forbidden, Unprocessable
 from vgpud.events import EventLog
@@ -97,7 +98,10 @@ class View:
         self.changes = changes
         self.ticks = ticks
         self.at = at  # time.monotonic() when made
-        self.vgpus: dict[str, VgpuFigures] = {}
+        # Each vGPU's figures, with the usage block's counters they were read
+        # from (UsageBlock.devices() answers the same tuple while its words
+        # are unchanged).
+        self.vgpus: dict[str, tuple[tuple[UsageDevice, ...], VgpuFigures]] = {}
         self.rendered: dict[Hashable, bytes] = {}
 
     def current(self, changes: int, ticks: int, now: float) -> bool:
@@ -425,33 +429,38 @@ class Service:
         return body
 
     def vgpu_figures(self, entry: Entry) -> VgpuFigures:
-        """The vGPU's figures in the current view: its blocks are read once per view."""
+        """The vGPU's figures in the current view. Its usage counters are
+        always the block's latest (reading them is cheap, and a peak or an
+        OOM written just before a process exits must show in the next GET);
+        the rest is read once per view."""
         view = self.view()
         v = entry.vgpu
-        figures = view.vgpus.get(v.id)
-        if figures is None:
-            share_ppm = percent_to_ppm(v.limits.share)
-            figures = VgpuFigures(
-                processes=self.process_count(entry),
-                gpus=tuple(
-                    SliceFigures(
-                        uuid=s.gpu_uuid,
-                        gpu_index=s.gpu_index,
-                        memory_limit=s.memory,
-                        memory_used=u.used,
-                        memory_peak=u.peak,
-                        oom_count=u.oom_count,
-                        gpu_time_ns=u.gpu_time_ns,
-                        throttled_ns=u.throttled_ns,
-                        quota_ppm=entry.control.read_throttle(i).quota_ppm,
-                        share_ppm=share_ppm,
-                        utilization=self.vgpu_utilization(v.id, s.gpu_uuid),
-                        processes=self.vgpu_gpu_processes(v.id, s.gpu_uuid),
-                    )
-                    for i, (s, u) in enumerate(zip(v.slices, entry.usage.devices(), strict=True))
-                ),
-            )
-            view.vgpus[v.id] = figures
+        counters = entry.usage.devices()
+        known = view.vgpus.get(v.id)
+        if known is not None and known[0] is counters:
+            return known[1]
+        share_ppm = percent_to_ppm(v.limits.share)
+        figures = VgpuFigures(
+            processes=self.process_count(entry),
+            gpus=tuple(
+                SliceFigures(
+                    uuid=s.gpu_uuid,
+                    gpu_index=s.gpu_index,
+                    memory_limit=s.memory,
+                    memory_used=u.used,
+                    memory_peak=u.peak,
+                    oom_count=u.oom_count,
+                    gpu_time_ns=u.gpu_time_ns,
+                    throttled_ns=u.throttled_ns,
+                    quota_ppm=entry.control.read_throttle(i).quota_ppm,
+                    share_ppm=share_ppm,
+                    utilization=self.vgpu_utilization(v.id, s.gpu_uuid),
+                    processes=self.vgpu_gpu_processes(v.id, s.gpu_uuid),
+                )
+                for i, (s, u) in enumerate(zip(v.slices, counters, strict=True))
+            ),
+        )
+        view.vgpus[v.id] = (counters, figures)
         return figures
 
     def vgpu_gpu_processes(self, vgpu_id: str, uuid: str) -> int:

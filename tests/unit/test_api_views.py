@@ -67,6 +67,21 @@ async def test_a_counter_moved_by_a_tick_is_shown_everywhere_once_the_view_is_ol
     assert (await metric(api, "vgpud_vgpu_oom_total"))[vg] == 2
 
 
+async def test_one_vgpus_answer_shows_its_latest_counters_even_in_a_fresh_view(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A process that hit the limit and exited: its peak and OOM must show in
+    # the very next GET of its vGPU, not a view's age later.
+    monkeypatch.setattr(service_module, "RENDER_MAX_AGE", 3600.0)
+    vg = await get_created(api, {"memory": "4g", "share": 20})
+    assert (await get(api, f"/v1/vgpus/{vg}"))["gpus"][0]["memory_peak"] == 0
+    api.service.registry.get(vg).usage._c.devices[0].peak = 3 * GIB
+    api.service.registry.get(vg).usage._c.devices[0].oom_count = 1
+    api.service.ticked()
+    gpu = (await get(api, f"/v1/vgpus/{vg}"))["gpus"][0]
+    assert (gpu["memory_peak"], gpu["oom_count"]) == (3 * GIB, 1)
+
+
 async def test_a_change_through_the_api_is_shown_everywhere_at_once(api: Api) -> None:
     vg = await get_created(api, {"name": "a", "memory": "4g", "share": 20})
     other = await get_created(api, {"name": "b", "memory": "1g", "share": 10})

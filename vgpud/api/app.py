@@ -222,8 +222,12 @@ def caller(request: web.Request) -> Credentials:
 
 
 async def get_vgpu(request: web.Request) -> web.Response:
+    # Not rendered once per view: one vGPU's answer is cheap (its bytes are
+    # kept while its figures stay the same), and its usage counters must be
+    # the latest, so that a peak or an OOM written just before a process
+    # exits shows in the next GET (Service.vgpu_figures).
     service, key = request.app[SERVICE], request.match_info["id"]
-    return _rendered(service, ("vgpu", key), lambda: service.find_body(key))
+    return web.Response(body=service.find_body(key), content_type="application/json")
 
 
 async def update_vgpu(request: web.Request) -> web.Response:
