@@ -199,10 +199,16 @@ SAMPLES = """
 n.nvmlInit()
 h = n.nvmlDeviceGetHandleByIndex(0)
 def samples(last):
-    try:
-        return [(s.pid, s.timeStamp, s.smUtil) for s in n.nvmlDeviceGetProcessUtilization(h, last)]
-    except n.NVMLError_NotFound:
-        return []
+    # A sample that lands between pynvml's two calls makes the second too
+    # small: ask again, as the daemon does (vgpud/nvml.py).
+    for _ in range(8):
+        try:
+            return [(s.pid, s.timeStamp, s.smUtil) for s in n.nvmlDeviceGetProcessUtilization(h, last)]
+        except n.NVMLError_NotFound:
+            return []
+        except n.NVMLError_InsufficientSize:
+            continue
+    raise RuntimeError("the samples kept growing between the two calls")
 """
 
 
