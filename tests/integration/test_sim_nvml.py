@@ -203,7 +203,8 @@ def samples(last):
     # small: ask again, as the daemon does (vgpud/nvml.py).
     for _ in range(8):
         try:
-            return [(s.pid, s.timeStamp, s.smUtil) for s in n.nvmlDeviceGetProcessUtilization(h, last)]
+            got = n.nvmlDeviceGetProcessUtilization(h, last)
+            return [(s.pid, s.timeStamp, s.smUtil) for s in got]
         except n.NVMLError_NotFound:
             return []
         except n.NVMLError_InsufficientSize:
