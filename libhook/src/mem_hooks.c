@@ -1096,7 +1096,8 @@ static CUresult settle_array(const struct reservation *r, CUresult rc, void *han
     if (rc != CUDA_SUCCESS || r->index < 0 || overhead_true_up(r->dev, r->index) == 0)
         return rc;
     struct alloc_info taken;
-    finish_free(take_own(SPACE_ARRAY, key, &taken), SPACE_ARRAY, key, &taken, destroy(handle));
+    bool ours = take_own(SPACE_ARRAY, key, &taken);
+    finish_free(ours, SPACE_ARRAY, key, &taken, destroy(handle));
     return budget_oom(r->index, what, r->bytes);
 }
 
