@@ -91,6 +91,7 @@ class GpuInfo:
     name: str
     memory_total: int
     sms: int | None  # NVML's, else the CUDA driver's; None: neither says
+    compute_capability: str | None  # "major.minor" (e.g. "9.0"); None: NVML does not say
     mig_mode: bool  # False also when the driver cannot say (no MIG support)
     pci_bus_id: str | None
     healthy: bool = True
@@ -331,12 +332,17 @@ class NvmlGateway:
         )
         mig = self._optional("nvmlDeviceGetMigMode", lambda: nv.nvmlDeviceGetMigMode(handle))
         pci = self._optional("nvmlDeviceGetPciInfo", lambda: nv.nvmlDeviceGetPciInfo(handle))
+        capability = self._optional(
+            "nvmlDeviceGetCudaComputeCapability",
+            lambda: nv.nvmlDeviceGetCudaComputeCapability(handle),
+        )
         return GpuInfo(
             index=index,
             uuid=uuid,
             name=_text(nv.nvmlDeviceGetName(handle)),
             memory_total=int(memory.total) if memory is not None else 0,
             sms=None if attributes is None else int(attributes.multiprocessorCount),
+            compute_capability=None if capability is None else f"{capability[0]}.{capability[1]}",
             mig_mode=mig is not None and bool(mig[0]),
             pci_bus_id=None if pci is None else _text(pci.busId),
         )

@@ -507,6 +507,7 @@ class Service:
                     "memory_total": g.memory_total,
                     "memory_used": f.memory_used,
                     "sms": getattr(g, "sms", None),
+                    "compute_capability": getattr(g, "compute_capability", None),
                     "utilization": f.utilization,
                     "mig_mode": bool(g.mig_mode),
                     "healthy": g.healthy,

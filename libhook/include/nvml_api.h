@@ -159,6 +159,7 @@ _Static_assert(sizeof(nvmlPciInfo_t) == 68, "nvmlPciInfo_t ABI");
     X(nvmlReturn_t, nvmlDeviceGetMPSComputeRunningProcesses, (nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_v1_t *infos), (device, infoCount, infos)) \
     X(nvmlReturn_t, nvmlDeviceGetMPSComputeRunningProcesses_v2, (nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_t *infos), (device, infoCount, infos)) \
     X(nvmlReturn_t, nvmlDeviceGetMPSComputeRunningProcesses_v3, (nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_t *infos), (device, infoCount, infos)) \
+    X(nvmlReturn_t, nvmlDeviceGetCudaComputeCapability, (nvmlDevice_t device, int *major, int *minor), (device, major, minor)) \
     X(nvmlReturn_t, nvmlDeviceGetMigMode, (nvmlDevice_t device, unsigned int *currentMode, unsigned int *pendingMode), (device, currentMode, pendingMode)) \
     X(nvmlReturn_t, nvmlDeviceGetTopologyCommonAncestor, (nvmlDevice_t device1, nvmlDevice_t device2, nvmlGpuTopologyLevel_t *pathInfo), (device1, device2, pathInfo)) \
     X(nvmlReturn_t, nvmlDeviceGetTemperature, (nvmlDevice_t device, nvmlTemperatureSensors_t sensorType, unsigned int *temp), (device, sensorType, temp)) \

@@ -110,6 +110,7 @@ out({
         n.nvmlDeviceGetHandleByPciBusId(n.nvmlDeviceGetPciInfo(hs[2]).busId)),
     "total": n.nvmlDeviceGetMemoryInfo(hs[1]).total,
     "sms": n.nvmlDeviceGetAttributes(hs[0]).multiprocessorCount,
+    "capability": n.nvmlDeviceGetCudaComputeCapability(hs[3]),
     "mig": [n.nvmlDeviceGetMigMode(h)[0] for h in hs],
     "topology": [topo(0, 1), topo(2, 3), topo(1, 2), topo(0, 0)],
 })
@@ -122,6 +123,7 @@ out({
     assert got["by_uuid"] == 3
     assert got["bus"] == "00000000:03:00.0" and got["by_bus"] == 2
     assert got["total"] == 2 << 30 and got["sms"] == 8
+    assert got["capability"] == [9, 0]  # what the simulated CUDA driver says
     assert got["mig"] == [0, 0, 1, 0]
     assert got["topology"] == [10, 10, 40, 0]  # SINGLE, SINGLE, NODE, INTERNAL
 

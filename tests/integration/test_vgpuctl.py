@@ -165,6 +165,8 @@ def test_devices_lists_the_gpus_and_their_vgpus(daemon: Daemon) -> None:
     rows = ctl(daemon, "devices").stdout.splitlines()
     assert rows[0].split()[:3] == ["GPU", "UUID", "NAME"]
     assert len(rows) == 3 and all("vgpud simulated GPU" in row for row in rows[1:])
+    cc = rows[0].split().index("CC")
+    assert [row.split()[cc + 2] for row in rows[1:]] == ["9.0", "9.0"]  # NAME is 3 words
     assert rows[2].split()[-1] == vid.strip() and "ok" in rows[1].split()
     assert len(json.loads(ctl(daemon, "devices", "--json").stdout)) == 2
     ctl(daemon, "delete", "ondev")

@@ -173,6 +173,7 @@ def test_the_node_slice_lists_each_gpu_with_attributes_and_consumable_capacity(
     [gpu0] = [d for d in spec["devices"] if d["name"] == GPU0]
     assert gpu0["attributes"]["uuid"] == {"string": "GPU-5117a000-0000-4000-8000-000000000000"}
     assert gpu0["attributes"]["productName"] == {"string": "vgpud simulated GPU"}
+    assert gpu0["attributes"]["computeCapability"] == {"version": "9.0.0"}
     assert gpu0["allowMultipleAllocations"] is True
     assert gpu0["capacity"]["memory"]["value"] == str(4 * GIB)
     assert gpu0["capacity"]["cores"]["requestPolicy"]["validRange"] == {

@@ -16,6 +16,7 @@ class FakeGpu:
     mig_mode: bool = False
     healthy: bool = True
     sms: int | None = 132
+    compute_capability: str | None = "9.0"
     health_reason: str | None = None
 
 

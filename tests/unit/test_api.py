@@ -47,6 +47,7 @@ async def test_health_and_devices(api: Api) -> None:
     devices = await r.json()
     validate(devices, "/v1/devices", "get", 200)
     assert [d["vgpus"] for d in devices] == [[], [vg["id"]]]
+    assert [d["compute_capability"] for d in devices] == ["9.0", "9.0"]
 
 
 async def test_create_makes_blocks_with_the_limits_and_answers_the_recipe(api: Api) -> None:

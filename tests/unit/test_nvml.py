@@ -85,6 +85,10 @@ class FakeNvml:
         self._enter("nvmlDeviceGetAttributes")
         return SimpleNamespace(multiprocessorCount=132)
 
+    def nvmlDeviceGetCudaComputeCapability(self, handle: int) -> tuple[int, int]:
+        self._enter("nvmlDeviceGetCudaComputeCapability")
+        return (9, 0)
+
     def nvmlDeviceGetMigMode(self, handle: int) -> list[int]:
         return [1 if handle == 2 else 0, 0]
 
@@ -170,6 +174,7 @@ async def test_inventory(gateway: NvmlGateway) -> None:
         (1, "GPU-bbbb", "Fake H200", 80 * GIB),
     ]
     assert [d.sms for d in devices] == [132, 132]
+    assert [d.compute_capability for d in devices] == ["9.0", "9.0"]
     assert [d.mig_mode for d in devices] == [False, True]
     assert devices[1].pci_bus_id == "00000000:02:00.0"
     assert all(d.healthy for d in devices)
@@ -185,6 +190,7 @@ async def test_missing_function_degrades_one_figure_and_is_logged_once(
 ) -> None:
     fake.failing["nvmlDeviceGetAttributes"] = pynvml.NVML_ERROR_NOT_SUPPORTED
     fake.missing.add("nvmlDeviceGetUtilizationRates")
+    fake.missing.add("nvmlDeviceGetCudaComputeCapability")  # drivers before 450
     gw = NvmlGateway(binding=fake, read_sms=lambda library: {})  # nor does CUDA say
     with caplog.at_level(logging.INFO, logger="vgpud.nvml"):
         await gw.start()
@@ -192,6 +198,7 @@ async def test_missing_function_degrades_one_figure_and_is_logged_once(
         second = await gw.sample()
     await gw.close()
     assert [d.sms for d in gw.devices()] == [None, None]
+    assert [d.compute_capability for d in gw.devices()] == [None, None]
     assert first.gpus["GPU-aaaa"].utilization_gpu is None
     assert second.gpus["GPU-aaaa"].memory_total == 80 * GIB  # the rest still comes
     missing = [r for r in caplog.records if "nvmlDeviceGetUtilizationRates" in r.getMessage()]

@@ -75,7 +75,19 @@ def _bytes(value: int | None) -> str | None:
     return None if value is None else format_bytes(value)
 
 
-DEVICE_HEADERS = ("GPU", "UUID", "NAME", "MEMORY", "USED", "SMS", "UTIL%", "MIG", "HEALTH", "VGPUS")
+DEVICE_HEADERS = (
+    "GPU",
+    "UUID",
+    "NAME",
+    "MEMORY",
+    "USED",
+    "SMS",
+    "CC",
+    "UTIL%",
+    "MIG",
+    "HEALTH",
+    "VGPUS",
+)
 
 
 def device_rows(devices: Sequence[dict[str, Any]]) -> list[list[object]]:
@@ -87,6 +99,7 @@ def device_rows(devices: Sequence[dict[str, Any]]) -> list[list[object]]:
             format_bytes(d["memory_total"]),
             _bytes(d["memory_used"]),
             d["sms"],
+            d["compute_capability"],
             None if d["utilization"] is None else f"{d['utilization']:.0f}",
             "on" if d["mig_mode"] else "off",
             "ok" if d["healthy"] else f"unhealthy: {d['health_reason'] or 'unknown'}",

@@ -24,6 +24,7 @@ class Gpu:
     name: str
     memory_total: int
     healthy: bool
+    compute_capability: str | None = None  # "major.minor"; None: the driver does not say
 
 
 class Daemon:
@@ -39,6 +40,7 @@ class Daemon:
                 name=str(d["name"]),
                 memory_total=int(d["memory_total"]),
                 healthy=bool(d["healthy"]) and not d.get("mig_mode", False),
+                compute_capability=d.get("compute_capability"),
             )
             for d in answer
         ]

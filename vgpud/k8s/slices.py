@@ -2,11 +2,12 @@
 ``kubernetes`` client models (resource.k8s.io/v1), and its publication.
 
 One device per healthy GPU, named ``gpu-<uuid>``, with attributes (uuid,
-productName, index) and two capacities: ``memory`` (bytes) and ``cores``
-(percent of the GPU's time). With consumable capacity (Kubernetes ≥ 1.36,
-or 1.34-1.35 with the DRAConsumableCapacity gate) a device allows multiple
-allocations: each claim consumes the memory and cores it requests, in steps
-of the memory unit and whole cores, and gets a vGPU of exactly that size.
+productName, index, memoryMiB, computeCapability) and two capacities:
+``memory`` (bytes) and ``cores`` (percent of the GPU's time). With
+consumable capacity (Kubernetes ≥ 1.36, or 1.34-1.35 with the
+DRAConsumableCapacity gate) a device allows multiple allocations: each claim
+consumes the memory and cores it requests, in steps of the memory unit and
+whole cores, and gets a vGPU of exactly that size.
 Without it each claim takes a whole GPU.
 """
 
@@ -33,6 +34,21 @@ def slice_name(node: str) -> str:
     return f"{node}-{DRIVER}"
 
 
+def attributes(gpu: Gpu) -> dict[str, k8s.V1DeviceAttribute]:
+    """What a claim's CEL selector can test; the compute capability as a
+    semantic version ("9.0" as 9.0.0), so that selectors compare it with
+    ``.isGreaterThan(semver("8.0.0"))``."""
+    found = {
+        "uuid": k8s.V1DeviceAttribute(string=gpu.uuid),
+        "productName": k8s.V1DeviceAttribute(string=gpu.name),
+        "index": k8s.V1DeviceAttribute(int=gpu.index),
+        "memoryMiB": k8s.V1DeviceAttribute(int=gpu.memory_total // MIB),
+    }
+    if gpu.compute_capability is not None:
+        found["computeCapability"] = k8s.V1DeviceAttribute(version=f"{gpu.compute_capability}.0")
+    return found
+
+
 def device(gpu: Gpu, units: Units, consumable: bool) -> k8s.V1Device:
     memory = k8s.V1DeviceCapacity(value=str(gpu.memory_total))
     cores = k8s.V1DeviceCapacity(value=str(CORES_PER_GPU))
@@ -51,12 +67,7 @@ def device(gpu: Gpu, units: Units, consumable: bool) -> k8s.V1Device:
         )
     return k8s.V1Device(
         name=device_name(gpu),
-        attributes={
-            "uuid": k8s.V1DeviceAttribute(string=gpu.uuid),
-            "productName": k8s.V1DeviceAttribute(string=gpu.name),
-            "index": k8s.V1DeviceAttribute(int=gpu.index),
-            "memoryMiB": k8s.V1DeviceAttribute(int=gpu.memory_total // MIB),
-        },
+        attributes=attributes(gpu),
         capacity={"memory": memory, "cores": cores},
         allow_multiple_allocations=consumable or None,
     )

@@ -1,6 +1,7 @@
 /*
  * nv_device.c - static device properties: name, UUID, PCI, attributes,
- * MIG mode, topology, and fixed temperature and power readings.
+ * compute capability, MIG mode, topology, and fixed temperature and power
+ * readings.
  *
  * Topology: devices 2k and 2k+1 form a linked pair (NVML_TOPOLOGY_SINGLE,
  * one PCIe switch); any other two devices meet at NVML_TOPOLOGY_NODE.
@@ -15,6 +16,10 @@
 #define SIM_TEMPERATURE_C 40u
 #define SIM_POWER_MW 100000u
 #define NVML_TEMPERATURE_GPU 0
+/* The simulated CUDA driver's model (sim/cuda/cu_device.c): one GPU, one
+ * compute capability, whichever library is asked. */
+#define SIM_CC_MAJOR 9
+#define SIM_CC_MINOR 0
 
 static nvmlReturn_t copy_string(char *out, unsigned int length, const char *value)
 {
@@ -101,6 +106,20 @@ nvmlReturn_t nvmlDeviceGetAttributes_v2(nvmlDevice_t device, nvmlDeviceAttribute
         .computeInstanceSliceCount = 7,
         .memorySizeMB = st->config.memory >> 20,
     };
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int *major, int *minor)
+{
+    struct sim_state *st;
+    unsigned i;
+    nvmlReturn_t r = nv_device(device, &st, &i);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (major == NULL || minor == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *major = SIM_CC_MAJOR;
+    *minor = SIM_CC_MINOR;
     return NVML_SUCCESS;
 }
 
