@@ -1,5 +1,6 @@
 """Fixtures of vgpud-k8s's tests: the real vgpud on a simulated machine of
-two 4 GiB GPUs, the kubelet stand-in, and vgpud-k8s as a subprocess."""
+two 4 GiB GPUs, the kubelet stand-ins (device plugin, DRA), the API server
+stand-in, and vgpud-k8s as a subprocess in either mode."""
 
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ import pytest
 
 from tests.conftest import BUILD, ROOT, sim_environment
 from tests.integration.daemon_harness import Daemon, base_env
+from tests.k8s.apiserver import ApiServer
+from tests.k8s.dra_harness import Driver
+from tests.k8s.drakubelet import DraKubelet
 from tests.k8s.kubelet import Kubelet
 
 SIM_MACHINE = {"VGPU_SIM_DEVICES": "2", "VGPU_SIM_MEMORY": "4g"}
@@ -111,3 +115,35 @@ def start_plugin(
     for plugin in started:
         if plugin.proc is not None and plugin.proc.poll() is None:
             plugin.stop()
+
+
+@pytest.fixture
+def api() -> Iterator[ApiServer]:
+    """The API server stand-in, for the DRA driver."""
+    server = ApiServer()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def dra_kubelet() -> Iterator[DraKubelet]:
+    stand_in = DraKubelet()
+    yield stand_in
+    stand_in.close()
+
+
+@pytest.fixture
+def start_driver(clean_vgpud: Daemon, api: ApiServer) -> Iterator[Callable[[], Driver]]:
+    """Start vgpud-k8s dra (again: the same plugin directory, so its
+    checkpoint and sockets stay); every one started is stopped after."""
+    root = Path(tempfile.mkdtemp(dir="/tmp", prefix="dra"))
+    started: list[Driver] = []
+
+    def start() -> Driver:
+        started.append(Driver(clean_vgpud.socket, api, root).start())
+        return started[-1]
+
+    yield start
+    for driver in started:
+        driver.stop()
+    shutil.rmtree(root, ignore_errors=True)

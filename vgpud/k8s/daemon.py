@@ -25,6 +25,7 @@ class Gpu:
     memory_total: int
     healthy: bool
     compute_capability: str | None = None  # "major.minor"; None: the driver does not say
+    reason: str | None = None  # why it is unhealthy, in words
 
 
 class Daemon:
@@ -33,17 +34,7 @@ class Daemon:
 
     async def gpus(self) -> list[Gpu]:
         answer = await self._call("GET", "/v1/devices")
-        return [
-            Gpu(
-                uuid=str(d["uuid"]),
-                index=int(d["index"]),
-                name=str(d["name"]),
-                memory_total=int(d["memory_total"]),
-                healthy=bool(d["healthy"]) and not d.get("mig_mode", False),
-                compute_capability=d.get("compute_capability"),
-            )
-            for d in answer
-        ]
+        return [_gpu(d) for d in answer]
 
     async def vgpus(self, owner: str) -> list[dict[str, Any]]:
         """The vGPUs ``owner`` (a MANAGED_BY value) made."""
@@ -82,6 +73,21 @@ class Daemon:
 
     async def _call(self, method: str, path: str, body: Any = None) -> Any:
         return await asyncio.to_thread(self.client.request, method, path, body)
+
+
+def _gpu(d: dict[str, Any]) -> Gpu:
+    """A GPU of vgpud's /v1/devices; one in MIG mode is not to be sliced."""
+    mig = bool(d.get("mig_mode", False))
+    reason = "MIG mode is on: vgpud does not slice it" if mig else d.get("health_reason")
+    return Gpu(
+        uuid=str(d["uuid"]),
+        index=int(d["index"]),
+        name=str(d["name"]),
+        memory_total=int(d["memory_total"]),
+        healthy=bool(d["healthy"]) and not mig,
+        compute_capability=d.get("compute_capability"),
+        reason=None if d["healthy"] and not mig else str(reason or "unhealthy"),
+    )
 
 
 __all__ = ["MANAGED_BY", "ApiFailure", "Daemon", "DaemonUnreachable", "Gpu"]

@@ -17,8 +17,10 @@ from kubernetes.utils import parse_quantity
 
 from vgpud.k8s.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
 from vgpud.k8s.daemon import MANAGED_BY, ApiFailure, Daemon, DaemonUnreachable, Gpu
+from vgpud.k8s.drahealth import Health
 from vgpud.k8s.proto.dra.v1 import api_pb2 as dra
 from vgpud.k8s.proto.dra.v1 import api_pb2_grpc as dra_grpc
+from vgpud.k8s.proto.drahealth.v1alpha1 import api_pb2_grpc as health_grpc
 from vgpud.k8s.resources import CORES_PER_GPU, BadRequest
 from vgpud.k8s.slices import DRIVER, device_name
 
@@ -198,9 +200,11 @@ def _reason(exc: BaseException) -> str:
     return str(exc)
 
 
-def grpc_server(driver: Driver, socket_path: str) -> grpc.aio.Server:
+def grpc_server(driver: Driver, health: Health, socket_path: str) -> grpc.aio.Server:
+    """The driver's socket: claims and device health, as registration lists them."""
     server = grpc.aio.server()
     dra_grpc.add_DRAPluginServicer_to_server(driver, server)
+    health_grpc.add_DRAResourceHealthServicer_to_server(health, server)
     server.add_insecure_port(f"unix://{socket_path}")
     return server
 

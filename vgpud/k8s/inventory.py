@@ -1,14 +1,17 @@
-"""The node's devices for ListAndWatch, kept fresh from vgpud.
+"""The node's GPUs and their health, kept fresh from vgpud, for the device
+plugin's ListAndWatch streams and the DRA driver's health stream.
 
-One poller for the three resources: every ``interval`` it reads vgpud's
-GPUs; a change (a GPU unhealthy, added, gone) wakes every ListAndWatch
-stream. vgpud unreachable marks every device unhealthy (nothing new is
-scheduled here) without touching running containers; its return heals them.
+One poller for every stream: every ``interval`` it reads vgpud's GPUs; a
+change (a GPU unhealthy, added, gone) wakes every stream. vgpud unreachable
+marks every device unhealthy (nothing new is scheduled here) without
+touching running containers; its return heals them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from functools import partial
@@ -19,6 +22,7 @@ from vgpud.k8s.daemon import Daemon, DaemonUnreachable, Gpu
 from vgpud.k8s.resources import Device, Units, inventory
 
 log = structlog.get_logger("vgpud.k8s.inventory")
+DAEMON_DOWN = "vgpud does not answer"
 
 
 class Inventory:
@@ -27,6 +31,7 @@ class Inventory:
         self.units = units
         self.interval = interval
         self.gpus: list[Gpu] = []
+        self.read_at = 0.0  # wall-clock time of the last read (or failed read)
         self._changed = asyncio.Condition()
         self._version = 0
 
@@ -36,7 +41,8 @@ class Inventory:
         except DaemonUnreachable as exc:
             if any(g.healthy for g in self.gpus):
                 log.warning("vgpud unreachable: devices unhealthy", reason=str(exc))
-            gpus = [replace(g, healthy=False) for g in self.gpus]
+            gpus = [replace(g, healthy=False, reason=DAEMON_DOWN) for g in self.gpus]
+        self.read_at = time.time()
         if gpus != self.gpus:
             log.info(
                 "devices", gpus=[(g.uuid, "healthy" if g.healthy else "unhealthy") for g in gpus]
@@ -51,18 +57,23 @@ class Inventory:
             await self.refresh()
             await asyncio.sleep(self.interval)
 
-    def devices(self, resource: str) -> list[Device]:
-        return inventory(resource, self.gpus, self.units)
-
     async def watch(self, resource: str) -> AsyncIterator[list[Device]]:
-        """The devices now, then again at every change."""
+        """The devices of ``resource`` now, then again at every change."""
+        async for gpus in self.watch_gpus():
+            yield inventory(resource, gpus, self.units)
+
+    async def watch_gpus(self, heartbeat: float | None = None) -> AsyncIterator[list[Gpu]]:
+        """The GPUs now, then again at every change, and after ``heartbeat``
+        seconds without one (for a reader that forgets what it is not told)."""
         seen = -1
         while True:
             async with self._changed:
-                await self._changed.wait_for(partial(self._newer_than, seen))
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(heartbeat):
+                        await self._changed.wait_for(partial(self._newer_than, seen))
                 seen = self._version
-                devices = self.devices(resource)
-            yield devices
+                gpus = list(self.gpus)
+            yield gpus
 
     def _newer_than(self, version: int) -> bool:
         return self._version != version

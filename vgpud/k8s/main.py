@@ -29,6 +29,7 @@ from vgpud.k8s.checkpoint import Checkpoint
 from vgpud.k8s.daemon import Daemon
 from vgpud.k8s.deviceplugin import DevicePlugin
 from vgpud.k8s.dra import ApiClaims, Driver, grpc_server
+from vgpud.k8s.drahealth import Health
 from vgpud.k8s.inventory import Inventory
 from vgpud.k8s.pluginwatcher import (
     DEFAULT_REGISTRY,
@@ -150,7 +151,7 @@ def dra_driver(args: argparse.Namespace) -> Coroutine[Any, Any, None]:
     async def run() -> None:
         await inventory.refresh()
         remove_stale(dra_socket)
-        server = grpc_server(driver, str(dra_socket))
+        server = grpc_server(driver, Health(inventory, args.node_name), str(dra_socket))
         await server.start()
         registration = await serve(Registrar(DRIVER, str(dra_socket)), reg_socket)
         try:

@@ -12,12 +12,15 @@ from typing import Any
 import grpc
 import structlog
 
+from vgpud.k8s import drahealth
 from vgpud.k8s.proto.pluginregistration.v1 import api_pb2 as reg
 from vgpud.k8s.proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 
 DEFAULT_REGISTRY = "/var/lib/kubelet/plugins_registry"
 PLUGIN_TYPE = "DRAPlugin"
-SERVICES = ["v1.DRAPlugin"]  # the DRA gRPC service(s) this driver serves
+# The DRA gRPC services this driver serves on its socket: the kubelet
+# dials the health stream only when its name is listed.
+SERVICES = ["v1.DRAPlugin", drahealth.SERVICE]
 log = structlog.get_logger("vgpud.k8s.pluginwatcher")
 
 
