@@ -23,6 +23,7 @@ import pytest
 from tests.conftest import BUILD, SIM_LIB_DIR, sim_environment
 from tests.e2e.harness import Vgpud
 from tests.e2e.podman import CDI_SYSTEM_DIR, Podman, missing_requirements, supports_cdi_spec_dir
+from tests.k8s.conftest import api, dra_kubelet  # noqa: F401 (the DRA stand-ins, for test_k8s_dra)
 
 HERE = Path(__file__).resolve().parent
 NEEDED = (
@@ -31,7 +32,6 @@ NEEDED = (
     SIM_LIB_DIR / "libcuda.so.1",
     SIM_LIB_DIR / "libnvidia-ml.so.1",
 )
-GIB = 1 << 30
 # The simulated machine every test shares (fixed by the first process).
 SIM_MACHINE = {"VGPU_SIM_DEVICES": "2", "VGPU_SIM_MEMORY": "4g"}
 # A short scan so that "within one scan" stays short.

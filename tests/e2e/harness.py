@@ -8,8 +8,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+from tests.e2e.podman import Podman
 from tests.integration.daemon_harness import Daemon, base_env
 from vgpud.ctl.client import ApiFailure
+
+MIB = 1 << 20
+GIB = 1 << 30
 
 
 class Vgpud:
@@ -56,3 +60,24 @@ class Vgpud:
 
     def stop(self) -> None:
         self.daemon.cleanup()
+
+
+def burn_past_one_gib(
+    vgpud: Vgpud, podman: Podman, device: str, sim_state: dict[str, str], volumes: list[str]
+) -> dict[str, Any]:
+    """Run a container with ``device`` (a vGPU of 1 GiB) that asks for 2 GiB
+    in 128 MiB chunks; check that it was refused past the limit and that the
+    hook's high-water mark reached the limit (less than one chunk left over)
+    and never passed it. The vGPU as vgpud shows it afterwards."""
+    done = podman.run(
+        ["vgpu-burn", "--alloc", "2g", "--chunk", "128m", "--seconds", "0"],
+        devices=[device],
+        env=sim_state,
+        volumes=volumes,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 3, output  # the allocation was not fully satisfied
+    assert "CUDA_ERROR_OUT_OF_MEMORY" in output
+    vgpu: dict[str, Any] = vgpud.get(f"/v1/vgpus/{device.split('=', 1)[1]}")
+    assert GIB - 128 * MIB < vgpu["gpus"][0]["memory_peak"] <= GIB
+    return vgpu

@@ -13,8 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from tests.e2e.conftest import GIB
-from tests.e2e.harness import Vgpud
+from tests.e2e.harness import Vgpud, burn_past_one_gib
 from tests.e2e.podman import Podman
 from tests.integration.daemon_harness import wait_for
 
@@ -108,22 +107,9 @@ def test_the_memory_limit_holds_inside_the_container(
     sim_state: dict[str, str],
     sim_volumes: list[str],
 ) -> None:
-    vgpu = make_vgpu(name="memory", memory="1g", share=50)
+    make_vgpu(name="memory", memory="1g", share=50)
 
-    done = podman.run(
-        ["vgpu-burn", "--alloc", "2g", "--chunk", "128m", "--seconds", "0"],
-        devices=[cdi_device("memory")],
-        env=sim_state,
-        volumes=sim_volumes,
-    )
-
-    output = done.stdout + done.stderr
-    assert done.returncode == 3, output  # the allocation was not fully satisfied
-    assert "CUDA_ERROR_OUT_OF_MEMORY" in output
-    # The hook's own high-water mark: never above the limit, and the limit
-    # was really reached (less than one chunk left over).
-    peak = vgpud.get(f"/v1/vgpus/{vgpu['id']}")["gpus"][0]["memory_peak"]
-    assert GIB - 128 * 2**20 < peak <= GIB
+    burn_past_one_gib(vgpud, podman, cdi_device("memory"), sim_state, sim_volumes)
 
 
 def _process_of(vgpud: Vgpud, vgpu_id: str) -> dict[str, Any] | None:
