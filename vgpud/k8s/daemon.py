@@ -77,16 +77,20 @@ class Daemon:
 
 def _gpu(d: dict[str, Any]) -> Gpu:
     """A GPU of vgpud's /v1/devices; one in MIG mode is not to be sliced."""
-    mig = bool(d.get("mig_mode", False))
-    reason = "MIG mode is on: vgpud does not slice it" if mig else d.get("health_reason")
+    if d.get("mig_mode", False):
+        reason: str | None = "MIG mode is on: vgpud does not slice it"
+    elif not d["healthy"]:
+        reason = str(d.get("health_reason") or "unhealthy")
+    else:
+        reason = None
     return Gpu(
         uuid=str(d["uuid"]),
         index=int(d["index"]),
         name=str(d["name"]),
         memory_total=int(d["memory_total"]),
-        healthy=bool(d["healthy"]) and not mig,
+        healthy=reason is None,
         compute_capability=d.get("compute_capability"),
-        reason=None if d["healthy"] and not mig else str(reason or "unhealthy"),
+        reason=reason,
     )
 
 
