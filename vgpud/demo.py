@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vgpud.blocks import checkout_build_dir
 from vgpud.ctl.client import Client, DaemonUnreachable
 from vgpud.ctl.table import render
+from vgpud.libpaths import checkout_build_dir
 from vgpud.units import format_bytes
 
 MIB = 1 << 20

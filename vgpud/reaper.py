@@ -52,7 +52,8 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from vgpud.blocks import SLOT_ACTIVE, SLOT_CLAIMING, SLOT_RECLAIMING, SlotView, UsageBlock
+from vgpud.abi import SLOT_ACTIVE, SLOT_CLAIMING, SLOT_RECLAIMING
+from vgpud.blocks import SlotView, UsageBlock
 from vgpud.tracker import SlotState, TrackSnapshot, VgpuView
 
 log = logging.getLogger(__name__)

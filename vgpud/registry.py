@@ -34,16 +34,9 @@ from pathlib import Path
 import structlog
 
 from vgpud import events as ev
-from vgpud.blocks import (
-    FLAG_OVERSUBSCRIBE,
-    Access,
-    Atomics,
-    BlockError,
-    ControlBlock,
-    DeviceSlice,
-    TurnBroker,
-    UsageBlock,
-)
+from vgpud.abi import FLAG_OVERSUBSCRIBE, BlockError
+from vgpud.atomics import Atomics
+from vgpud.blocks import Access, ControlBlock, DeviceSlice, TurnBroker, UsageBlock
 from vgpud.cdi import NullPublisher, SpecPublisher
 from vgpud.errors import (
     Conflict,
