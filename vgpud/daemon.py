@@ -131,7 +131,7 @@ class Daemon:
         self.runner: web.AppRunner | None = None
         self.metrics_runner: web.AppRunner | None = None
         self.registry: Registry | None = None
-        self.gpus: nvml.NvmlGateway | nvml.NullNvml | None = None
+        self.gpus: nvml.GpuGateway | None = None
         self.node: Node | None = None
         self.socket_inode: int | None = None
         self.last_watchdog = 0.0
@@ -188,7 +188,7 @@ class Daemon:
             log.warning("libvgpu.so not found: recipes name it where it should be", path=str(path))
             return path
 
-    async def _open_nvml(self) -> tuple[nvml.NvmlGateway | nvml.NullNvml, dict[str, str]]:
+    async def _open_nvml(self) -> tuple[nvml.GpuGateway, dict[str, str]]:
         """NVML, and what host processes need to reach the same driver (only
         the simulated one needs anything: recipe.sim_driver_env)."""
         if not self.config.sim:

@@ -7,7 +7,8 @@ never delays a sample.
 
 Public interface
 ----------------
-``open_nvml(library_path=None, on_health=None) -> NvmlGateway | NullNvml``
+``GpuGateway``: the protocol both classes below satisfy (what the daemon holds).
+``open_nvml(library_path=None, on_health=None) -> GpuGateway``
     (async) a started gateway, or the null one when no driver loads (the
     reason is logged once).
 ``NvmlGateway(library_path=None, on_health=None, *, cuda_library="libcuda.so.1")``
@@ -25,7 +26,7 @@ Public interface
     ``async sample() -> NvmlSample``  one read of every device.
     ``topology(uuid_a, uuid_b) -> TopologyLevel | None`` (cached, no I/O).
     ``async close()``     stops the health thread, nvmlShutdown.
-``NullNvml``: the same interface with no devices; ``available`` is False.
+``NullNvml``: the same protocol with no devices; ``available`` is False.
 
 Degrading, never failing: a function the driver lacks or does not support
 is logged once and its figure is ``None``; running-process queries are
@@ -50,7 +51,7 @@ from dataclasses import dataclass, field, replace
 from enum import IntEnum
 from functools import cached_property
 from types import MappingProxyType
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import pynvml
 
@@ -169,6 +170,24 @@ class HealthEvent:
 
 
 HealthCallback = Callable[[HealthEvent], None]
+
+
+class GpuGateway(Protocol):
+    """What the daemon holds as its GPU source: the NVML gateway, or the null
+    one when no driver loads (k8s-device-plugin's null object, so no caller
+    tests for None). ``open_nvml`` returns either as this type, so mypy
+    checks that both classes satisfy it; service.GpuInventory is the part of
+    it the API reads, kept narrower so tests can fake it with two methods."""
+
+    @property
+    def available(self) -> bool: ...
+    @property
+    def driver_version(self) -> str | None: ...
+    async def start(self) -> None: ...
+    async def close(self) -> None: ...
+    def devices(self) -> list[GpuInfo]: ...
+    def topology(self, uuid_a: str, uuid_b: str) -> TopologyLevel | None: ...
+    async def sample(self) -> NvmlSample: ...
 
 
 def _code(err: BaseException) -> int | None:
@@ -570,7 +589,7 @@ class NullNvml:
 
 async def open_nvml(
     library_path: str | None = None, on_health: HealthCallback | None = None
-) -> NvmlGateway | NullNvml:
+) -> GpuGateway:
     gateway = NvmlGateway(library_path, on_health)
     try:
         await gateway.start()
