@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -54,10 +53,11 @@ from types import MappingProxyType
 from typing import Any, Protocol, TypeVar
 
 import pynvml
+import structlog
 
 from vgpud import cudainfo
 
-log = logging.getLogger(__name__)
+log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
 
@@ -327,7 +327,7 @@ class NvmlGateway:
                 info = self._inventory(index, handle)
             except pynvml.NVMLError as err:
                 # Without its identity a GPU cannot be sliced; the rest can.
-                log.error("GPU %d left out: NVML cannot describe it: %s", index, err)
+                log.error("GPU left out: NVML cannot describe it", index=index, error=str(err))
                 continue
             self._handles[info.uuid] = handle
             devices.append(info)
@@ -339,7 +339,7 @@ class NvmlGateway:
         # Utilization history before the daemon started is not ours to act on.
         now_us = int(time.time() * 1_000_000)
         self._util_cursors = {uuid: _UtilCursor(now_us) for uuid in self._handles}
-        log.info("NVML started: driver %s, %d GPU(s)", self.driver_version, len(devices))
+        log.info("NVML started", driver=self.driver_version, gpus=len(devices))
 
     def _inventory(self, index: int, handle: Any) -> GpuInfo:
         nv = self._nvml
@@ -475,7 +475,9 @@ class NvmlGateway:
                 self._log_missing(name, err)
             elif (name, _code(err)) not in self._logged_failures:
                 self._logged_failures.add((name, _code(err)))
-                log.warning("NVML %s failed: %s (figure reported as not available)", name, err)
+                log.warning(
+                    "NVML call failed: figure reported as not available", call=name, error=str(err)
+                )
             return None
 
     def _versioned(self, what: str, variants: Sequence[tuple[str, Callable[[], T]]]) -> T | None:
@@ -501,7 +503,11 @@ class NvmlGateway:
     def _log_missing(self, name: str, err: BaseException) -> None:
         if name not in self._logged_missing:
             self._logged_missing.add(name)
-            log.info("NVML %s not available (%s): figure reported as not available", name, err)
+            log.info(
+                "NVML call not available: figure reported as not available",
+                call=name,
+                error=str(err),
+            )
 
     # health
 
@@ -526,7 +532,7 @@ class NvmlGateway:
                 except pynvml.NVMLError as err:
                     if _code(err) == pynvml.NVML_ERROR_TIMEOUT:
                         continue
-                    log.warning("NVML event wait failed, health watching stops: %s", err)
+                    log.warning("NVML event wait failed, health watching stops", error=str(err))
                     return
                 source = by_handle.get(_handle_key(data.device))
                 if source is not None and data.eventType & pynvml.nvmlEventTypeXidCriticalError:
@@ -535,7 +541,7 @@ class NvmlGateway:
             try:
                 nv.nvmlEventSetFree(event_set)
             except pynvml.NVMLError as err:
-                log.debug("nvmlEventSetFree: %s", err)
+                log.debug("nvmlEventSetFree failed", error=str(err))
 
     def _on_xid(self, uuid: str, xid: int) -> None:
         if xid in APPLICATION_XIDS:
@@ -551,7 +557,7 @@ class NvmlGateway:
                 for d in self._devices
             ]
         if was_healthy:
-            log.error("GPU %s marked unhealthy: %s", uuid, reason)
+            log.error("GPU marked unhealthy", gpu=uuid, reason=reason)
             self._emit(HealthEvent(uuid, kind, xid, True, reason))
 
     def _emit(self, event: HealthEvent) -> None:
@@ -562,7 +568,7 @@ class NvmlGateway:
         try:
             self._nvml.nvmlShutdown()
         except pynvml.NVMLError as err:
-            log.debug("nvmlShutdown: %s", err)
+            log.debug("nvmlShutdown failed", error=str(err))
 
 
 class NullNvml:
@@ -594,7 +600,7 @@ async def open_nvml(
     try:
         await gateway.start()
     except NvmlUnavailable as err:
-        log.warning("no NVML, running without GPU data: %s", err)
+        log.warning("no NVML, running without GPU data", reason=str(err))
         await gateway.close()
         return NullNvml()
     return gateway
