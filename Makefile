@@ -140,9 +140,9 @@ vgpud/k8s/proto/%/api_pb2.py: vgpud/k8s/proto/%/api.proto $(VENV_STAMP)
 	  --python_out=. --grpc_python_out=. --mypy_out=. --mypy_grpc_out=. $<
 
 lint: venv
-	$(VENV)/bin/ruff check vgpud tests benchmarks
-	$(VENV)/bin/ruff format --check vgpud tests benchmarks
-	$(VENV)/bin/mypy vgpud
+	$(VENV)/bin/ruff check vgpud tests benchmarks demo
+	$(VENV)/bin/ruff format --check vgpud tests benchmarks demo
+	$(VENV)/bin/mypy vgpud demo
 
 test-c: lib sim tools $(CTESTS)
 	@set -e; for t in $(CTESTS); do echo "== $$t"; VGPU_BUILD=$(BUILD) $$t; done
@@ -169,7 +169,7 @@ test-gpu: lib tools
 	$(GPU_PYTHON) -m pytest -q -p no:cacheprovider tests/gpu
 
 demo: all
-	$(VENV)/bin/python -m vgpud.demo
+	$(VENV)/bin/python -m demo
 
 # make install: as root on a node, or with DESTDIR=<dir> to stage a package
 # (then creating the group and `systemctl daemon-reload` are left to the
