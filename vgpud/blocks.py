@@ -81,7 +81,7 @@ from vgpud.abi import (
 from vgpud.atomics import Atomics, Throttle, bind, seqlock_read, seqlock_write
 from vgpud.units import PPM_FULL  # vgpu_abi.h's VGPU_PPM_FULL, kept with its conversions
 
-log = structlog.get_logger("vgpud.blocks")
+log = structlog.get_logger(__name__)
 
 # A byte counter above 1 PiB is no real GPU's: the writer is broken or hostile.
 ABSURD_BYTES = 2**50

@@ -18,7 +18,7 @@ from vgpud.k8s.proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 DEFAULT_REGISTRY = "/var/lib/kubelet/plugins_registry"
 PLUGIN_TYPE = "DRAPlugin"
 SERVICES = ["v1.DRAPlugin"]  # the DRA gRPC service(s) this driver serves
-log = structlog.get_logger("vgpud.k8s.pluginwatcher")
+log = structlog.get_logger(__name__)
 
 
 class Registrar(reg_grpc.RegistrationServicer):
