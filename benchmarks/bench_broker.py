@@ -25,19 +25,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from vgpud.blocks import (
-    TURN_WANT,
-    Atomics,
-    ControlBlock,
-    ControlC,
-    ControlDeviceC,
-    DeviceSlice,
-    TurnBroker,
-    TurnC,
-    UsageBlock,
-    UsageC,
-    UsageDeviceC,
-)
+from vgpud.abi import TURN_WANT, ControlC, ControlDeviceC, TurnC, UsageC, UsageDeviceC
+from vgpud.atomics import Atomics
+from vgpud.blocks import ControlBlock, DeviceSlice, TurnBroker, UsageBlock
 
 SYS_FUTEX, FUTEX_WAIT, FUTEX_WAKE = 202, 0, 1
 libc = ctypes.CDLL(None, use_errno=True)

@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.fixtures.hook import MappedSleepers
 from vgpud import __version__
-from vgpud.blocks import SLOT_ACTIVE, UsageC
+from vgpud.abi import SLOT_ACTIVE, UsageC
 from vgpud.ctl.client import Client, DaemonUnreachable
 
 ROOT = Path(__file__).resolve().parents[1]

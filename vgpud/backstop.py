@@ -32,16 +32,17 @@ and the daemon itself are never killed.
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+import structlog
+
 from vgpud.procfs import ProcFS
 from vgpud.tracker import ProcessKind, TrackedProcess, TrackSnapshot
 
-log = logging.getLogger(__name__)
+log = structlog.get_logger(__name__)
 
 ACTIONS = ("report", "kill")
 
@@ -132,7 +133,7 @@ def enforce(kills: list[Kill], proc_root: str = "/proc") -> list[BackstopEvent]:
         outcome = _kill(kill, procfs)
         kind = "killed" if outcome is None else "kill_skipped"
         detail = f"pid {kill.pid} ({kill.reason})" if outcome is None else outcome
-        log.warning("backstop %s: %s", kind, detail)
+        log.warning("backstop acted", action=kind, vgpu=kill.vgpu_id, gpu=kill.uuid, detail=detail)
         events.append(BackstopEvent(kind, kill.vgpu_id, kill.uuid, detail, kill.pid))
     return events
 

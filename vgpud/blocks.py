@@ -1,7 +1,8 @@
-"""The shared-memory blocks: the only module that touches them.
+"""The shared-memory blocks: the only module that opens, maps and reads them.
 
-Mirrors libhook/include/vgpu_abi.h field by field (ctypes structures whose
-offsets tests/unit/test_abi_layout.py checks against the C compiler's).
+What their bytes are is abi.py's (the mirror of libhook/include/vgpu_abi.h);
+how a word is changed under the hooks' feet is atomics.py's. This module
+gives the bytes their meaning: limits, budgets, slots, the throttle tables.
 
 Public interface (what the tracker, the reaper and the steering use):
 
@@ -24,13 +25,13 @@ Public interface (what the tracker, the reaper and the steering use):
 - ``TurnBroker(atomics)``: ``.add(control, usage, dev) -> id``, ``.remove(id)``,
   ``.stop()``: the C thread that grants each GPU's turn to one vGPU at a
   time through the control blocks (docs/compute.md, "Taking turns").
-- ``BlockError``: a block that is missing, not a regular file, foreign,
-  of another layout version or size.
+- ``BlockError`` (abi.py): a block that is missing, not a regular file,
+  foreign, of another layout version or size.
 
 Reads are plain loads of naturally aligned words (single-copy atomic on
 x86-64 and aarch64), which is all observation needs. Everything that must be
 ordered or must not lose a concurrent update from a hook (slot state changes,
-subtracting reclaimed bytes, the seqlock) goes through build/libvgpu-atomics.so.
+subtracting reclaimed bytes, the seqlock) goes through atomics.py.
 
 The usage block is written by untrusted containers: nothing read from it is
 believed blindly. Absurd figures are clamped and named in ``clamped`` so the
@@ -48,193 +49,42 @@ import stat
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import structlog
 
+from vgpud.abi import (
+    ABI_VERSION,
+    CONTROL_MAGIC,
+    DEV_SOFT,
+    ID_LEN,
+    MAX_DEVICES,
+    MAX_PROCS,
+    SLOT_ACTIVE,
+    SLOT_CLAIMING,
+    SLOT_FREE,
+    SLOT_RECLAIMING,
+    SLOT_STATE_NAMES,
+    USAGE_MAGIC,
+    UUID_LEN,
+    AbiStruct,
+    BlockError,
+    BlockHeader,
+    ControlC,
+    ControlDeviceC,
+    ProcDeviceC,
+    ProcSlotC,
+    UsageC,
+    UsageDeviceC,
+)
+from vgpud.atomics import Atomics, Throttle, bind, seqlock_read, seqlock_write
 from vgpud.units import PPM_FULL  # vgpu_abi.h's VGPU_PPM_FULL, kept with its conversions
 
-log = structlog.get_logger("vgpud.blocks")
-
-# --- constants of vgpu_abi.h --------------------------------------------
-
-CONTROL_MAGIC = 0x544E4F4355504756  # "VGPUCONT" little-endian
-USAGE_MAGIC = 0x4741535555504756  # "VGPUUSAG" little-endian
-ABI_VERSION = 2
-MAX_DEVICES = 16
-MAX_PROCS = 256
-UUID_LEN = 96
-ID_LEN = 64
-FLAG_OVERSUBSCRIBE = 0x1
-DEV_SOFT = 0x1
-TURN_WANT = 1  # vgpu_turn.request: wants the GPU, holds no grant
-
-SLOT_FREE = 0
-SLOT_CLAIMING = 1
-SLOT_ACTIVE = 2
-SLOT_RECLAIMING = 3
-SLOT_STATE_NAMES = {
-    SLOT_FREE: "free",
-    SLOT_CLAIMING: "claiming",
-    SLOT_ACTIVE: "active",
-    SLOT_RECLAIMING: "reclaiming",
-}
+log = structlog.get_logger(__name__)
 
 # A byte counter above 1 PiB is no real GPU's: the writer is broken or hostile.
 ABSURD_BYTES = 2**50
-# Tries of a seqlock read before it counts as unreadable: far more than a live
-# writer's few stores need, few enough that a stuck entry costs microseconds.
-SEQLOCK_TRIES = 64
-ATOMICS_LIBRARY = "libvgpu-atomics.so"
-DEFAULT_LIB_DIR = Path("/usr/lib/vgpud")
-
-u32 = ctypes.c_uint32
-i32 = ctypes.c_int32
-u64 = ctypes.c_uint64
-i64 = ctypes.c_int64
-
-
-class _AbiStruct(ctypes.Structure):
-    """A ctypes mirror of one C struct; ``c_name`` is its name in vgpu_abi.h."""
-
-    c_name: ClassVar[str] = ""
-
-
-class BlockHeader(_AbiStruct):
-    c_name = "vgpu_block_header"
-    _fields_ = (("magic", u64), ("version", u32), ("size", u32))
-
-
-class ThrottleC(_AbiStruct):
-    c_name = "vgpu_throttle"
-    _fields_ = (("seq", u32), ("quota_ppm", u32), ("window_ns", u64), ("epoch", u64))
-
-
-class ControlDeviceC(_AbiStruct):
-    c_name = "vgpu_control_device"
-    _fields_ = (
-        ("uuid", ctypes.c_char * UUID_LEN),
-        ("mem_limit", u64),
-        ("share_ppm", u32),
-        ("flags", u32),
-        ("weight", u32),
-        ("reserved0", u32),
-        ("throttle", ThrottleC),
-        ("turn_grant", u32),
-        ("reserved1", u32),
-        ("turn_until_ns", u64),
-        ("paced_until_ns", u64),
-    )
-
-
-class ControlC(_AbiStruct):
-    c_name = "vgpu_control"
-    _fields_ = (
-        ("hdr", BlockHeader),
-        ("vgpu_id", ctypes.c_char * ID_LEN),
-        ("device_count", u32),
-        ("flags", u32),
-        ("heartbeat_ns", u64),
-        ("turn_beat_ns", u64),
-        ("reserved", u64 * 5),
-        ("devices", ControlDeviceC * MAX_DEVICES),
-        ("slot_host_pid", i32 * MAX_PROCS),
-    )
-
-
-class ProcDeviceC(_AbiStruct):
-    c_name = "vgpu_proc_device"
-    _fields_ = (
-        ("used", u64),
-        ("overhead", u64),
-        ("gpu_time_ns", u64),
-        ("launches", u64),
-        ("throttled_ns", u64),
-    )
-
-
-class ProcSlotC(_AbiStruct):
-    c_name = "vgpu_proc_slot"
-    _fields_ = (
-        ("state", u32),
-        ("pid", i32),
-        ("pidns", u64),
-        ("start_time", u64),
-        ("heartbeat_ns", u64),
-        ("dev", ProcDeviceC * MAX_DEVICES),
-    )
-
-
-class SteerC(_AbiStruct):
-    c_name = "vgpu_steer"
-    _fields_ = (
-        ("throttle", ThrottleC * MAX_DEVICES),
-        ("heartbeat_ns", u64),
-        ("reserved", u64 * 3),
-    )
-
-
-class TurnC(_AbiStruct):
-    c_name = "vgpu_turn"
-    _fields_ = (
-        ("next", u32),
-        ("serving", u32),
-        ("lease_ns", u64),
-        ("paced_until_ns", u64),
-        ("request", u32),
-        ("reserved0", u32),
-    )
-
-
-class UsageDeviceC(_AbiStruct):
-    c_name = "vgpu_usage_device"
-    _fields_ = (
-        ("used", u64),
-        ("peak", u64),
-        ("oom_count", u64),
-        ("gpu_time_ns", u64),
-        ("launches", u64),
-        ("throttled_ns", u64),
-        ("mem_limit", u64),
-        ("share_ppm", u32),
-        ("reserved0", u32),
-        ("pacer_balance_ns", i64),
-        ("pacer_stamp_ns", u64),
-        ("turn", TurnC),
-    )
-
-
-class UsageC(_AbiStruct):
-    c_name = "vgpu_usage"
-    _fields_ = (
-        ("hdr", BlockHeader),
-        ("device_count", u32),
-        ("flags", u32),
-        ("uuids", (ctypes.c_char * UUID_LEN) * MAX_DEVICES),
-        ("steer", SteerC),
-        ("devices", UsageDeviceC * MAX_DEVICES),
-        ("slots", ProcSlotC * MAX_PROCS),
-    )
-
-
-ABI_STRUCTS: tuple[type[_AbiStruct], ...] = (
-    BlockHeader,
-    ThrottleC,
-    ControlDeviceC,
-    ControlC,
-    ProcDeviceC,
-    ProcSlotC,
-    SteerC,
-    TurnC,
-    UsageDeviceC,
-    UsageC,
-)
-
-
-class BlockError(Exception):
-    """A shared-memory block that cannot be used, with the reason why."""
 
 
 @dataclass(frozen=True)
@@ -260,79 +110,6 @@ DAEMON_ONLY = Access(0o600)
 DAEMON_WRITES = Access(0o644)
 
 
-# --- atomics ----------------------------------------------------------------
-
-
-class Atomics:
-    """C11 atomics on addresses inside our mappings, via libvgpu-atomics.so."""
-
-    def __init__(self, path: Path) -> None:
-        try:
-            lib = ctypes.CDLL(str(path))
-        except OSError as exc:
-            raise BlockError(f"cannot load {path}: {exc}") from exc
-        self.path = path
-        vp = ctypes.c_void_p
-        self.load_u64 = _bind(lib, "vgpu_atomic_load_u64", u64, vp)
-        self.store_u64 = _bind(lib, "vgpu_atomic_store_u64", None, vp, u64)
-        self.fetch_add_u64 = _bind(lib, "vgpu_atomic_fetch_add_u64", u64, vp, u64)
-        self.sub_clamp_u64 = _bind(lib, "vgpu_atomic_sub_clamp_u64", ctypes.c_int, vp, u64)
-        self.cas_u64 = _bind(lib, "vgpu_atomic_cas_u64", ctypes.c_int, vp, u64, u64)
-        self.load_u32 = _bind(lib, "vgpu_atomic_load_u32", u32, vp)
-        self.store_u32 = _bind(lib, "vgpu_atomic_store_u32", None, vp, u32)
-        self.cas_u32 = _bind(lib, "vgpu_atomic_cas_u32", ctypes.c_int, vp, u32, u32)
-        self.futex_wake_all = _bind(lib, "vgpu_futex_wake_all", None, vp)
-        # SIGBUS guard for mappings of files a container can shrink (vgpu_guard.c).
-        self.guard_add = _bind(lib, "vgpu_guard_add", ctypes.c_int, vp, ctypes.c_size_t)
-        self.guard_remove = _bind(lib, "vgpu_guard_remove", None, ctypes.c_int)
-        self.guard_lost = _bind(lib, "vgpu_guard_lost", ctypes.c_int, ctypes.c_int)
-
-    @staticmethod
-    def load(lib_dir: Path | None = None) -> Atomics:
-        """The atomics library from ``lib_dir``, else where it is usually found."""
-        return _load_atomics(find_library(ATOMICS_LIBRARY, lib_dir))
-
-
-@cache
-def _load_atomics(path: Path) -> Atomics:
-    return Atomics(path)
-
-
-def _bind(lib: ctypes.CDLL, name: str, restype: object, *argtypes: object) -> Callable[..., Any]:
-    fn = getattr(lib, name)
-    fn.restype = restype
-    fn.argtypes = argtypes
-    return fn  # type: ignore[no-any-return]
-
-
-def checkout_build_dir() -> Path | None:
-    """build/ of the source checkout this package runs from, if it is one."""
-    root = Path(__file__).resolve().parent.parent
-    if (root / "Makefile").is_file() and (root / "libhook").is_dir():
-        return root / "build"
-    return None
-
-
-def find_library(name: str, lib_dir: Path | None = None) -> Path:
-    """Where a vgpud library is: ``lib_dir``, $VGPUD_LIB_DIR, the checkout's
-    build/ (running from the repo), then /usr/lib/vgpud; the first that has it."""
-    candidates: list[Path] = []
-    if lib_dir is not None:
-        candidates.append(Path(lib_dir))
-    env = os.environ.get("VGPUD_LIB_DIR")
-    if env:
-        candidates.append(Path(env))
-    build = checkout_build_dir()
-    if build is not None:
-        candidates.append(build)
-    candidates.append(DEFAULT_LIB_DIR)
-    for directory in candidates:
-        if (directory / name).is_file():
-            return directory / name
-    looked = ", ".join(str(d) for d in candidates)
-    raise BlockError(f"{name} not found (looked in {looked}); run `make` or `make install`")
-
-
 # --- value types ------------------------------------------------------------
 
 
@@ -347,14 +124,6 @@ class DeviceSlice:
     weight: int = 1
 
 
-@dataclass(frozen=True)
-class Throttle:
-    quota_ppm: int
-    window_ns: int
-    epoch: int
-
-
-# What an unreadable steer entry reads as: never steered (the API's 0).
 UNSTEERED = Throttle(quota_ppm=0, window_ns=0, epoch=0)
 
 
@@ -434,7 +203,7 @@ class StandaloneLimits:
 class _Mapping:
     """A block file mapped shared; subclasses add the struct's meaning."""
 
-    struct: ClassVar[type[_AbiStruct]]
+    struct: ClassVar[type[AbiStruct]]
     magic: ClassVar[int]
     kind: ClassVar[str]
 
@@ -545,44 +314,6 @@ def _put_text(field_len: int, value: str, what: str) -> bytes:
     if len(data) >= field_len or b"\0" in data:
         raise BlockError(f"{what} {value!r} does not fit {field_len - 1} bytes")
     return data
-
-
-def _seqlock_write(atomics: Atomics, base: int, quota_ppm: int, window_ns: int) -> None:
-    """Writer side of the throttle seqlock at address ``base``: seq odd,
-    fields, seq even; epoch + 1. Every store is seq_cst through the
-    atomics library, so no reader can see new fields with an old even seq.
-    Then the hooks' threads sleeping in the pacer on seq are woken, so that
-    a new quota takes effect at once, not at the end of their sleep."""
-    t = ThrottleC
-    seq_addr = base + t.seq.offset
-    seq = atomics.load_u32(seq_addr)
-    epoch = atomics.load_u64(base + t.epoch.offset)
-    atomics.store_u32(seq_addr, (seq | 1) & 0xFFFFFFFF)
-    atomics.store_u32(base + t.quota_ppm.offset, quota_ppm)
-    atomics.store_u64(base + t.window_ns.offset, window_ns)
-    atomics.store_u64(base + t.epoch.offset, epoch + 1)
-    atomics.store_u32(seq_addr, ((seq | 1) + 1) & 0xFFFFFFFF)
-    atomics.futex_wake_all(seq_addr)
-
-
-def _seqlock_read(atomics: Atomics, base: int) -> Throttle | None:
-    """Reader side, bounded: None when no consistent copy was seen in
-    SEQLOCK_TRIES tries. A writer holds seq odd for a handful of stores, so
-    only a writer that died mid-write, or a tenant that wrote an odd seq into
-    its own usage block, makes a read fail; an unbounded retry would let that
-    tenant stall whichever daemon thread reads (DESIGN.md, "Trust";
-    docs/security.md, "Files, owners and the API")."""
-    t = ThrottleC
-    for _ in range(SEQLOCK_TRIES):
-        seq = atomics.load_u32(base + t.seq.offset)
-        if seq & 1:
-            continue  # a writer is in the middle (or died there)
-        quota = atomics.load_u32(base + t.quota_ppm.offset)
-        window = atomics.load_u64(base + t.window_ns.offset)
-        epoch = atomics.load_u64(base + t.epoch.offset)
-        if atomics.load_u32(base + t.seq.offset) == seq:
-            return Throttle(quota, window, epoch)
-    return None
 
 
 def _check_ppm(value: int, what: str) -> None:
@@ -715,11 +446,11 @@ class ControlBlock(_Mapping):
             return False
         base = self._addr(self._dev(dev_index), "throttle")
         wanted = (quota_ppm, window_ns)
-        current = _seqlock_read(self._atomics, base)
+        current = seqlock_read(self._atomics, base)
         # None (unreadable): a daemon died mid-write; writing makes it whole.
         changed = current is None or (current.quota_ppm, current.window_ns) != wanted
         if changed:
-            _seqlock_write(self._atomics, base, quota_ppm, window_ns)
+            seqlock_write(self._atomics, base, quota_ppm, window_ns)
         self._published[dev_index] = wanted
         return changed
 
@@ -728,7 +459,7 @@ class ControlBlock(_Mapping):
         stays odd was left mid-write by a daemon that died: its fields are
         then taken as they stand, and the next write_throttle repairs it."""
         entry = self._dev(dev_index).throttle
-        read = _seqlock_read(self._atomics, ctypes.addressof(entry))
+        read = seqlock_read(self._atomics, ctypes.addressof(entry))
         return read or Throttle(int(entry.quota_ppm), int(entry.window_ns), int(entry.epoch))
 
     def heartbeat(self, now_ns: int) -> None:
@@ -1061,7 +792,7 @@ class UsageBlock(_Mapping):
     def write_steer(self, dev_index: int, quota_ppm: int, window_ns: int = 0) -> None:
         _check_ppm(quota_ppm, "quota_ppm")
         entry = self._c.steer.throttle[_index(dev_index, MAX_DEVICES)]
-        _seqlock_write(self._atomics, ctypes.addressof(entry), quota_ppm, window_ns)
+        seqlock_write(self._atomics, ctypes.addressof(entry), quota_ppm, window_ns)
 
     def read_steer(self, dev_index: int) -> Throttle:
         """The quota last steered to, or UNSTEERED when the entry cannot be
@@ -1069,7 +800,7 @@ class UsageBlock(_Mapping):
         it odd loses only the display of its own steering (the hooks' reader
         gives up too, and keeps its last quota). Said once per block."""
         entry = self._c.steer.throttle[_index(dev_index, MAX_DEVICES)]
-        read = _seqlock_read(self._atomics, ctypes.addressof(entry))
+        read = seqlock_read(self._atomics, ctypes.addressof(entry))
         if read is not None:
             return read
         if not self._steer_unreadable_said:
@@ -1115,7 +846,7 @@ class TurnBroker:
     def __init__(self, atomics: Atomics) -> None:
         lib = ctypes.CDLL(str(atomics.path))
         vp = ctypes.c_void_p
-        self._add = _bind(
+        self._add = bind(
             lib,
             "vgpu_broker_add",
             ctypes.c_int,
@@ -1125,8 +856,8 @@ class TurnBroker:
             vp,
             ctypes.c_int,
         )
-        self._remove = _bind(lib, "vgpu_broker_remove", None, ctypes.c_int)
-        self._stop = _bind(lib, "vgpu_broker_stop", None)
+        self._remove = bind(lib, "vgpu_broker_remove", None, ctypes.c_int)
+        self._stop = bind(lib, "vgpu_broker_stop", None)
 
     def add(self, control: ControlBlock, usage: UsageBlock, dev: int) -> int:
         """Enter device ``dev`` of a vGPU (its index in both blocks); any

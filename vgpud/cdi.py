@@ -76,7 +76,7 @@ _DIGIT_NAME_VERSION = "0.5.0"
 _MOUNT_OPTIONS = ("nosuid", "nodev", "bind")
 
 
-log = structlog.get_logger("vgpud.cdi")
+log = structlog.get_logger(__name__)
 
 
 class CdiError(Exception):

@@ -21,9 +21,10 @@ loop, as the NVML gateway does on its worker thread.
 from __future__ import annotations
 
 import ctypes
-import logging
 
-log = logging.getLogger(__name__)
+import structlog
+
+log = structlog.get_logger(__name__)
 
 DEFAULT_LIBRARY = "libcuda.so.1"
 CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16
@@ -40,9 +41,9 @@ def sm_counts(library: str = DEFAULT_LIBRARY) -> dict[str, int]:
         counts = _read(ctypes.CDLL(library))
     except (OSError, AttributeError, CudaCallFailed) as err:
         # OSError: no such library; AttributeError: it lacks an entry point.
-        log.info("no SM counts from the CUDA driver %s: %s", library, err)
+        log.info("no SM counts from the CUDA driver", library=library, error=str(err))
         return {}
-    log.info("SM counts from the CUDA driver %s: %s", library, counts)
+    log.info("SM counts from the CUDA driver", library=library, sms=counts)
     return counts
 
 

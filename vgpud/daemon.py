@@ -43,11 +43,13 @@ from aiohttp import web
 from vgpud import __version__, cdi, nvml, systemd
 from vgpud import events as ev
 from vgpud import log as logsetup
+from vgpud.abi import BlockError
 from vgpud.api.app import make_app, make_metrics_app
-from vgpud.blocks import Atomics, BlockError, find_library
+from vgpud.atomics import Atomics
 from vgpud.config import RESTART_KEYS, Config, ConfigError, changed_keys, load_config
 from vgpud.errors import ApiError
 from vgpud.events import EventLog
+from vgpud.libpaths import LibraryNotFound, find_library
 from vgpud.metrics import Metrics
 from vgpud.recipe import sim_driver_env
 from vgpud.registry import Registry
@@ -129,7 +131,7 @@ class Daemon:
         self.runner: web.AppRunner | None = None
         self.metrics_runner: web.AppRunner | None = None
         self.registry: Registry | None = None
-        self.gpus: nvml.NvmlGateway | nvml.NullNvml | None = None
+        self.gpus: nvml.GpuGateway | None = None
         self.node: Node | None = None
         self.socket_inode: int | None = None
         self.last_watchdog = 0.0
@@ -181,12 +183,12 @@ class Daemon:
     def _hook_library(self) -> Path:
         try:
             return find_library("libvgpu.so", Path(self.config.lib_dir))
-        except BlockError:
+        except LibraryNotFound:
             path = Path(self.config.lib_dir) / "libvgpu.so"
             log.warning("libvgpu.so not found: recipes name it where it should be", path=str(path))
             return path
 
-    async def _open_nvml(self) -> tuple[nvml.NvmlGateway | nvml.NullNvml, dict[str, str]]:
+    async def _open_nvml(self) -> tuple[nvml.GpuGateway, dict[str, str]]:
         """NVML, and what host processes need to reach the same driver (only
         the simulated one needs anything: recipe.sim_driver_env)."""
         if not self.config.sim:
@@ -194,7 +196,7 @@ class Daemon:
         try:
             path = find_library("sim/libnvidia-ml.so.1", Path(self.config.lib_dir))
             cuda = find_library("sim/libcuda.so.1", Path(self.config.lib_dir))
-        except BlockError as exc:
+        except LibraryNotFound as exc:
             raise StartError(f"--sim: {exc}") from exc
         log.info("GPU: SIMULATED (build/sim), not a real driver", library=str(path))
         gateway = nvml.NvmlGateway(str(path), on_health=self._on_health, cuda_library=str(cuda))

@@ -28,14 +28,15 @@ Public interface
 from __future__ import annotations
 
 import errno
-import logging
 import os
 import select
 import weakref
 
+import structlog
+
 from vgpud.procfs import Identity, Process, ProcFS
 
-log = logging.getLogger(__name__)
+log = structlog.get_logger(__name__)
 
 # No descriptor left: fall back to reading stat for this process only.
 _FD_EXHAUSTED = frozenset({errno.EMFILE, errno.ENFILE})
@@ -114,13 +115,15 @@ class ExitWatch:
                 if not self._warned_fds:
                     self._warned_fds = True
                     log.warning(
-                        "no file descriptor left for a pidfd (%s): processes beyond %d are "
-                        "checked by reading /proc each scan; raise LimitNOFILE",
-                        err.strerror,
-                        len(self._fds),
+                        "no file descriptor left for a pidfd: processes beyond the "
+                        "watched ones are checked by reading /proc each scan; raise LimitNOFILE",
+                        error=err.strerror,
+                        watched=len(self._fds),
                     )
                 return -1
-            log.warning("pidfd_open unavailable (%s): process exits found by reading /proc", err)
+            log.warning(
+                "pidfd_open unavailable: process exits found by reading /proc", error=str(err)
+            )
             self._pidfds = False
             return -1
 

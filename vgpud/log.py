@@ -1,7 +1,8 @@
 """Logging setup: structlog, readable on a terminal, JSON under systemd.
 
 Called once by the entry points (a library never configures logging).
-Standard-library loggers (e.g. nvml.py's) go through the same renderer.
+Standard-library loggers (aiohttp's, grpc's) go through the same renderer;
+vgpud's own modules log through structlog, with fields (docs/daemon.md, "Logs").
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ never delays a sample.
 
 Public interface
 ----------------
-``open_nvml(library_path=None, on_health=None) -> NvmlGateway | NullNvml``
+``GpuGateway``: the protocol both classes below satisfy (what the daemon holds).
+``open_nvml(library_path=None, on_health=None) -> GpuGateway``
     (async) a started gateway, or the null one when no driver loads (the
     reason is logged once).
 ``NvmlGateway(library_path=None, on_health=None, *, cuda_library="libcuda.so.1")``
@@ -25,7 +26,7 @@ Public interface
     ``async sample() -> NvmlSample``  one read of every device.
     ``topology(uuid_a, uuid_b) -> TopologyLevel | None`` (cached, no I/O).
     ``async close()``     stops the health thread, nvmlShutdown.
-``NullNvml``: the same interface with no devices; ``available`` is False.
+``NullNvml``: the same protocol with no devices; ``available`` is False.
 
 Degrading, never failing: a function the driver lacks or does not support
 is logged once and its figure is ``None``; running-process queries are
@@ -41,7 +42,6 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -50,13 +50,14 @@ from dataclasses import dataclass, field, replace
 from enum import IntEnum
 from functools import cached_property
 from types import MappingProxyType
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import pynvml
+import structlog
 
 from vgpud import cudainfo
 
-log = logging.getLogger(__name__)
+log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
 
@@ -170,6 +171,24 @@ class HealthEvent:
 
 
 HealthCallback = Callable[[HealthEvent], None]
+
+
+class GpuGateway(Protocol):
+    """What the daemon holds as its GPU source: the NVML gateway, or the null
+    one when no driver loads (k8s-device-plugin's null object, so no caller
+    tests for None). ``open_nvml`` returns either as this type, so mypy
+    checks that both classes satisfy it; service.GpuInventory is the part of
+    it the API reads, kept narrower so tests can fake it with two methods."""
+
+    @property
+    def available(self) -> bool: ...
+    @property
+    def driver_version(self) -> str | None: ...
+    async def start(self) -> None: ...
+    async def close(self) -> None: ...
+    def devices(self) -> list[GpuInfo]: ...
+    def topology(self, uuid_a: str, uuid_b: str) -> TopologyLevel | None: ...
+    async def sample(self) -> NvmlSample: ...
 
 
 def _code(err: BaseException) -> int | None:
@@ -309,7 +328,7 @@ class NvmlGateway:
                 info = self._inventory(index, handle)
             except pynvml.NVMLError as err:
                 # Without its identity a GPU cannot be sliced; the rest can.
-                log.error("GPU %d left out: NVML cannot describe it: %s", index, err)
+                log.error("GPU left out: NVML cannot describe it", index=index, error=str(err))
                 continue
             self._handles[info.uuid] = handle
             devices.append(info)
@@ -321,7 +340,7 @@ class NvmlGateway:
         # Utilization history before the daemon started is not ours to act on.
         now_us = int(time.time() * 1_000_000)
         self._util_cursors = {uuid: _UtilCursor(now_us) for uuid in self._handles}
-        log.info("NVML started: driver %s, %d GPU(s)", self.driver_version, len(devices))
+        log.info("NVML started", driver=self.driver_version, gpus=len(devices))
 
     def _inventory(self, index: int, handle: Any) -> GpuInfo:
         nv = self._nvml
@@ -462,7 +481,9 @@ class NvmlGateway:
                 self._log_missing(name, err)
             elif (name, _code(err)) not in self._logged_failures:
                 self._logged_failures.add((name, _code(err)))
-                log.warning("NVML %s failed: %s (figure reported as not available)", name, err)
+                log.warning(
+                    "NVML call failed: figure reported as not available", call=name, error=str(err)
+                )
             return None
 
     def _versioned(self, what: str, variants: Sequence[tuple[str, Callable[[], T]]]) -> T | None:
@@ -488,7 +509,11 @@ class NvmlGateway:
     def _log_missing(self, name: str, err: BaseException) -> None:
         if name not in self._logged_missing:
             self._logged_missing.add(name)
-            log.info("NVML %s not available (%s): figure reported as not available", name, err)
+            log.info(
+                "NVML call not available: figure reported as not available",
+                call=name,
+                error=str(err),
+            )
 
     # health
 
@@ -513,7 +538,7 @@ class NvmlGateway:
                 except pynvml.NVMLError as err:
                     if _code(err) == pynvml.NVML_ERROR_TIMEOUT:
                         continue
-                    log.warning("NVML event wait failed, health watching stops: %s", err)
+                    log.warning("NVML event wait failed, health watching stops", error=str(err))
                     return
                 source = by_handle.get(_handle_key(data.device))
                 if source is not None and data.eventType & pynvml.nvmlEventTypeXidCriticalError:
@@ -522,7 +547,7 @@ class NvmlGateway:
             try:
                 nv.nvmlEventSetFree(event_set)
             except pynvml.NVMLError as err:
-                log.debug("nvmlEventSetFree: %s", err)
+                log.debug("nvmlEventSetFree failed", error=str(err))
 
     def _on_xid(self, uuid: str, xid: int) -> None:
         if xid in APPLICATION_XIDS:
@@ -538,7 +563,7 @@ class NvmlGateway:
                 for d in self._devices
             ]
         if was_healthy:
-            log.error("GPU %s marked unhealthy: %s", uuid, reason)
+            log.error("GPU marked unhealthy", gpu=uuid, reason=reason)
             self._emit(HealthEvent(uuid, kind, xid, True, reason))
 
     def _emit(self, event: HealthEvent) -> None:
@@ -549,7 +574,7 @@ class NvmlGateway:
         try:
             self._nvml.nvmlShutdown()
         except pynvml.NVMLError as err:
-            log.debug("nvmlShutdown: %s", err)
+            log.debug("nvmlShutdown failed", error=str(err))
 
 
 class NullNvml:
@@ -576,12 +601,12 @@ class NullNvml:
 
 async def open_nvml(
     library_path: str | None = None, on_health: HealthCallback | None = None
-) -> NvmlGateway | NullNvml:
+) -> GpuGateway:
     gateway = NvmlGateway(library_path, on_health)
     try:
         await gateway.start()
     except NvmlUnavailable as err:
-        log.warning("no NVML, running without GPU data: %s", err)
+        log.warning("no NVML, running without GPU data", reason=str(err))
         await gateway.close()
         return NullNvml()
     return gateway

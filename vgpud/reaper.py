@@ -48,14 +48,16 @@ Rules
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from vgpud.blocks import SLOT_ACTIVE, SLOT_CLAIMING, SLOT_RECLAIMING, SlotView, UsageBlock
+import structlog
+
+from vgpud.abi import SLOT_ACTIVE, SLOT_CLAIMING, SLOT_RECLAIMING
+from vgpud.blocks import SlotView, UsageBlock
 from vgpud.tracker import SlotState, TrackSnapshot, VgpuView
 
-log = logging.getLogger(__name__)
+log = structlog.get_logger(__name__)
 
 PHYSICAL_FACTOR = 16  # a total above 16 x the GPU's memory is no real use
 
@@ -188,7 +190,9 @@ def apply(
         else:
             event = None
         if event is not None:
-            log.info("vGPU %s: %s", event.vgpu_id, event.detail)
+            log.info(
+                "reaper repaired a vGPU", action=event.kind, vgpu=event.vgpu_id, detail=event.detail
+            )
             events.append(event)
     return events
 

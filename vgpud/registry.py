@@ -34,16 +34,9 @@ from pathlib import Path
 import structlog
 
 from vgpud import events as ev
-from vgpud.blocks import (
-    FLAG_OVERSUBSCRIBE,
-    Access,
-    Atomics,
-    BlockError,
-    ControlBlock,
-    DeviceSlice,
-    TurnBroker,
-    UsageBlock,
-)
+from vgpud.abi import FLAG_OVERSUBSCRIBE, BlockError
+from vgpud.atomics import Atomics
+from vgpud.blocks import Access, ControlBlock, DeviceSlice, TurnBroker, UsageBlock
 from vgpud.cdi import NullPublisher, SpecPublisher
 from vgpud.errors import (
     Conflict,
@@ -71,7 +64,7 @@ from vgpud.recipe import Paths
 from vgpud.state import StateError, StateStore, remove_temps
 from vgpud.units import format_bytes, percent_to_ppm
 
-log = structlog.get_logger("vgpud.registry")
+log = structlog.get_logger(__name__)
 
 # run_dir and each vGPU's directory: anyone may pass through to a file whose
 # own mode lets them in (a host process opens its blocks by path), no one

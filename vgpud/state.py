@@ -26,8 +26,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from vgpud.abi import MAX_DEVICES, UUID_LEN
 from vgpud.api import schemas
-from vgpud.blocks import ABSURD_BYTES, MAX_DEVICES, UUID_LEN
+from vgpud.blocks import ABSURD_BYTES
 from vgpud.errors import Unprocessable
 from vgpud.model import ID_PATTERN, ROOT_USER, Limits, Slice, Vgpu, valid_name
 from vgpud.placement import loads

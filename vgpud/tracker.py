@@ -74,17 +74,8 @@ from enum import StrEnum
 from functools import cached_property
 from typing import Protocol
 
-from vgpud.blocks import (
-    MAX_PROCS,
-    SLOT_ACTIVE,
-    SLOT_CLAIMING,
-    BlockError,
-    ControlBlock,
-    SlotView,
-    UsageBlock,
-    UsageC,
-    UsageDevice,
-)
+from vgpud.abi import MAX_PROCS, SLOT_ACTIVE, SLOT_CLAIMING, BlockError, UsageC
+from vgpud.blocks import ControlBlock, SlotView, UsageBlock, UsageDevice
 from vgpud.cgroups import ContainerRef, Runtime, classify, parse_cgroup_file
 from vgpud.evidence import BlockFile, Evidence, FileKey, proves
 from vgpud.exitwatch import ExitWatch

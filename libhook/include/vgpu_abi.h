@@ -30,9 +30,9 @@
  *  - there are no locks: a SIGKILLed process can leave nothing held;
  *  - both sides check magic, version and size before trusting a block.
  *
- * vgpud/blocks.py mirrors this layout; tests/unit/test_abi_layout.py has gcc
+ * vgpud/abi.py mirrors this layout; tests/unit/test_abi_layout.py has gcc
  * compile a program that prints every offset and size from this header and
- * checks that blocks.py agrees.
+ * checks that abi.py agrees.
  */
 #ifndef VGPU_ABI_H
 #define VGPU_ABI_H

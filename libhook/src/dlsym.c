@@ -12,22 +12,43 @@
  * RTLD_NEXT is relative to the caller, and glibc takes the caller from the
  * return address, which would be us. We therefore walk the link map from
  * the caller's object onwards ourselves.
+ *
+ * That walk must not call dlopen while the loader is still running the
+ * initialisers of the objects loaded with us: a sanitizer's runtime looks
+ * its real functions up with dlsym(RTLD_NEXT) from its initialiser, before
+ * its own dlopen interceptor is ready (a call through NULL), and glibc's
+ * dlopen of an object not yet initialised would run its constructors out
+ * of order. Until our constructor has run, an object's definitions are read
+ * from its own symbol table (elfsym.c); from then on each object is opened
+ * with RTLD_NOLOAD and asked through glibc, which also keeps it loaded
+ * while we look.
  */
 #include <dlfcn.h>
 #include <link.h>
+#include <stdatomic.h>
 
 #include "hooks.h"
 #include "vgpu.h"
 
-/* `symbol` as defined by `obj` itself (not by its dependencies), looked up
- * through a proper handle; objects without one (the vDSO) define nothing. */
+static atomic_bool loader_up;
+
+__attribute__((constructor)) static void dlsym_loader_up(void)
+{
+    atomic_store_explicit(&loader_up, true, memory_order_release);
+}
+
+/* `symbol` as defined by `obj` itself (not by its dependencies); the
+ * program (an object with no name) is not searched, as glibc's RTLD_NEXT
+ * from a library does not search it. */
 static void *defined_by(struct link_map *obj, const char *symbol)
 {
     Dl_info info;
     struct link_map *owner = NULL;
-    void *handle = obj->l_name != NULL && obj->l_name[0] != '\0'
-                       ? dlopen(obj->l_name, RTLD_LAZY | RTLD_NOLOAD)
-                       : NULL;
+    if (obj->l_name == NULL || obj->l_name[0] == '\0')
+        return NULL;
+    if (!atomic_load_explicit(&loader_up, memory_order_acquire))
+        return elfsym_lookup(obj, symbol);
+    void *handle = dlopen(obj->l_name, RTLD_LAZY | RTLD_NOLOAD);
     if (handle == NULL)
         return NULL;
     void *fn = resolve_real_dlsym(handle, symbol);

@@ -20,7 +20,11 @@ static const struct hook_entry table[] = {
 
 int hooks_maybe_hooked(const char *name)
 {
-    return name != NULL && ((name[0] == 'c' && name[1] == 'u') || strncmp(name, "nvml", 4) == 0);
+    /* Character by character, no strncmp: the dlsym override asks this of
+     * every name, also while a sanitizer's runtime, whose strncmp cannot
+     * forward yet, looks up its real functions. */
+    return name != NULL && ((name[0] == 'c' && name[1] == 'u') ||
+                            (name[0] == 'n' && name[1] == 'v' && name[2] == 'm' && name[3] == 'l'));
 }
 
 const struct hook_entry *hooks_by_name(const char *name)

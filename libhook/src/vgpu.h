@@ -118,6 +118,13 @@ void *resolve_real_dlsym(void *handle, const char *symbol);
  * constructors that call dlsym: those must pass straight through). */
 bool resolve_busy(void);
 
+/* ---- elfsym.c: what one loaded object defines, without the loader ----- */
+struct link_map;
+/* `symbol`'s default definition in `obj` itself (as dlsym on a handle of
+ * `obj` would find it there), or NULL. Reads the object's dynamic symbol
+ * table: no dlopen, no loader lock. */
+void *elfsym_lookup(const struct link_map *obj, const char *symbol);
+
 /* ---- init.c: mode selection, per-process state ------------------------- */
 enum vgpu_mode {
     VGPU_MODE_PASSTHROUGH = 0, /* no limits configured: forward everything */

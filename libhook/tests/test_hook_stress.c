@@ -214,8 +214,14 @@ int main(int argc, char **argv)
     char limit_env[64], overhead_env[64];
     snprintf(limit_env, sizeof(limit_env), "CUDA_MEM_LIMIT=%llu", LIMIT);
     snprintf(overhead_env, sizeof(overhead_env), "VGPU_SIM_CTX_OVERHEAD=%llu", CTX_OVERHEAD);
-    char *env[] = {preload, libpath, state_env, usage_env, limit_env, overhead_env,
-                   "VGPU_SIM_MEMORY=4g", "LOGGER_LEVEL=1", NULL};
+    /* The sanitizers' settings reach the workers too (make test-c-asan). */
+    char asan_env[512], ubsan_env[512];
+    snprintf(asan_env, sizeof(asan_env), "ASAN_OPTIONS=%s",
+             getenv("ASAN_OPTIONS") ? getenv("ASAN_OPTIONS") : "");
+    snprintf(ubsan_env, sizeof(ubsan_env), "UBSAN_OPTIONS=%s",
+             getenv("UBSAN_OPTIONS") ? getenv("UBSAN_OPTIONS") : "");
+    char *env[] = {preload,  libpath,   state_env, usage_env, limit_env, overhead_env,
+                   asan_env, ubsan_env, "VGPU_SIM_MEMORY=4g", "LOGGER_LEVEL=1", NULL};
     setenv("VGPU_SIM_STATE", state, 1);
     setenv("VGPU_SIM_MEMORY", "4g", 1);
     setenv("VGPU_SIM_CTX_OVERHEAD", "1048576", 1);

@@ -52,7 +52,8 @@ static uint64_t now_ns(void)
     X(cuLaunchCooperativeKernel) X(cuLaunchCooperativeKernel_ptsz) \
     X(cuLaunchCooperativeKernelMultiDevice) X(cuLaunchGridAsync) X(cuGraphLaunch) \
     X(cuGraphLaunch_ptsz) X(cuStreamBeginCapture_v2) X(cuStreamEndCapture) \
-    X(cuGraphInstantiateWithFlags) X(cuCtxSynchronize)
+    X(cuGraphInstantiateWithFlags) X(cuCtxSynchronize) X(cuGraphExecDestroy) X(cuGraphDestroy) \
+    X(cuStreamDestroy_v2) X(cuModuleUnload) X(cuDevicePrimaryCtxRelease_v2)
 
 #define FIELD(name) __typeof__(name) *name;
 static struct {
@@ -129,12 +130,12 @@ static int worker(const char *path, uint64_t kernel_us, double seconds, unsigned
     w.params[1] = &out;
 
     bool graph = strcmp(path, "graph") == 0;
+    CUgraph g = NULL;
     CUgraphExec exec = NULL;
     uint64_t capture_ns = 0;
     if (graph) {
         /* Capture sync_every launches into one graph: this must neither
          * wait for the pacer nor count as GPU time. */
-        CUgraph g;
         uint64_t t0 = now_ns();
         CALL(cu.cuStreamBeginCapture_v2(w.stream, 0));
         for (unsigned i = 0; i < sync_every; i++)
@@ -158,6 +159,15 @@ static int worker(const char *path, uint64_t kernel_us, double seconds, unsigned
     CALL(cu.cuCtxSynchronize());
     printf("launches=%" PRIu64 " wall_ns=%" PRIu64 " capture_ns=%" PRIu64 "\n", launches,
            now_ns() - start, capture_ns);
+    /* Everything given back, as a well-behaved program does: under the
+     * sanitizers, what the worker left would be reported as leaks. */
+    if (graph) {
+        CALL(cu.cuGraphExecDestroy(exec));
+        CALL(cu.cuGraphDestroy(g));
+    }
+    CALL(cu.cuStreamDestroy_v2(w.stream));
+    CALL(cu.cuModuleUnload(mod));
+    CALL(cu.cuDevicePrimaryCtxRelease_v2(dev));
     return 0;
 }
 

@@ -9,7 +9,7 @@ import structlog
 
 from tests.integration.daemon_harness import Daemon, base_env
 from tests.unit.fakes import gpus
-from vgpud.blocks import Atomics
+from vgpud.atomics import Atomics
 from vgpud.daemon import EXIT_START_FAILED
 from vgpud.events import EventLog
 from vgpud.model import CreateRequest, Limits

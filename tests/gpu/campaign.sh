@@ -53,5 +53,5 @@ python3 benchmarks/bench_alloc.py --out "$out/alloc.json" >"$out/alloc.log" 2>&1
 python3 benchmarks/bench_launch.py "$out/launch" >"$out/launch.log" 2>&1 || status=1
 daemon_check >"$out/daemon.log" 2>&1 || status=1
 SECONDS_EACH=6 bash benchmarks/coloc_pacer.sh >"$out/coloc.log" 2>&1 || status=1
-python3 -m vgpud.demo >"$out/demo.log" 2>&1 || status=1
+python3 -m demo >"$out/demo.log" 2>&1 || status=1
 exit $status

@@ -7,7 +7,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from vgpud.blocks import PPM_FULL, Atomics, ControlBlock, DeviceSlice, TurnBroker, UsageBlock
+from vgpud.atomics import Atomics
+from vgpud.blocks import ControlBlock, DeviceSlice, TurnBroker, UsageBlock
+from vgpud.units import PPM_FULL
 
 MEMORY = 1 << 30  # each GPU's slice
 

@@ -31,7 +31,7 @@ from schemathesis.checks import (
 
 from tests.unit.fakes import FakeInventory, gpus
 from vgpud.api.app import make_app, openapi_document
-from vgpud.blocks import Atomics
+from vgpud.atomics import Atomics
 from vgpud.config import Config
 from vgpud.events import EventLog
 from vgpud.metrics import Metrics

@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
+from demo.demo import keep_or_remove
 from tests.conftest import BUILD, ROOT
-from vgpud.demo import keep_or_remove
 
 
 @pytest.mark.skipif(not (BUILD / "vgpu-burn").exists(), reason="run `make` first")
 def test_demo_shows_every_limit_held_on_the_simulator() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VGPU", "LD_"))}
     done = subprocess.run(
-        [sys.executable, "-m", "vgpud.demo", "--seconds", "8"],
+        [sys.executable, "-m", "demo", "--seconds", "8"],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -41,7 +41,7 @@ def test_demo_shows_every_limit_held_on_the_simulator() -> None:
 
 def test_demo_refuses_a_bad_duration() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "vgpud.demo", "--seconds", "1"],
+        [sys.executable, "-m", "demo", "--seconds", "1"],
         cwd=ROOT,
         capture_output=True,
         text=True,

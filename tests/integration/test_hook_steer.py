@@ -19,7 +19,8 @@ import pytest
 
 from tests.conftest import BUILD
 from tests.integration.compute_harness import Burn, Sampler, device_util, series
-from vgpud.blocks import BlockError, UsageBlock
+from vgpud.abi import BlockError
+from vgpud.blocks import UsageBlock
 
 ENV_LIMIT = 80  # %
 STEER = 30  # %

@@ -25,8 +25,9 @@ from tests.conftest import BUILD, ROOT
 from tests.fixtures.cgroup import Cgroup
 from tests.fixtures.hook import GPU_UUIDS, FakeHook, FakeVgpu, mapping_process
 from tests.fixtures.simgpu import BYPASS, SCAN, SIM_GPU0, run_json
+from vgpud.abi import SLOT_FREE, UsageC
 from vgpud.backstop import BackstopPolicy, BackstopState, check, decide
-from vgpud.blocks import SLOT_FREE, UsageBlock, UsageC
+from vgpud.blocks import UsageBlock
 from vgpud.nvml import GpuSample, NvmlSample
 from vgpud.procfs import ProcFS
 from vgpud.reaper import ReaperState, reap

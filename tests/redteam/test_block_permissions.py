@@ -34,8 +34,10 @@ from tests.conftest import BUILD, sim_environment
 from tests.helpers.memprobe import MEMPROBE, hooked
 from tests.unit.apiclient import Api, running_api
 from tests.unit.fakes import FakeInventory, gpus
+from vgpud.abi import UsageC
 from vgpud.api.app import make_app
-from vgpud.blocks import Atomics, UsageBlock, UsageC
+from vgpud.atomics import Atomics
+from vgpud.blocks import UsageBlock
 from vgpud.config import Config
 from vgpud.events import EventLog
 from vgpud.metrics import Metrics

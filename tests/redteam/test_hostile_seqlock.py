@@ -30,7 +30,8 @@ HUNG = 60
 PRELUDE = """
 import mmap, os, sys
 from pathlib import Path
-from vgpud.blocks import UsageC, UsageBlock, ControlBlock, DeviceSlice, UNSTEERED
+from vgpud.abi import UsageC
+from vgpud.blocks import UsageBlock, ControlBlock, DeviceSlice, UNSTEERED
 
 def hold_odd(path, dev, seq=0x7777_7777):
     # The tenant's side: its own mapping of the file, the word set odd.

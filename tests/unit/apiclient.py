@@ -14,7 +14,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from tests.unit.fakes import FakeInventory, gpus
 from vgpud.api.app import make_app, openapi_document
-from vgpud.blocks import Atomics
+from vgpud.atomics import Atomics
 from vgpud.config import Config
 from vgpud.events import EventLog
 from vgpud.metrics import Metrics

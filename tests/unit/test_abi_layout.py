@@ -1,6 +1,6 @@
-"""blocks.py must agree with libhook/include/vgpu_abi.h byte for byte.
+"""abi.py must agree with libhook/include/vgpu_abi.h byte for byte.
 
-The C compiler is the judge: a tiny program generated from blocks.py's list
+The C compiler is the judge: a tiny program generated from abi.py's list
 of structs and fields prints gcc's offsetof/sizeof for each, and every
 constant the daemon relies on; each must equal what ctypes computed.
 """
@@ -14,34 +14,34 @@ from pathlib import Path
 
 import pytest
 
-from vgpud import blocks
+from vgpud import abi, units
 
 ROOT = Path(__file__).resolve().parents[2]
 HEADER_DIR = ROOT / "libhook" / "include"
 
 CONSTANTS = {
-    "VGPU_CONTROL_MAGIC": blocks.CONTROL_MAGIC,
-    "VGPU_USAGE_MAGIC": blocks.USAGE_MAGIC,
-    "VGPU_ABI_VERSION": blocks.ABI_VERSION,
-    "VGPU_MAX_DEVICES": blocks.MAX_DEVICES,
-    "VGPU_MAX_PROCS": blocks.MAX_PROCS,
-    "VGPU_UUID_LEN": blocks.UUID_LEN,
-    "VGPU_ID_LEN": blocks.ID_LEN,
-    "VGPU_PPM_FULL": blocks.PPM_FULL,
-    "VGPU_FLAG_OVERSUBSCRIBE": blocks.FLAG_OVERSUBSCRIBE,
-    "VGPU_DEV_SOFT": blocks.DEV_SOFT,
-    "VGPU_TURN_WANT": blocks.TURN_WANT,
-    "VGPU_SLOT_FREE": blocks.SLOT_FREE,
-    "VGPU_SLOT_CLAIMING": blocks.SLOT_CLAIMING,
-    "VGPU_SLOT_ACTIVE": blocks.SLOT_ACTIVE,
-    "VGPU_SLOT_RECLAIMING": blocks.SLOT_RECLAIMING,
+    "VGPU_CONTROL_MAGIC": abi.CONTROL_MAGIC,
+    "VGPU_USAGE_MAGIC": abi.USAGE_MAGIC,
+    "VGPU_ABI_VERSION": abi.ABI_VERSION,
+    "VGPU_MAX_DEVICES": abi.MAX_DEVICES,
+    "VGPU_MAX_PROCS": abi.MAX_PROCS,
+    "VGPU_UUID_LEN": abi.UUID_LEN,
+    "VGPU_ID_LEN": abi.ID_LEN,
+    "VGPU_PPM_FULL": units.PPM_FULL,
+    "VGPU_FLAG_OVERSUBSCRIBE": abi.FLAG_OVERSUBSCRIBE,
+    "VGPU_DEV_SOFT": abi.DEV_SOFT,
+    "VGPU_TURN_WANT": abi.TURN_WANT,
+    "VGPU_SLOT_FREE": abi.SLOT_FREE,
+    "VGPU_SLOT_CLAIMING": abi.SLOT_CLAIMING,
+    "VGPU_SLOT_ACTIVE": abi.SLOT_ACTIVE,
+    "VGPU_SLOT_RECLAIMING": abi.SLOT_RECLAIMING,
 }
 
 
 def python_layout() -> dict[str, int]:
-    """Every sizeof/offsetof/field size that blocks.py assumes."""
+    """Every sizeof/offsetof/field size that abi.py assumes."""
     out: dict[str, int] = dict(CONSTANTS)
-    for struct in blocks.ABI_STRUCTS:
+    for struct in abi.ABI_STRUCTS:
         out[f"sizeof {struct.c_name}"] = ctypes.sizeof(struct)
         for name, ctype in struct._fields_:
             out[f"offsetof {struct.c_name}.{name}"] = getattr(struct, name).offset
@@ -58,7 +58,7 @@ def c_program() -> str:
     ]
     for name in CONSTANTS:
         lines.append(f'    printf("%s %llu\\n", "{name}", (unsigned long long)({name}));')
-    for struct in blocks.ABI_STRUCTS:
+    for struct in abi.ABI_STRUCTS:
         s = f"struct {struct.c_name}"
         lines.append(f'    printf("sizeof {struct.c_name} %zu\\n", sizeof({s}));')
         for name, _ in struct._fields_:
@@ -87,10 +87,10 @@ def test_every_offset_size_and_constant_matches_the_c_header(tmp_path: Path) -> 
     actual = python_layout()
     assert expected.keys() == actual.keys()
     mismatches = {k: (actual[k], expected[k]) for k in expected if actual[k] != expected[k]}
-    assert mismatches == {}, "blocks.py (python, C) disagree with vgpu_abi.h"
+    assert mismatches == {}, "abi.py (python, C) disagree with vgpu_abi.h"
 
 
 def test_the_header_still_declares_every_struct_blocks_py_mirrors() -> None:
     header = (HEADER_DIR / "vgpu_abi.h").read_text()
-    for struct in blocks.ABI_STRUCTS:
+    for struct in abi.ABI_STRUCTS:
         assert f"struct {struct.c_name} {{" in header

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from vgpud import blocks
-from vgpud.blocks import Access, BlockError, ControlBlock, DeviceSlice, UsageBlock
+from vgpud import abi, blocks, units
+from vgpud.abi import BlockError
+from vgpud.blocks import Access, ControlBlock, DeviceSlice, UsageBlock
 
 UUID0 = "GPU-00000000-1111-2222-3333-444444444444"
 UUID1 = "GPU-99999999-1111-2222-3333-444444444444"
@@ -24,7 +25,7 @@ GIB = 1 << 30
 @pytest.fixture
 def control(tmp_path: Path) -> Iterator[ControlBlock]:
     slices = [DeviceSlice(UUID0, 2 * GIB, 300_000), DeviceSlice(UUID1, GIB, 500_000, True, 4)]
-    block = ControlBlock.create(tmp_path / "control", "vg-1", slices, blocks.FLAG_OVERSUBSCRIBE)
+    block = ControlBlock.create(tmp_path / "control", "vg-1", slices, abi.FLAG_OVERSUBSCRIBE)
     yield block
     block.close()
 
@@ -41,9 +42,9 @@ class HookSide:
 
     def __init__(self, path: Path) -> None:
         fd = os.open(path, os.O_RDWR)
-        self.mm = mmap.mmap(fd, ctypes.sizeof(blocks.UsageC))
+        self.mm = mmap.mmap(fd, ctypes.sizeof(abi.UsageC))
         os.close(fd)
-        self.c = blocks.UsageC.from_buffer(self.mm)
+        self.c = abi.UsageC.from_buffer(self.mm)
 
     def take_slot(self, index: int, pid: int, pidns: int, start: int, used: list[int]) -> None:
         slot = self.c.slots[index]
@@ -51,7 +52,7 @@ class HookSide:
         for d, n in enumerate(used):
             slot.dev[d].used = n
             self.c.devices[d].used += n
-        slot.state = blocks.SLOT_ACTIVE
+        slot.state = abi.SLOT_ACTIVE
 
     def close(self) -> None:
         del self.c
@@ -62,7 +63,7 @@ def test_control_block_reads_back_what_was_created(control: ControlBlock) -> Non
     reopened = ControlBlock.open(control.path)
     assert reopened.vgpu_id == "vg-1"
     assert reopened.uuids == [UUID0, UUID1]
-    assert reopened.flags == blocks.FLAG_OVERSUBSCRIBE
+    assert reopened.flags == abi.FLAG_OVERSUBSCRIBE
     devs = reopened.devices()
     assert [d.mem_limit for d in devs] == [2 * GIB, GIB]
     assert [(d.share_ppm, d.soft, d.weight) for d in devs] == [
@@ -132,16 +133,16 @@ def test_a_new_quota_wakes_hooks_sleeping_on_the_throttle_entry(control: Control
     libc.mmap.restype = ctypes.c_void_p
     libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int]
     libc.mmap.argtypes += [ctypes.c_int, ctypes.c_long]
-    size = ctypes.sizeof(blocks.ControlC)
+    size = ctypes.sizeof(abi.ControlC)
     fd = os.open(control.path, os.O_RDONLY)
     base = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
     os.close(fd)
     assert base not in (None, ctypes.c_void_p(-1).value)
     seq = ctypes.c_uint32.from_address(
         base
-        + blocks.ControlC.devices.offset
-        + blocks.ControlDeviceC.throttle.offset
-        + blocks.ThrottleC.seq.offset
+        + abi.ControlC.devices.offset
+        + abi.ControlDeviceC.throttle.offset
+        + abi.ThrottleC.seq.offset
     )
     seen = seq.value
     timeout = (ctypes.c_long * 2)(10, 0)
@@ -163,7 +164,7 @@ def test_a_new_quota_wakes_hooks_sleeping_on_the_throttle_entry(control: Control
 
 def test_out_of_range_writes_are_refused(control: ControlBlock) -> None:
     with pytest.raises(ValueError, match="quota_ppm"):
-        control.write_throttle(0, blocks.PPM_FULL + 1)
+        control.write_throttle(0, units.PPM_FULL + 1)
     with pytest.raises(IndexError):
         control.set_mem_limit(2, GIB)
     with pytest.raises(BlockError, match="does not fit"):
@@ -196,7 +197,7 @@ def test_open_refuses_what_is_not_a_regular_file(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [
-        ("magic", blocks.CONTROL_MAGIC, "bad magic"),
+        ("magic", abi.CONTROL_MAGIC, "bad magic"),
         ("version", 1, "layout version 1"),  # the layout before the GPU turn moved in
         ("size", 12, "header size 12"),
     ],
@@ -221,7 +222,7 @@ def test_slots_lists_only_live_slots_with_their_counters(usage: UsageBlock) -> N
     hook = HookSide(usage.path)
     hook.take_slot(3, pid=42, pidns=4026531836, start=1000, used=[GIB, 5])
     hook.c.slots[3].dev[1].launches = 7
-    hook.c.slots[9].state = blocks.SLOT_CLAIMING
+    hook.c.slots[9].state = abi.SLOT_CLAIMING
     slots = usage.slots()
     assert [(s.index, s.state_name) for s in slots] == [(3, "active"), (9, "claiming")]
     s = slots[0]
@@ -239,9 +240,9 @@ def test_slot_views_follow_every_change_of_the_slot(usage: UsageBlock) -> None:
     assert usage.slots()[0] is first
     hook.c.slots[0].dev[1].gpu_time_ns = 5
     assert usage.slots()[0].devices[1].gpu_time_ns == 5
-    hook.c.slots[0].state = blocks.SLOT_CLAIMING
+    hook.c.slots[0].state = abi.SLOT_CLAIMING
     assert usage.slots()[0].state_name == "claiming"
-    hook.c.slots[0].state = blocks.SLOT_FREE
+    hook.c.slots[0].state = abi.SLOT_FREE
     assert usage.slots() == []
     hook.take_slot(0, pid=43, pidns=7, start=1001, used=[0, 0])
     assert (usage.slots()[0].pid, usage.slots()[0].devices[0].used) == (43, 0)
@@ -256,16 +257,16 @@ def test_device_counters_and_the_active_count_follow_every_change(usage: UsageBl
     first = usage.devices()
     assert usage.devices() is first  # nothing changed: not parsed again
     hook.take_slot(5, pid=42, pidns=7, start=1000, used=[GIB, 0])
-    hook.c.slots[6].state = blocks.SLOT_CLAIMING  # not a process yet
+    hook.c.slots[6].state = abi.SLOT_CLAIMING  # not a process yet
     assert (usage.active_slots(), [d.used for d in usage.devices()]) == (1, [GIB, 0])
     for field, value in (("oom_count", 3), ("peak", 2 * GIB), ("throttled_ns", 9)):
         setattr(hook.c.devices[1], field, value)
         assert getattr(usage.devices()[1], field) == value
     hook.c.devices[0].used = 1 << 62  # absurd: still clamped when read again
     assert usage.devices()[0].clamped == ("used",)
-    hook.c.slots[6].state = blocks.SLOT_ACTIVE
+    hook.c.slots[6].state = abi.SLOT_ACTIVE
     assert usage.active_slots() == 2
-    hook.c.slots[5].state = blocks.SLOT_FREE
+    hook.c.slots[5].state = abi.SLOT_FREE
     assert usage.active_slots() == 1
     hook.close()
 
@@ -289,10 +290,10 @@ def test_reclaim_leaves_a_slot_that_changed_hands_alone(usage: UsageBlock) -> No
     # The process died and PID 10 was reused by a newer process in the slot.
     hook.c.slots[0].start_time = 77
     assert usage.reclaim_slot(0, seen) is None
-    assert hook.c.slots[0].state == blocks.SLOT_ACTIVE
+    assert hook.c.slots[0].state == abi.SLOT_ACTIVE
     assert usage.devices()[0].used == 100
     # Already freed by someone else: the CAS fails, nothing happens.
-    hook.c.slots[0].state = blocks.SLOT_FREE
+    hook.c.slots[0].state = abi.SLOT_FREE
     assert usage.reclaim_slot(0, seen) is None
     assert usage.devices()[0].used == 100
     hook.close()
@@ -313,7 +314,7 @@ def test_absurd_values_are_clamped_and_named(usage: UsageBlock) -> None:
     hook.c.devices[0].share_ppm = 2**31
     hook.take_slot(2, pid=-5, pidns=1, start=1, used=[2**60, 0])
     dev = usage.devices()[0]
-    assert dev.used == blocks.ABSURD_BYTES and dev.share_ppm == blocks.PPM_FULL
+    assert dev.used == blocks.ABSURD_BYTES and dev.share_ppm == units.PPM_FULL
     assert set(dev.clamped) == {"used", "share_ppm"}
     slot = usage.slots()[0]
     assert slot.pid == -5 and slot.devices[0].used == blocks.ABSURD_BYTES
@@ -346,16 +347,3 @@ def test_standalone_limits_and_steering(tmp_path: Path) -> None:
     assert hook.c.steer.heartbeat_ns == 99 and hook.c.steer.throttle[0].seq % 2 == 0
     block.close()
     hook.close()
-
-
-def test_find_library_names_every_place_it_looked(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("VGPUD_LIB_DIR", str(tmp_path / "env"))
-    with pytest.raises(BlockError, match=r"libnothing\.so not found \(looked in .*/env"):
-        blocks.find_library("libnothing.so", tmp_path / "cfg")
-    (tmp_path / "cfg").mkdir()
-    (tmp_path / "cfg" / "libnothing.so").touch()
-    assert (
-        blocks.find_library("libnothing.so", tmp_path / "cfg") == tmp_path / "cfg" / "libnothing.so"
-    )

@@ -13,7 +13,7 @@ import pytest
 
 from tests.unit.fakes import gpus
 from vgpud import cdi
-from vgpud.blocks import Atomics
+from vgpud.atomics import Atomics
 from vgpud.events import EventLog
 from vgpud.model import CreateRequest, Limits, UpdateRequest
 from vgpud.placement import Rules

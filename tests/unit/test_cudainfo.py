@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import structlog
 
 from vgpud.cudainfo import sm_counts, uuid_text
 
@@ -20,9 +21,8 @@ def test_uuid_text_refuses_a_wrong_length(raw: bytes) -> None:
         uuid_text(raw)
 
 
-def test_a_missing_library_gives_no_counts(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    with caplog.at_level("INFO", logger="vgpud.cudainfo"):
+def test_a_missing_library_gives_no_counts(tmp_path: Path) -> None:
+    with structlog.testing.capture_logs() as logs:
         assert sm_counts(str(tmp_path / "libcuda.so.1")) == {}
-    assert "no SM counts from the CUDA driver" in caplog.text
+    said = [e for e in logs if e["event"] == "no SM counts from the CUDA driver"]
+    assert [e["library"] for e in said] == [str(tmp_path / "libcuda.so.1")]

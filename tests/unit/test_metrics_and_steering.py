@@ -9,10 +9,10 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.unit.apiclient import running_api
-from vgpud.blocks import PPM_FULL
 from vgpud.metrics import Metrics
 from vgpud.model import UpdateRequest
 from vgpud.steering import Steering
+from vgpud.units import PPM_FULL
 
 
 def samples(metrics: Metrics) -> dict[str, list[dict[str, str]]]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import threading
 from collections.abc import AsyncIterator
 from types import SimpleNamespace
@@ -11,6 +10,7 @@ from typing import Any
 
 import pynvml  # only to raise the binding's own errors, as the real one does
 import pytest
+import structlog
 
 from vgpud.nvml import (
     APPLICATION_XIDS,
@@ -185,14 +185,12 @@ async def test_inventory(gateway: NvmlGateway) -> None:
     assert gateway.topology("GPU-aaaa", "GPU-none") is None
 
 
-async def test_missing_function_degrades_one_figure_and_is_logged_once(
-    fake: FakeNvml, caplog: pytest.LogCaptureFixture
-) -> None:
+async def test_missing_function_degrades_one_figure_and_is_logged_once(fake: FakeNvml) -> None:
     fake.failing["nvmlDeviceGetAttributes"] = pynvml.NVML_ERROR_NOT_SUPPORTED
     fake.missing.add("nvmlDeviceGetUtilizationRates")
     fake.missing.add("nvmlDeviceGetCudaComputeCapability")  # drivers before 450
     gw = NvmlGateway(binding=fake, read_sms=lambda library: {})  # nor does CUDA say
-    with caplog.at_level(logging.INFO, logger="vgpud.nvml"):
+    with structlog.testing.capture_logs() as logs:
         await gw.start()
         first = await gw.sample()
         second = await gw.sample()
@@ -201,7 +199,7 @@ async def test_missing_function_degrades_one_figure_and_is_logged_once(
     assert [d.compute_capability for d in gw.devices()] == [None, None]
     assert first.gpus["GPU-aaaa"].utilization_gpu is None
     assert second.gpus["GPU-aaaa"].memory_total == 80 * GIB  # the rest still comes
-    missing = [r for r in caplog.records if "nvmlDeviceGetUtilizationRates" in r.getMessage()]
+    missing = [e for e in logs if e.get("call") == "nvmlDeviceGetUtilizationRates"]
     assert len(missing) == 1
 
 
@@ -232,17 +230,15 @@ async def test_the_cuda_driver_is_not_asked_when_nvml_gives_sm_counts(fake: Fake
     assert [d.sms for d in gw.devices()] == [132, 132]
 
 
-async def test_other_errors_give_none_and_one_warning(
-    fake: FakeNvml, caplog: pytest.LogCaptureFixture
-) -> None:
+async def test_other_errors_give_none_and_one_warning(fake: FakeNvml) -> None:
     gw = NvmlGateway(binding=fake)
     await gw.start()
     fake.failing["nvmlDeviceGetUtilizationRates"] = pynvml.NVML_ERROR_UNKNOWN
-    with caplog.at_level(logging.WARNING, logger="vgpud.nvml"):
+    with structlog.testing.capture_logs() as logs:
         samples = [await gw.sample() for _ in range(3)]
     await gw.close()
     assert all(s.gpus["GPU-bbbb"].utilization_gpu is None for s in samples)
-    assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
+    assert len([e for e in logs if e["log_level"] == "warning"]) == 1
 
 
 async def test_running_processes_probe_newest_first_once(fake: FakeNvml) -> None:

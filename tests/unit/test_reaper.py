@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.hook import GPU_UUIDS, FakeVgpu
-from vgpud.blocks import SLOT_CLAIMING, SLOT_FREE, SLOT_RECLAIMING
+from vgpud.abi import SLOT_CLAIMING, SLOT_FREE, SLOT_RECLAIMING
 from vgpud.reaper import ReaperPolicy, ReaperState, Reclaim, Reset, apply, plan, reap
 from vgpud.tracker import Tracker
 

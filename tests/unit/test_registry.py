@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from tests.unit.fakes import GIB, gpus
-from vgpud.blocks import TURN_WANT, Atomics, ControlBlock, TurnC, UsageBlock
+from vgpud.abi import TURN_WANT, TurnC
+from vgpud.atomics import Atomics
+from vgpud.blocks import ControlBlock, UsageBlock
 from vgpud.errors import InsufficientStorage
 from vgpud.events import EventLog
 from vgpud.model import CreateRequest, Limits

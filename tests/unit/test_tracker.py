@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.hook import GPU_UUIDS, FakeVgpu
-from vgpud.blocks import SLOT_CLAIMING
+from vgpud.abi import SLOT_CLAIMING
 from vgpud.cgroups import Runtime, classify_path
 from vgpud.nvml import GpuSample, NvmlSample
 from vgpud.tracker import ProcessKind, Tracker, attributable

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from tests.conftest import ROOT
 from tests.unit.fakes import gpus
-from vgpud.blocks import Atomics, UsageBlock
+from vgpud.atomics import Atomics
+from vgpud.blocks import UsageBlock
 from vgpud.events import EventLog
 from vgpud.model import CreateRequest, Limits
 from vgpud.placement import Rules

@@ -29,7 +29,7 @@ from vgpud.metrics import CONTENT_TYPE, Metrics
 from vgpud.model import Credentials
 from vgpud.service import Service
 
-log = structlog.get_logger("vgpud.api")
+log = structlog.get_logger(__name__)
 
 SERVICE = web.AppKey("service", Service)
 METRICS = web.AppKey("metrics", Metrics)

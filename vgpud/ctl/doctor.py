@@ -17,9 +17,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vgpud.blocks import BlockError, find_library
 from vgpud.ctl.client import ApiFailure, Client, DaemonUnreachable
 from vgpud.ctl.elf import ElfError, exported_functions
+from vgpud.libpaths import LibraryNotFound, find_library
 
 # Names that look like a way to get device memory or to start work on the GPU,
 # and (checked second) the words of queries, host memory and teardown. The
@@ -110,7 +110,7 @@ def find_driver(explicit: str | None, simulated: bool, environ: Mapping[str, str
     if simulated:
         try:
             return find_library(SIM_DRIVER)
-        except BlockError:
+        except LibraryNotFound:
             return None
     searched = [d for d in environ.get("LD_LIBRARY_PATH", "").split(":") if d]
     for candidate in [str(Path(d) / "libcuda.so.1") for d in searched] + list(DRIVER_PATHS):
@@ -164,7 +164,7 @@ def doctor(client: Client, driver_path: str | None, hook_path: str | None, verbo
     driver = find_driver(driver_path, simulated, os.environ)
     try:
         hook = Path(hook_path) if hook_path else find_library("libvgpu.so")
-    except BlockError as exc:
+    except LibraryNotFound as exc:
         report.bad(str(exc))
         return report
     if driver is None:

@@ -39,7 +39,7 @@ from vgpud.k8s.resources import (
 
 PLACEHOLDER = {"memory": MIN_MEMORY_UNIT, "share": 1}
 DEVICE_PLUGIN_OWNER = "device-plugin"
-log = structlog.get_logger("vgpud.k8s.allocate")
+log = structlog.get_logger(__name__)
 
 
 class Refused(Exception):

@@ -25,7 +25,7 @@ from vgpud.k8s.resources import CORES_PER_GPU, BadRequest
 from vgpud.k8s.slices import DRIVER, device_name
 
 DRA_OWNER = "dra"
-log = structlog.get_logger("vgpud.k8s.dra")
+log = structlog.get_logger(__name__)
 
 
 class Claims(Protocol):

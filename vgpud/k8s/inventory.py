@@ -21,7 +21,7 @@ import structlog
 from vgpud.k8s.daemon import Daemon, DaemonUnreachable, Gpu
 from vgpud.k8s.resources import Device, Units, inventory
 
-log = structlog.get_logger("vgpud.k8s.inventory")
+log = structlog.get_logger(__name__)
 DAEMON_DOWN = "vgpud does not answer"
 
 

@@ -46,7 +46,7 @@ from vgpud.k8s.resources import RESOURCES, Units
 from vgpud.k8s.slices import DRIVER, Publisher
 from vgpud.units import parse_bytes
 
-log = structlog.get_logger("vgpud.k8s")
+log = structlog.get_logger(__name__)
 DRA_DIR = f"/var/lib/kubelet/plugins/{DRIVER}"
 
 

@@ -21,7 +21,7 @@ PLUGIN_TYPE = "DRAPlugin"
 # The DRA gRPC services this driver serves on its socket: the kubelet
 # dials the health stream only when its name is listed.
 SERVICES = ["v1.DRAPlugin", drahealth.SERVICE]
-log = structlog.get_logger("vgpud.k8s.pluginwatcher")
+log = structlog.get_logger(__name__)
 
 
 class Registrar(reg_grpc.RegistrationServicer):

@@ -22,7 +22,7 @@ from vgpud.k8s.podresources import PodResources, held
 from vgpud.k8s.resources import VGPU
 
 NAME_PREFIX = "k8s-"
-log = structlog.get_logger("vgpud.k8s.reconcile")
+log = structlog.get_logger(__name__)
 
 
 def vgpu_name(slots: Iterable[str]) -> str:

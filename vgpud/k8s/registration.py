@@ -20,7 +20,7 @@ from vgpud.k8s.proto.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
 DEFAULT_DIR = "/var/lib/kubelet/device-plugins"
 KUBELET_SOCKET = "kubelet.sock"
 API_VERSION = "v1beta1"
-log = structlog.get_logger("vgpud.k8s.registration")
+log = structlog.get_logger(__name__)
 
 
 def socket_name(resource: str) -> str:

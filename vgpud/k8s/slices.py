@@ -23,7 +23,7 @@ from vgpud.k8s.daemon import Gpu
 from vgpud.k8s.resources import CORES_PER_GPU, MIB, MIN_MEMORY_UNIT, Units
 
 DRIVER = "vgpud.io"
-log = structlog.get_logger("vgpud.k8s.slices")
+log = structlog.get_logger(__name__)
 
 
 def device_name(gpu: Gpu) -> str:

@@ -24,10 +24,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vgpud.blocks import checkout_build_dir
 from vgpud.ctl.client import Client, DaemonUnreachable
 from vgpud.ctl.table import render
 from vgpud.units import format_bytes
+
+# The checkout this demo is part of: it runs what `make` built there.
+BUILD = Path(__file__).resolve().parent.parent / "build"
 
 MIB = 1 << 20
 VIEW_SECONDS = 20
@@ -70,18 +72,15 @@ def real_driver() -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m vgpud.demo", description=__doc__.splitlines()[0]
-    )
+    parser = argparse.ArgumentParser(prog="python -m demo", description=__doc__.splitlines()[0])
     parser.add_argument(
         "--seconds", type=int, default=VIEW_SECONDS, help="length of the live view (default 20)"
     )
     seconds = parser.parse_args(argv).seconds
     if not SETTLE_SECONDS + 2 <= seconds <= 600:
         parser.error(f"--seconds: {SETTLE_SECONDS + 2} to 600")
-    build = checkout_build_dir()
-    if build is None or not (build / "vgpu-burn").exists():
-        print("vgpud demo: run it from the source checkout after `make`", file=sys.stderr)
+    if not (BUILD / "vgpu-burn").exists():
+        print(f"vgpud demo: {BUILD / 'vgpu-burn'} is missing: run `make` first", file=sys.stderr)
         return 2
     real = real_driver()
     print("GPU: real NVIDIA driver" if real else "GPU: SIMULATED (no NVIDIA driver found)")
@@ -89,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(os.environ)
     env.update({"VGPUD_CDI_DIR": "", "VGPUD_SOCKET_GROUP": "", "VGPUD_LOG_FORMAT": "console"})
     if not real:
-        env["LD_LIBRARY_PATH"] = f"{build / 'sim'}:{env.get('LD_LIBRARY_PATH', '')}".rstrip(":")
+        env["LD_LIBRARY_PATH"] = f"{BUILD / 'sim'}:{env.get('LD_LIBRARY_PATH', '')}".rstrip(":")
         env["VGPU_SIM_STATE"] = str(work / "sim-state")
     sock = str(work / "vgpud.sock")
     log = open(work / "vgpud.log", "wb")  # noqa: SIM115 - the daemon writes it until the end
@@ -112,9 +111,9 @@ def main(argv: list[str] | None = None) -> int:
         print()
         for s in SLICES:
             if s.over is not None:
-                s.over_result = _try_over(build, env, s)
+                s.over_result = _try_over(BUILD, env, s)
                 print(f"{s.name}: a burn asking for {format_bytes(s.over)} got: {s.over_result}")
-            burns.append(_burn(build, env, s, seconds))
+            burns.append(_burn(BUILD, env, s, seconds))
         print()
         _live_view(client, burns, seconds)
         for s, b in zip(SLICES, burns, strict=True):
@@ -268,7 +267,3 @@ def _verdict() -> bool:
     print("did the limits hold?\n")
     print(render(("vGPU", "LIMIT", "RESULT", "DETAIL"), rows))
     return all(row[2] == "held" for row in rows)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
