@@ -43,7 +43,11 @@ struct gt_batch {
     bool graph;
     bool paced;             /* charged to the bucket (unpaced batches are only measured) */
     bool turn;              /* counted by turn_enter: turn_leave when measured */
+    bool gated;             /* queued behind a gate (gputime.h) */
+    bool gate_shut;         /* that gate is not yet opened */
+    uint32_t gate;          /* the gate's value: the stream's count of gated batches */
     uint32_t launches;
+    uint64_t first_ns, last_ns; /* CPU time of its first and last launch */
     int64_t precharge;      /* debited when opened, settled when measured */
     uint64_t seq;           /* closing order on its stream */
     struct gt_batch *next;  /* monitor queue */
@@ -69,6 +73,9 @@ struct gt_stream {
     uint64_t closed;        /* batches closed so far */
     uint32_t last_size;     /* launches in its previous batch */
     _Atomic int64_t graph_cost_ns; /* its last measured graph launch */
+    _Atomic bool launch_bound; /* its last measured batch: launches slower than kernels */
+    _Atomic uint64_t gated_cost_ns; /* running GPU time per launch of its gated batches */
+    uint32_t gates;         /* gated batches so far: the value of the next gate minus one */
     struct gt_batch ring[GT_RING];
 };
 
@@ -90,7 +97,15 @@ static struct {
     struct gt_stream streams[GT_STREAMS];
 
     _Atomic int open_batches;
+    _Atomic int shut_gates;          /* open batches behind a shut gate */
     _Atomic int captures;            /* stream captures in progress */
+
+    /* One gate word per stream state, in pinned host memory the device
+     * reads (made at the first gated batch; gating is off for good if the
+     * driver refuses it). */
+    _Atomic int gates_state;         /* 0 not yet made, 1 ready, -1 unavailable */
+    _Atomic uint32_t *gate_words;
+    CUdeviceptr gate_dptr;
 
     pthread_mutex_t queue_lock;      /* monitor queue and the condition below */
     pthread_cond_t queue_cond;       /* work queued, capture ended, batch freed */
@@ -184,7 +199,12 @@ static void atfork_child(void)
     memset(gt.streams, 0, sizeof(gt.streams));
     atomic_store(&gt.table_high, 0);
     atomic_store(&gt.open_batches, 0);
+    atomic_store(&gt.shut_gates, 0);
     atomic_store(&gt.captures, 0);
+    /* Pinned memory is the parent context's: the child makes its own. */
+    atomic_store(&gt.gates_state, 0);
+    gt.gate_words = NULL;
+    gt.gate_dptr = 0;
     atomic_store(&gt.ready, false);
     pthread_mutex_init(&gt.init_lock, NULL);
     pthread_mutex_init(&gt.table_lock, NULL);
@@ -307,6 +327,10 @@ static struct gt_stream *table_add(const struct gt_key *key, CUstream record_on)
     s->open = NULL;
     s->last_size = 0;
     atomic_store(&s->graph_cost_ns, 0);
+    atomic_store(&s->launch_bound, false);
+    atomic_store(&s->gated_cost_ns, 0);
+    /* s->gates goes on from the slot's last stream: its word holds the last
+     * value written, and a gate must be above it to shut. */
     atomic_store_explicit(&s->used, true, memory_order_release);
     return s;
 }
@@ -335,6 +359,98 @@ static struct gt_stream *stream_get(CUstream h, bool ptsz, bool create)
         tcache[slot].key = key;
     }
     return s;
+}
+
+/* ---- gates ----------------------------------------------------------------- */
+
+static void gates_off(const char *why)
+{
+    atomic_store_explicit(&gt.gates_state, -1, memory_order_release);
+    log_info("launch-bound work is measured without gates: %s", why);
+}
+
+/* The gate words, made once with a launching thread's context current:
+ * portable pinned memory, so that every context of the process can wait on
+ * it. False when the driver cannot gate (then never again). */
+static bool gates_ready(void)
+{
+    int state = atomic_load_explicit(&gt.gates_state, memory_order_acquire);
+    if (state != 0)
+        return state > 0;
+    pthread_mutex_lock(&gt.init_lock);
+    if (atomic_load_explicit(&gt.gates_state, memory_order_relaxed) == 0) {
+        void *words = NULL;
+        CUdeviceptr dptr = 0;
+        size_t size = GT_STREAMS * sizeof(uint32_t);
+        if (vgpu_real_cuda.cuStreamWaitValue32_v2 == NULL ||
+            vgpu_real_cuda.cuMemHostAlloc == NULL ||
+            vgpu_real_cuda.cuMemHostGetDevicePointer_v2 == NULL) {
+            gates_off("the driver has no stream wait");
+        } else if (vgpu_real_cuda.cuMemHostAlloc(&words, size,
+                                                 CU_MEMHOSTALLOC_PORTABLE |
+                                                     CU_MEMHOSTALLOC_DEVICEMAP) != CUDA_SUCCESS) {
+            gates_off("no pinned memory for the gate words");
+        } else if (vgpu_real_cuda.cuMemHostGetDevicePointer_v2(&dptr, words, 0) != CUDA_SUCCESS) {
+            vgpu_real_cuda.cuMemFreeHost(words);
+            gates_off("the gate words have no device address");
+        } else {
+            memset(words, 0, size);
+            gt.gate_words = words;
+            gt.gate_dptr = dptr;
+            atomic_store_explicit(&gt.gates_state, 1, memory_order_release);
+        }
+    }
+    pthread_mutex_unlock(&gt.init_lock);
+    return atomic_load_explicit(&gt.gates_state, memory_order_acquire) > 0;
+}
+
+/* Should the stream's next batch be gated? Paced kernel launches on a stream
+ * whose last measured batch was launch-bound. Never the per-thread default
+ * stream: only its own thread may close its batches, so the monitor could
+ * not open a gate there that the application stopped feeding. */
+static bool gate_wanted(const struct gt_stream *s, bool graph, bool paced)
+{
+    return paced && !graph && s->record_on != CU_STREAM_PER_THREAD &&
+           atomic_load_explicit(&s->launch_bound, memory_order_relaxed) && gates_ready();
+}
+
+/* Queue the stream's next work behind a new gate, for batch b (stream lock
+ * held). The gate shuts on value `gates + 1`: the word holds `gates`. */
+static void gate_shut(struct gt_stream *s, struct gt_batch *b)
+{
+    uint32_t value = s->gates + 1;
+    CUdeviceptr word = gt.gate_dptr + (CUdeviceptr)(s - gt.streams) * sizeof(uint32_t);
+    if (vgpu_real_cuda.cuStreamWaitValue32_v2(s->record_on, word, value,
+                                              CU_STREAM_WAIT_VALUE_GEQ) != CUDA_SUCCESS) {
+        gates_off("the driver refused a stream wait");
+        return;
+    }
+    s->gates = value;
+    b->gate = value;
+    b->gated = b->gate_shut = true;
+    atomic_fetch_add_explicit(&gt.shut_gates, 1, memory_order_relaxed);
+}
+
+/* Let batch b's work run. Every road that ends an open batch passes here;
+ * after its end event, so that the pair brackets only the batch's kernels. */
+static void gate_open(struct gt_stream *s, struct gt_batch *b)
+{
+    if (!b->gate_shut)
+        return;
+    b->gate_shut = false;
+    atomic_store_explicit(&gt.gate_words[s - gt.streams], b->gate, memory_order_release);
+    atomic_fetch_sub_explicit(&gt.shut_gates, 1, memory_order_relaxed);
+}
+
+/* Launches in a gated batch of the stream: about GT_GATE_BATCH_NS of its
+ * kernels, by their running cost. */
+static uint32_t gate_target(const struct gt_stream *s)
+{
+    uint64_t cost = atomic_load_explicit(&s->gated_cost_ns, memory_order_relaxed);
+    uint64_t n = cost == 0 ? GT_GATE_MIN_LAUNCHES : GT_GATE_BATCH_NS / cost;
+    if (n < GT_GATE_MIN_LAUNCHES)
+        return GT_GATE_MIN_LAUNCHES;
+    return n > GT_GATE_MAX_LAUNCHES ? GT_GATE_MAX_LAUNCHES : (uint32_t)n;
 }
 
 /* ---- batches --------------------------------------------------------------- */
@@ -422,12 +538,15 @@ static void close_open(struct gt_stream *s)
     atomic_fetch_sub_explicit(&gt.open_batches, 1, memory_order_relaxed);
     struct gt_dev *d = &gt.devs[b->dev];
     if (b->launches == 0) {
+        gate_open(s, b);
         if (b->paced)
             pacer_charge(d->pacer.bucket, -b->precharge);
         release_batch(b);
         return;
     }
-    if (vgpu_real_cuda.cuEventRecord(b->end, s->record_on) != CUDA_SUCCESS) {
+    CUresult rc = vgpu_real_cuda.cuEventRecord(b->end, s->record_on);
+    gate_open(s, b);
+    if (rc != CUDA_SUCCESS) {
         settle_at_estimate(b);
         return;
     }
@@ -445,6 +564,7 @@ static void abandon_open(struct gt_stream *s)
     struct gt_batch *b = s->open;
     s->open = NULL;
     atomic_fetch_sub_explicit(&gt.open_batches, 1, memory_order_relaxed);
+    gate_open(s, b);
     settle_at_estimate(b);
 }
 
@@ -516,9 +636,15 @@ static struct gt_batch *open_batch(struct gt_stream *s, struct gt_dev *d, bool g
             pthread_mutex_lock(&s->lock);
             continue;
         }
-        if (batch_events(b, s->ctx) != 0 ||
-            vgpu_real_cuda.cuEventRecord(b->start, s->record_on) != CUDA_SUCCESS)
+        if (batch_events(b, s->ctx) != 0)
             return NULL;
+        b->gated = b->gate_shut = false;
+        if (gate_wanted(s, graph, paced))
+            gate_shut(s, b);
+        if (vgpu_real_cuda.cuEventRecord(b->start, s->record_on) != CUDA_SUCCESS) {
+            gate_open(s, b);
+            return NULL;
+        }
         b->stream = s;
         b->dev = s->dev;
         b->graph = graph;
@@ -555,13 +681,41 @@ static bool monitor_use_ctx(CUcontext ctx)
     return true;
 }
 
+static bool wait_end(struct gt_batch *b);
+
+/* Running average over ~8 samples: adapts within a few ms of work. */
+static void average_in(_Atomic uint64_t *avg, uint64_t sample)
+{
+    uint64_t seen = atomic_load_explicit(avg, memory_order_relaxed);
+    seen = seen == 0 ? sample : seen - seen / 8 + sample / 8;
+    atomic_store_explicit(avg, seen > 0 ? seen : 1, memory_order_relaxed);
+}
+
+/* What a measured batch says of its stream: were its launches slower than
+ * its kernels (the CPU's time from its first launch to its last, over the
+ * launches after the first, against the GPU time per launch)? Ungated, the
+ * span of such a batch is the CPU's time plus one kernel, which passes the
+ * test; gated, its span is its kernels, which pass it too. A GPU-bound
+ * stream's launches are faster than its kernels and pass neither way. */
+static void learn_stream(struct gt_batch *b, uint64_t busy)
+{
+    struct gt_stream *s = b->stream;
+    if (b->gated)
+        average_in(&s->gated_cost_ns, busy / b->launches);
+    if (b->launches < 2)
+        return;
+    uint64_t cpu = b->last_ns - b->first_ns;
+    atomic_store_explicit(&s->launch_bound, cpu * b->launches >= busy * (b->launches - 1),
+                          memory_order_relaxed);
+}
+
 /* Measure a queued batch and count it (the monitor frees the record once
  * it is out of the queue). */
 static void settle(struct gt_batch *b)
 {
     struct gt_dev *d = &gt.devs[b->dev];
     int64_t busy = b->precharge;
-    if (monitor_use_ctx(b->events_ctx) && vgpu_real_cuda.cuEventSynchronize(b->end) == CUDA_SUCCESS) {
+    if (monitor_use_ctx(b->events_ctx) && wait_end(b)) {
         float ms = 0;
         CUresult rc = vgpu_real_cuda.cuEventElapsedTime_v2 != NULL
                           ? vgpu_real_cuda.cuEventElapsedTime_v2(&ms, b->start, b->end)
@@ -577,11 +731,8 @@ static void settle(struct gt_batch *b)
     if (b->graph) {
         atomic_store_explicit(&b->stream->graph_cost_ns, busy, memory_order_relaxed);
     } else if (b->launches > 0) {
-        /* Running average over ~8 batches: adapts within a few ms of work. */
-        uint64_t per = (uint64_t)busy / b->launches;
-        uint64_t avg = atomic_load_explicit(&d->launch_cost_ns, memory_order_relaxed);
-        avg = avg == 0 ? per : avg - avg / 8 + per / 8;
-        atomic_store_explicit(&d->launch_cost_ns, avg > 0 ? avg : 1, memory_order_relaxed);
+        average_in(&d->launch_cost_ns, (uint64_t)busy / b->launches);
+        learn_stream(b, (uint64_t)busy);
     }
 }
 
@@ -613,10 +764,33 @@ static void close_picked(bool (*pick)(const struct gt_stream *s, const void *arg
 }
 
 /* The application stopped launching on the stream without a sync point we
- * see. */
+ * see (sooner for a shut gate: the GPU waits on it). */
 static bool quiet(const struct gt_stream *s, const void *now)
 {
-    return *(const uint64_t *)now - s->last_launch_ns >= GT_QUIET_NS;
+    const struct gt_batch *b = s->open;
+    uint64_t after = b != NULL && b->gate_shut ? GT_GATE_QUIET_NS : GT_QUIET_NS;
+    return *(const uint64_t *)now - s->last_launch_ns >= after;
+}
+
+/* Wait for a closed batch's end event. While gates are shut it may sit
+ * behind one (the legacy stream waits for every blocking stream), so then
+ * poll, opening the quiet gates meanwhile: the monitor must never sleep on
+ * work that only it can let run. */
+static bool wait_end(struct gt_batch *b)
+{
+    for (;;) {
+        if (atomic_load_explicit(&gt.shut_gates, memory_order_relaxed) == 0)
+            return vgpu_real_cuda.cuEventSynchronize(b->end) == CUDA_SUCCESS;
+        CUresult rc = vgpu_real_cuda.cuEventQuery(b->end);
+        if (rc != CUDA_ERROR_NOT_READY)
+            return rc == CUDA_SUCCESS;
+        uint64_t now = now_ns();
+        close_picked(quiet, &now, monitor_use_ctx, false);
+        if (!monitor_use_ctx(b->events_ctx))
+            return false;
+        struct timespec pause = {.tv_nsec = (long)(GT_GATE_QUIET_NS / 4)};
+        nanosleep(&pause, NULL);
+    }
 }
 
 static void *monitor_main(void *arg)
@@ -650,7 +824,8 @@ static void *monitor_main(void *arg)
             pthread_mutex_lock(&gt.queue_lock);
             if (gt.head != NULL)
                 continue;
-            wake = now_ns() + GT_QUIET_NS / 2;
+            bool shut = atomic_load_explicit(&gt.shut_gates, memory_order_relaxed) > 0;
+            wake = now_ns() + (shut ? GT_GATE_QUIET_NS : GT_QUIET_NS) / 2;
         }
         /* Under the queue lock, so a turn that starts lingering after this
          * look wakes us (release_batch broadcasts under it). */
@@ -799,10 +974,15 @@ void gt_after(struct gt_launch *l, CUresult rc)
 {
     struct gt_stream *s = l->stream;
     struct gt_batch *b = s->open;
-    if (rc == CUDA_SUCCESS)
-        b->launches++;
-    s->last_launch_ns = now_ns();
-    if (l->graph || b->launches >= batch_target(&gt.devs[b->dev]))
+    uint64_t now = now_ns();
+    if (rc == CUDA_SUCCESS) {
+        if (b->launches++ == 0)
+            b->first_ns = now;
+        b->last_ns = now;
+    }
+    s->last_launch_ns = now;
+    uint32_t target = b->gated ? gate_target(s) : batch_target(&gt.devs[b->dev]);
+    if (l->graph || b->launches >= target)
         close_open(s);
     pthread_mutex_unlock(&s->lock);
 }

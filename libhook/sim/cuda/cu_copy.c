@@ -52,14 +52,42 @@ CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount)
                 cu_range_known(src, ByteCount) ? DEVICE_SIDE : HOST_SIDE, ByteCount, NULL, false);
 }
 
+/* The per-thread-default-stream variants (_ptds, _ptsz) behave alike here:
+ * a copy adds no device time, so which default stream it joins is moot. */
+CUresult cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount)
+{
+    return cuMemcpy(dst, src, ByteCount);
+}
+
+CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream)
+{
+    return copy(dst, cu_range_known(dst, ByteCount) ? DEVICE_SIDE : HOST_SIDE, src,
+                cu_range_known(src, ByteCount) ? DEVICE_SIDE : HOST_SIDE, ByteCount, hStream, true);
+}
+
+CUresult cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream)
+{
+    return cuMemcpyAsync(dst, src, ByteCount, hStream);
+}
+
 CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount)
 {
     return copy(dstDevice, DEVICE_SIDE, (uintptr_t)srcHost, HOST_SIDE, ByteCount, NULL, false);
 }
 
+CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount)
+{
+    return cuMemcpyHtoD_v2(dstDevice, srcHost, ByteCount);
+}
+
 CUresult cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)
 {
     return copy((uintptr_t)dstHost, HOST_SIDE, srcDevice, DEVICE_SIDE, ByteCount, NULL, false);
+}
+
+CUresult cuMemcpyDtoH_v2_ptds(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)
+{
+    return cuMemcpyDtoH_v2(dstHost, srcDevice, ByteCount);
 }
 
 CUresult cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount)
@@ -75,6 +103,11 @@ CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void *srcHost, size_t
 CUresult cuMemcpyDtoHAsync_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream)
 {
     return copy((uintptr_t)dstHost, HOST_SIDE, srcDevice, DEVICE_SIDE, ByteCount, hStream, true);
+}
+
+CUresult cuMemcpyDtoHAsync_v2_ptsz(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream)
+{
+    return cuMemcpyDtoHAsync_v2(dstHost, srcDevice, ByteCount, hStream);
 }
 
 CUresult cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t N)
