@@ -44,8 +44,8 @@ struct gt_batch {
     bool paced;             /* charged to the bucket (unpaced batches are only measured) */
     bool turn;              /* counted by turn_enter: turn_leave when measured */
     bool gated;             /* queued behind a gate (gputime.h) */
-    bool gate_shut;         /* that gate is not yet opened */
-    uint32_t gate;          /* the gate's value: the stream's count of gated batches */
+    _Atomic bool gate_shut; /* that gate is not yet opened (the monitor may open it unlocked) */
+    _Atomic uint32_t gate;  /* the gate's value: the stream's count of gated batches */
     uint32_t launches;
     uint64_t first_ns, last_ns; /* CPU time of its first and last launch */
     int64_t precharge;      /* debited when opened, settled when measured */
@@ -111,6 +111,7 @@ static struct {
     pthread_cond_t queue_cond;       /* work queued, capture ended, batch freed */
     struct gt_batch *head, *tail;
     bool monitor_running;
+    _Atomic bool monitor_idle;       /* about to wait with no deadline (see open_batch) */
 } gt = {
     .init_lock = PTHREAD_MUTEX_INITIALIZER,
     .table_lock = PTHREAD_MUTEX_INITIALIZER,
@@ -426,19 +427,25 @@ static void gate_shut(struct gt_stream *s, struct gt_batch *b)
         return;
     }
     s->gates = value;
-    b->gate = value;
-    b->gated = b->gate_shut = true;
+    b->gated = true;
+    atomic_store_explicit(&b->gate, value, memory_order_relaxed);
     atomic_fetch_add_explicit(&gt.shut_gates, 1, memory_order_relaxed);
+    atomic_store_explicit(&b->gate_shut, true, memory_order_release);
 }
 
-/* Let batch b's work run. Every road that ends an open batch passes here;
- * after its end event, so that the pair brackets only the batch's kernels. */
+/* Let batch b's work run. Every road that ends an open batch passes here,
+ * after its end event so that the pair brackets only the batch's kernels;
+ * and the monitor, without the stream's lock, for a batch whose launcher
+ * is stuck in a driver call that waits behind the gate (lazy loading of a
+ * kernel's module can wait for the whole context). Whoever opens it first
+ * writes the word; a second open finds it open. */
 static void gate_open(struct gt_stream *s, struct gt_batch *b)
 {
-    if (!b->gate_shut)
+    if (!atomic_exchange_explicit(&b->gate_shut, false, memory_order_acq_rel))
         return;
-    b->gate_shut = false;
-    atomic_store_explicit(&gt.gate_words[s - gt.streams], b->gate, memory_order_release);
+    atomic_store_explicit(&gt.gate_words[s - gt.streams],
+                          atomic_load_explicit(&b->gate, memory_order_relaxed),
+                          memory_order_release);
     atomic_fetch_sub_explicit(&gt.shut_gates, 1, memory_order_relaxed);
 }
 
@@ -638,7 +645,8 @@ static struct gt_batch *open_batch(struct gt_stream *s, struct gt_dev *d, bool g
         }
         if (batch_events(b, s->ctx) != 0)
             return NULL;
-        b->gated = b->gate_shut = false;
+        b->gated = false;
+        atomic_store_explicit(&b->gate_shut, false, memory_order_relaxed);
         if (gate_wanted(s, graph, paced))
             gate_shut(s, b);
         if (vgpu_real_cuda.cuEventRecord(b->start, s->record_on) != CUDA_SUCCESS) {
@@ -661,7 +669,19 @@ static struct gt_batch *open_batch(struct gt_stream *s, struct gt_dev *d, bool g
             pacer_charge(d->pacer.bucket, b->precharge);
         atomic_store_explicit(&b->state, BATCH_OPEN, memory_order_release);
         s->open = b;
-        atomic_fetch_add_explicit(&gt.open_batches, 1, memory_order_relaxed);
+        if (b->gated) {
+            /* The monitor must watch a shut gate. Sequentially consistent
+             * against its own store of monitor_idle and load of
+             * open_batches: either it sees this batch or we see it idle. */
+            atomic_fetch_add(&gt.open_batches, 1);
+            if (atomic_load(&gt.monitor_idle)) {
+                pthread_mutex_lock(&gt.queue_lock);
+                pthread_cond_broadcast(&gt.queue_cond);
+                pthread_mutex_unlock(&gt.queue_lock);
+            }
+        } else {
+            atomic_fetch_add_explicit(&gt.open_batches, 1, memory_order_relaxed);
+        }
         return b;
     }
 }
@@ -767,9 +787,29 @@ static void close_picked(bool (*pick)(const struct gt_stream *s, const void *arg
  * see (sooner for a shut gate: the GPU waits on it). */
 static bool quiet(const struct gt_stream *s, const void *now)
 {
-    const struct gt_batch *b = s->open;
-    uint64_t after = b != NULL && b->gate_shut ? GT_GATE_QUIET_NS : GT_QUIET_NS;
+    struct gt_batch *b = s->open;
+    uint64_t after = b != NULL && atomic_load_explicit(&b->gate_shut, memory_order_acquire)
+                         ? GT_GATE_QUIET_NS
+                         : GT_QUIET_NS;
     return *(const uint64_t *)now - s->last_launch_ns >= after;
+}
+
+/* Open the shut gates of quiet streams whose lock a launcher holds: its
+ * launch may itself wait behind the gate. The batch then spans that wait
+ * (rare: a stall the driver imposes once). Records live as long as the
+ * process, so a batch read here unlocked stays a valid record; at worst it
+ * is a newer batch of the stream, opened a little early. */
+static void open_stuck_gates(uint64_t now)
+{
+    if (atomic_load_explicit(&gt.shut_gates, memory_order_relaxed) == 0)
+        return;
+    unsigned high = atomic_load_explicit(&gt.table_high, memory_order_acquire);
+    for (unsigned i = 0; i < high; i++) {
+        struct gt_stream *s = &gt.streams[i];
+        struct gt_batch *b = s->open;
+        if (b != NULL && now - s->last_launch_ns >= GT_GATE_QUIET_NS)
+            gate_open(s, b);
+    }
 }
 
 /* Wait for a closed batch's end event. While gates are shut it may sit
@@ -786,6 +826,7 @@ static bool wait_end(struct gt_batch *b)
             return rc == CUDA_SUCCESS;
         uint64_t now = now_ns();
         close_picked(quiet, &now, monitor_use_ctx, false);
+        open_stuck_gates(now);
         if (!monitor_use_ctx(b->events_ctx))
             return false;
         struct timespec pause = {.tv_nsec = (long)(GT_GATE_QUIET_NS / 4)};
@@ -817,12 +858,18 @@ static void *monitor_main(void *arg)
             continue;
         }
         uint64_t wake = 0;
-        if (!capturing && atomic_load_explicit(&gt.open_batches, memory_order_relaxed) > 0) {
+        atomic_store(&gt.monitor_idle, true);
+        if (atomic_load(&gt.open_batches) > 0) {
+            /* During a capture only gates are opened: a host store, where
+             * an event call could break the capture. */
+            atomic_store(&gt.monitor_idle, false);
             pthread_mutex_unlock(&gt.queue_lock);
             uint64_t now = now_ns();
-            close_picked(quiet, &now, monitor_use_ctx, false);
+            if (!capturing)
+                close_picked(quiet, &now, monitor_use_ctx, false);
+            open_stuck_gates(now);
             pthread_mutex_lock(&gt.queue_lock);
-            if (gt.head != NULL)
+            if (gt.head != NULL && !capturing)
                 continue;
             bool shut = atomic_load_explicit(&gt.shut_gates, memory_order_relaxed) > 0;
             wake = now_ns() + (shut ? GT_GATE_QUIET_NS : GT_QUIET_NS) / 2;
@@ -833,10 +880,12 @@ static void *monitor_main(void *arg)
         if (linger != 0 && (wake == 0 || linger < wake))
             wake = linger;
         if (wake != 0) {
+            atomic_store(&gt.monitor_idle, false);
             struct timespec until = deadline_at(wake);
             pthread_cond_clockwait(&gt.queue_cond, &gt.queue_lock, CLOCK_MONOTONIC, &until);
         } else {
             pthread_cond_wait(&gt.queue_cond, &gt.queue_lock);
+            atomic_store(&gt.monitor_idle, false);
         }
     }
     return NULL;
