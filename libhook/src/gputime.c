@@ -26,7 +26,7 @@
 #include "vgpu.h"
 
 #define GT_STREAMS 1024 /* stream states per process */
-#define GT_RING 6       /* batches per stream: open + in flight + done, not yet counted */
+#define GT_RING 12      /* batches per stream: open + in flight + done, not yet counted */
 #define GT_CACHE 4      /* stream lookups cached per thread */
 #define GT_FREE_WAIT_NS 50000000ull /* longest wait for the monitor to free a batch */
 #define GT_EXIT_FLUSH_NS 500000000ull /* longest wait at exit for the last batches */
@@ -47,7 +47,6 @@ struct gt_batch {
     _Atomic bool gate_shut; /* that gate is not yet opened (the monitor may open it unlocked) */
     _Atomic uint32_t gate;  /* the gate's value: the stream's count of gated batches */
     uint32_t launches;
-    uint64_t first_ns, last_ns; /* CPU time of its first and last launch */
     int64_t precharge;      /* debited when opened, settled when measured */
     uint64_t seq;           /* closing order on its stream */
     struct gt_batch *next;  /* monitor queue */
@@ -73,7 +72,6 @@ struct gt_stream {
     uint64_t closed;        /* batches closed so far */
     uint32_t last_size;     /* launches in its previous batch */
     _Atomic int64_t graph_cost_ns; /* its last measured graph launch */
-    _Atomic bool launch_bound; /* its last measured batch: launches slower than kernels */
     _Atomic uint64_t gated_cost_ns; /* running GPU time per launch of its gated batches */
     uint32_t gates;         /* gated batches so far: the value of the next gate minus one */
     struct gt_batch ring[GT_RING];
@@ -328,7 +326,6 @@ static struct gt_stream *table_add(const struct gt_key *key, CUstream record_on)
     s->open = NULL;
     s->last_size = 0;
     atomic_store(&s->graph_cost_ns, 0);
-    atomic_store(&s->launch_bound, false);
     atomic_store(&s->gated_cost_ns, 0);
     /* s->gates goes on from the slot's last stream: its word holds the last
      * value written, and a gate must be above it to shut. */
@@ -405,14 +402,16 @@ static bool gates_ready(void)
     return atomic_load_explicit(&gt.gates_state, memory_order_acquire) > 0;
 }
 
-/* Should the stream's next batch be gated? Paced kernel launches on a stream
- * whose last measured batch was launch-bound. Never the per-thread default
- * stream: only its own thread may close its batches, so the monitor could
- * not open a gate there that the application stopped feeding. */
+/* Should the stream's next batch be gated? Every paced batch of kernel
+ * launches: a GPU-bound stream's gates open before the GPU reaches them,
+ * so they cost it only the CPU's call, and its spans are right either way;
+ * a launch-bound stream's spans are right only gated. (A graph's launch is
+ * one batch whose span is its own.) Never the per-thread default stream:
+ * only its own thread may close its batches, so the monitor could not
+ * close one there that the application stopped feeding. */
 static bool gate_wanted(const struct gt_stream *s, bool graph, bool paced)
 {
-    return paced && !graph && s->record_on != CU_STREAM_PER_THREAD &&
-           atomic_load_explicit(&s->launch_bound, memory_order_relaxed) && gates_ready();
+    return paced && !graph && s->record_on != CU_STREAM_PER_THREAD && gates_ready();
 }
 
 /* Queue the stream's next work behind a new gate, for batch b (stream lock
@@ -576,8 +575,8 @@ static void abandon_open(struct gt_stream *s)
 }
 
 /* The oldest batch of the stream still running on the device, if the
- * stream has GT_INFLIGHT of them. */
-static struct gt_batch *inflight_limit(struct gt_stream *s)
+ * stream has `limit` of them. */
+static struct gt_batch *inflight_limit(struct gt_stream *s, unsigned limit)
 {
     struct gt_batch *oldest = NULL;
     unsigned running = 0;
@@ -590,7 +589,7 @@ static struct gt_batch *inflight_limit(struct gt_stream *s)
         if (oldest == NULL || b->seq < oldest->seq)
             oldest = b;
     }
-    return running >= GT_INFLIGHT ? oldest : NULL;
+    return running >= limit ? oldest : NULL;
 }
 
 static struct gt_batch *free_record(struct gt_stream *s)
@@ -616,7 +615,9 @@ static struct gt_batch *open_batch(struct gt_stream *s, struct gt_dev *d, bool g
         if (s->open != NULL)
             return s->open;
         bool capturing = atomic_load_explicit(&gt.captures, memory_order_acquire) > 0;
-        struct gt_batch *oldest = capturing ? NULL : inflight_limit(s);
+        /* Gated batches are short: let as much work queue as ungated. */
+        unsigned limit = gate_wanted(s, graph, paced) ? GT_GATE_INFLIGHT : GT_INFLIGHT;
+        struct gt_batch *oldest = capturing ? NULL : inflight_limit(s, limit);
         if (oldest != NULL) {
             /* Bound the queue: a deep queue would let the stream run far
              * past its quota before the measurements catch up. */
@@ -711,23 +712,6 @@ static void average_in(_Atomic uint64_t *avg, uint64_t sample)
     atomic_store_explicit(avg, seen > 0 ? seen : 1, memory_order_relaxed);
 }
 
-/* What a measured batch says of its stream: were its launches slower than
- * its kernels (the CPU's time from its first launch to its last, over the
- * launches after the first, against the GPU time per launch)? Ungated, the
- * span of such a batch is the CPU's time plus one kernel, which passes the
- * test; gated, its span is its kernels, which pass it too. A GPU-bound
- * stream's launches are faster than its kernels and pass neither way. */
-static void learn_stream(struct gt_batch *b, uint64_t busy)
-{
-    struct gt_stream *s = b->stream;
-    if (b->gated)
-        average_in(&s->gated_cost_ns, busy / b->launches);
-    if (b->launches < 2)
-        return;
-    uint64_t cpu = b->last_ns - b->first_ns;
-    atomic_store_explicit(&s->launch_bound, cpu * b->launches >= busy * (b->launches - 1),
-                          memory_order_relaxed);
-}
 
 /* Measure a queued batch and count it (the monitor frees the record once
  * it is out of the queue). */
@@ -752,7 +736,8 @@ static void settle(struct gt_batch *b)
         atomic_store_explicit(&b->stream->graph_cost_ns, busy, memory_order_relaxed);
     } else if (b->launches > 0) {
         average_in(&d->launch_cost_ns, (uint64_t)busy / b->launches);
-        learn_stream(b, (uint64_t)busy);
+        if (b->gated)
+            average_in(&b->stream->gated_cost_ns, (uint64_t)busy / b->launches);
     }
 }
 
@@ -1023,14 +1008,12 @@ void gt_after(struct gt_launch *l, CUresult rc)
 {
     struct gt_stream *s = l->stream;
     struct gt_batch *b = s->open;
-    uint64_t now = now_ns();
-    if (rc == CUDA_SUCCESS) {
-        if (b->launches++ == 0)
-            b->first_ns = now;
-        b->last_ns = now;
-    }
-    s->last_launch_ns = now;
-    uint32_t target = b->gated ? gate_target(s) : batch_target(&gt.devs[b->dev]);
+    if (rc == CUDA_SUCCESS)
+        b->launches++;
+    s->last_launch_ns = now_ns();
+    uint32_t target = batch_target(&gt.devs[b->dev]);
+    if (b->gated && gate_target(s) < target)
+        target = gate_target(s);
     if (l->graph || b->launches >= target)
         close_open(s);
     pthread_mutex_unlock(&s->lock);

@@ -31,9 +31,9 @@
 /*
  * Gated batches (docs/compute.md, "Launch-bound work"). When a paced
  * stream's launches come slower than its kernels run, the GPU idles between
- * them and an event pair around the batch would charge those gaps. Such a
- * stream's batch is queued behind a stream wait on a host word that the hook
- * writes when the batch closes: its kernels then run back to back and the
+ * them and an event pair around the batch would charge those gaps. So a
+ * paced stream's batch is queued behind a stream wait on a host word that
+ * the hook writes when the batch closes: its kernels then run back to back and the
  * pair spans only them. A gate holds the GPU back while the CPU queues, so
  * gated batches are short: about GT_GATE_BATCH_NS of kernels, within
  * [GT_GATE_MIN_LAUNCHES, GT_GATE_MAX_LAUNCHES] launches (the wait and two
@@ -46,6 +46,9 @@
 #define GT_GATE_MIN_LAUNCHES 8u
 #define GT_GATE_MAX_LAUNCHES 64u
 #define GT_GATE_QUIET_NS 200000ull
+/* Gated batches queued on a stream's device before the launcher waits:
+ * about as much work ahead of the GPU as GT_INFLIGHT ungated batches. */
+#define GT_GATE_INFLIGHT 8u
 
 struct gt_stream;
 
