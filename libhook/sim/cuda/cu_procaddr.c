@@ -62,6 +62,10 @@ static const struct variant_version VARIANT_VERSIONS[] = {
     {"cuGetProcAddress_v2", 12000},
     {"cuGraphAddNode_v2", 12030},
     {"cuGraphInstantiate_v2", 11000},
+    {"cuStreamWaitValue32_v2", 11070},
+    {"cuStreamWriteValue32_v2", 11070},
+    {"cuStreamWaitValue64_v2", 11070},
+    {"cuStreamWriteValue64_v2", 11070},
 };
 
 /* Base names whose CUDA header maps them onto another entry point from a
