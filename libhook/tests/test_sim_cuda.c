@@ -657,6 +657,33 @@ static void test_writes_and_bad_memory_operations(void)
     OK(cu.cuMemFreeHost(g.word));
 }
 
+/* An asynchronous copy behind a gate runs when the gate opens; a pageable
+ * source is taken when the call returns, as the driver stages it. */
+static void test_copies_wait_their_turn(void)
+{
+    primary(1);
+    struct gate g = gate_new();
+    CUstream s;
+    CUdeviceptr d;
+    uint32_t pageable = 1, out = 0;
+    OK(cu.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    OK(cu.cuMemAlloc_v2(&d, 16));
+    OK(cu.cuMemsetD32_v2(d, 0, 4));
+    OK(cu.cuStreamWaitValue32_v2(s, g.dptr, 1, CU_STREAM_WAIT_VALUE_GEQ));
+    OK(cu.cuMemcpyHtoDAsync_v2(d, &pageable, 4, s));
+    pageable = 2;
+    OK(cu.cuMemcpyAsync(d + 4, d, 4, s));
+    OK(cu.cuMemcpyDtoH_v2(&out, d + 4, 4)); /* a non-blocking stream does not hold the legacy one */
+    CHECK(out == 0);
+    gate_open(g, 1);
+    OK(cu.cuStreamSynchronize(s));
+    OK(cu.cuMemcpyDtoH_v2_ptds(&out, d + 4, 4));
+    CHECK(out == 1);
+    OK(cu.cuMemFree_v2(d));
+    OK(cu.cuStreamDestroy_v2(s));
+    OK(cu.cuMemFreeHost(g.word));
+}
+
 static void *sym(const char *name)
 {
     return dlsym(g_lib, name);
@@ -720,6 +747,8 @@ static void test_proc_address_picks_the_abi_of_the_version(void)
     check_resolves("cuStreamWaitValue32", 11070, 0, "cuStreamWaitValue32_v2");
     check_resolves("cuStreamWriteValue64", 13000, PTSZ, "cuStreamWriteValue64_v2_ptsz");
     check_resolves("cuStreamWaitEvent", 13000, PTSZ, "cuStreamWaitEvent_ptsz");
+    check_resolves("cuMemcpyHtoD", 13000, PTSZ, "cuMemcpyHtoD_v2_ptds");
+    check_resolves("cuMemcpyDtoHAsync", 13000, PTSZ, "cuMemcpyDtoHAsync_v2_ptsz");
 
     /* Every versioned export is reachable: at the newest version each base
      * name gives its highest variant (a missing version threshold fails). */
@@ -997,6 +1026,7 @@ int main(void)
         test_blocking_calls_wait_for_the_gate();
         test_waits_chain_across_streams();
         test_writes_and_bad_memory_operations();
+        test_copies_wait_their_turn();
         test_proc_address_picks_the_abi_of_the_version();
         test_pools_hold_until_sync_or_trim();
         test_vmm_maps_charged_memory();

@@ -133,8 +133,8 @@ static void run(CUstream s, const struct cu_work *w, bool held)
     case CU_WORK_RECORD:
         if (!held) {
             atomic_fetch_add(&w->event.event->gen, 1);
-            atomic_store(&w->event.event->recorded, true);
             stamp(w->event.event, s);
+            atomic_store(&w->event.event->recorded, true);
         } else if (atomic_load(&w->event.event->gen) == w->event.gen) {
             stamp(w->event.event, s);
         }
