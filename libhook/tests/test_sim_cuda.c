@@ -360,6 +360,30 @@ static void gate_open(struct gate g, uint32_t value)
     __atomic_store_n(g.word, value, __ATOMIC_RELEASE); /* no CUDA call, as the hook does */
 }
 
+/* Device 1 current, a gate word, a non-blocking stream to gate, vgpu_spin. */
+struct gated {
+    struct gate g;
+    CUstream s;
+    CUmodule m;
+    CUfunction spin;
+};
+
+static struct gated gated_new(void)
+{
+    primary(1);
+    struct gated f = {gate_new(), NULL, NULL, NULL};
+    OK(cu.cuStreamCreate(&f.s, CU_STREAM_NON_BLOCKING));
+    f.spin = spin_function(&f.m);
+    return f;
+}
+
+static void gated_free(struct gated f)
+{
+    OK(cu.cuStreamDestroy_v2(f.s));
+    OK(cu.cuMemFreeHost(f.g.word));
+    OK(cu.cuModuleUnload(f.m));
+}
+
 static void sleep_ms(unsigned ms)
 {
     struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
@@ -389,11 +413,10 @@ static unsigned device1_busy(void)
 
 static void test_gate_holds_work_until_the_word_is_written(void)
 {
-    primary(1);
-    CUmodule m;
-    CUfunction spin = spin_function(&m);
-    struct gate g = gate_new();
-    CUstream s;
+    struct gated f = gated_new();
+    struct gate g = f.g;
+    CUstream s = f.s;
+    CUfunction spin = f.spin;
     CUevent e0, e1;
     float ms = 0;
     int value = 0;
@@ -403,7 +426,6 @@ static void test_gate_holds_work_until_the_word_is_written(void)
     CHECK(value == 1);
     OK(cu.cuDeviceGetAttribute(&value, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, 1));
     CHECK(value == 1);
-    OK(cu.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
     OK(cu.cuEventCreate(&e0, 0));
     OK(cu.cuEventCreate(&e1, 0));
     OK(cu.cuStreamWaitValue32_v2(s, g.dptr, 1, CU_STREAM_WAIT_VALUE_GEQ));
@@ -426,9 +448,7 @@ static void test_gate_holds_work_until_the_word_is_written(void)
     OK(cu.cuStreamQuery(s));
     OK(cu.cuEventDestroy_v2(e0));
     OK(cu.cuEventDestroy_v2(e1));
-    OK(cu.cuStreamDestroy_v2(s));
-    OK(cu.cuMemFreeHost(g.word));
-    OK(cu.cuModuleUnload(m));
+    gated_free(f);
 }
 
 /* Kernels launched one by one with a CPU gap between them: behind a gate
@@ -458,18 +478,14 @@ static float span_of_gapped_kernels(CUfunction spin, CUstream s, const struct ga
 
 static void test_gated_events_time_the_kernels_not_the_gaps(void)
 {
-    primary(1);
-    CUmodule m;
-    CUfunction spin = spin_function(&m);
-    struct gate g = gate_new();
-    CUstream s;
-    OK(cu.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    struct gated f = gated_new();
+    struct gate g = f.g;
+    CUstream s = f.s;
+    CUfunction spin = f.spin;
     float gated = span_of_gapped_kernels(spin, s, &g), open = span_of_gapped_kernels(spin, s, NULL);
     CHECKF(gated >= 20 && gated < 80, "gated span %.1f ms", (double)gated);
     CHECKF(open >= 110, "ungated span %.1f ms", (double)open);
-    OK(cu.cuStreamDestroy_v2(s));
-    OK(cu.cuMemFreeHost(g.word));
-    OK(cu.cuModuleUnload(m));
+    gated_free(f);
 }
 
 /* Queue a wait with `flags` on a word holding `before`: held; the word
@@ -494,10 +510,9 @@ static void check_condition(CUstream s, struct gate g, unsigned flags, uint32_t 
 
 static void test_wait_conditions(void)
 {
-    primary(1);
-    struct gate g = gate_new();
-    CUstream s;
-    OK(cu.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    struct gated f = gated_new();
+    struct gate g = f.g;
+    CUstream s = f.s;
     check_condition(s, g, CU_STREAM_WAIT_VALUE_GEQ, 5, 4, 5);
     check_condition(s, g, CU_STREAM_WAIT_VALUE_GEQ, 0x10, 0xfffffff0u, 0x20); /* cyclic: wraps */
     check_condition(s, g, CU_STREAM_WAIT_VALUE_GEQ | CU_STREAM_WAIT_VALUE_FLUSH, 7, 6, 9);
@@ -515,8 +530,7 @@ static void test_wait_conditions(void)
     __atomic_store_n(wide, 1ULL << 40, __ATOMIC_RELEASE);
     OK(cu.cuEventQuery(e));
     OK(cu.cuEventDestroy_v2(e));
-    OK(cu.cuStreamDestroy_v2(s));
-    OK(cu.cuMemFreeHost(g.word));
+    gated_free(f);
 }
 
 struct opener {
@@ -616,13 +630,12 @@ static void test_waits_chain_across_streams(void)
 
 static void test_writes_and_bad_memory_operations(void)
 {
-    primary(1);
-    struct gate g = gate_new();
-    CUstream s;
+    struct gated f = gated_new();
+    struct gate g = f.g;
+    CUstream s = f.s;
     CUdeviceptr d;
     uint64_t out = 0;
     uint32_t pageable = 0;
-    OK(cu.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
     OK(cu.cuMemAlloc_v2(&d, 64));
     OK(cu.cuStreamWriteValue32_v2(s, g.dptr + 4, 7, CU_STREAM_WRITE_VALUE_DEFAULT));
     OK(cu.cuStreamSynchronize(s));
@@ -653,20 +666,18 @@ static void test_writes_and_bad_memory_operations(void)
     OK(cu.cuStreamEndCapture(s, &graph));
     OK(cu.cuGraphDestroy(graph));
     OK(cu.cuMemFree_v2(d));
-    OK(cu.cuStreamDestroy_v2(s));
-    OK(cu.cuMemFreeHost(g.word));
+    gated_free(f);
 }
 
 /* An asynchronous copy behind a gate runs when the gate opens; a pageable
  * source is taken when the call returns, as the driver stages it. */
 static void test_copies_wait_their_turn(void)
 {
-    primary(1);
-    struct gate g = gate_new();
-    CUstream s;
+    struct gated f = gated_new();
+    struct gate g = f.g;
+    CUstream s = f.s;
     CUdeviceptr d;
     uint32_t pageable = 1, out = 0;
-    OK(cu.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
     OK(cu.cuMemAlloc_v2(&d, 16));
     OK(cu.cuMemsetD32_v2(d, 0, 4));
     OK(cu.cuStreamWaitValue32_v2(s, g.dptr, 1, CU_STREAM_WAIT_VALUE_GEQ));
@@ -680,8 +691,7 @@ static void test_copies_wait_their_turn(void)
     OK(cu.cuMemcpyDtoH_v2_ptds(&out, d + 4, 4));
     CHECK(out == 1);
     OK(cu.cuMemFree_v2(d));
-    OK(cu.cuStreamDestroy_v2(s));
-    OK(cu.cuMemFreeHost(g.word));
+    gated_free(f);
 }
 
 static void *sym(const char *name)
