@@ -26,7 +26,7 @@
 #include "vgpu.h"
 
 #define GT_STREAMS 1024 /* stream states per process */
-#define GT_RING 6       /* batches per stream: open + in flight + done, not yet counted */
+#define GT_RING 12      /* batches per stream: open + in flight + done, not yet counted */
 #define GT_CACHE 4      /* stream lookups cached per thread */
 #define GT_FREE_WAIT_NS 50000000ull /* longest wait for the monitor to free a batch */
 #define GT_EXIT_FLUSH_NS 500000000ull /* longest wait at exit for the last batches */
@@ -43,6 +43,9 @@ struct gt_batch {
     bool graph;
     bool paced;             /* charged to the bucket (unpaced batches are only measured) */
     bool turn;              /* counted by turn_enter: turn_leave when measured */
+    bool gated;             /* queued behind a gate (gputime.h) */
+    _Atomic bool gate_shut; /* that gate is not yet opened (the monitor may open it unlocked) */
+    _Atomic uint32_t gate;  /* the gate's value: the stream's count of gated batches */
     uint32_t launches;
     int64_t precharge;      /* debited when opened, settled when measured */
     uint64_t seq;           /* closing order on its stream */
@@ -69,6 +72,8 @@ struct gt_stream {
     uint64_t closed;        /* batches closed so far */
     uint32_t last_size;     /* launches in its previous batch */
     _Atomic int64_t graph_cost_ns; /* its last measured graph launch */
+    _Atomic uint64_t gated_cost_ns; /* running GPU time per launch of its gated batches */
+    uint32_t gates;         /* gated batches so far: the value of the next gate minus one */
     struct gt_batch ring[GT_RING];
 };
 
@@ -90,12 +95,21 @@ static struct {
     struct gt_stream streams[GT_STREAMS];
 
     _Atomic int open_batches;
+    _Atomic int shut_gates;          /* open batches behind a shut gate */
     _Atomic int captures;            /* stream captures in progress */
+
+    /* One gate word per stream state, in pinned host memory the device
+     * reads (made at the first gated batch; gating is off for good if the
+     * driver refuses it). */
+    _Atomic int gates_state;         /* 0 not yet made, 1 ready, -1 unavailable */
+    _Atomic uint32_t *gate_words;
+    CUdeviceptr gate_dptr;
 
     pthread_mutex_t queue_lock;      /* monitor queue and the condition below */
     pthread_cond_t queue_cond;       /* work queued, capture ended, batch freed */
     struct gt_batch *head, *tail;
     bool monitor_running;
+    _Atomic bool monitor_idle;       /* about to wait with no deadline (see open_batch) */
 } gt = {
     .init_lock = PTHREAD_MUTEX_INITIALIZER,
     .table_lock = PTHREAD_MUTEX_INITIALIZER,
@@ -184,7 +198,12 @@ static void atfork_child(void)
     memset(gt.streams, 0, sizeof(gt.streams));
     atomic_store(&gt.table_high, 0);
     atomic_store(&gt.open_batches, 0);
+    atomic_store(&gt.shut_gates, 0);
     atomic_store(&gt.captures, 0);
+    /* Pinned memory is the parent context's: the child makes its own. */
+    atomic_store(&gt.gates_state, 0);
+    gt.gate_words = NULL;
+    gt.gate_dptr = 0;
     atomic_store(&gt.ready, false);
     pthread_mutex_init(&gt.init_lock, NULL);
     pthread_mutex_init(&gt.table_lock, NULL);
@@ -307,6 +326,9 @@ static struct gt_stream *table_add(const struct gt_key *key, CUstream record_on)
     s->open = NULL;
     s->last_size = 0;
     atomic_store(&s->graph_cost_ns, 0);
+    atomic_store(&s->gated_cost_ns, 0);
+    /* s->gates goes on from the slot's last stream: its word holds the last
+     * value written, and a gate must be above it to shut. */
     atomic_store_explicit(&s->used, true, memory_order_release);
     return s;
 }
@@ -335,6 +357,106 @@ static struct gt_stream *stream_get(CUstream h, bool ptsz, bool create)
         tcache[slot].key = key;
     }
     return s;
+}
+
+/* ---- gates ----------------------------------------------------------------- */
+
+static void gates_off(const char *why)
+{
+    atomic_store_explicit(&gt.gates_state, -1, memory_order_release);
+    log_info("launch-bound work is measured without gates: %s", why);
+}
+
+/* The gate words, made once with a launching thread's context current:
+ * portable pinned memory, so that every context of the process can wait on
+ * it. False when the driver cannot gate (then never again). */
+static bool gates_ready(void)
+{
+    int state = atomic_load_explicit(&gt.gates_state, memory_order_acquire);
+    if (state != 0)
+        return state > 0;
+    pthread_mutex_lock(&gt.init_lock);
+    if (atomic_load_explicit(&gt.gates_state, memory_order_relaxed) == 0) {
+        void *words = NULL;
+        CUdeviceptr dptr = 0;
+        size_t size = GT_STREAMS * sizeof(uint32_t);
+        if (vgpu_real_cuda.cuStreamWaitValue32_v2 == NULL ||
+            vgpu_real_cuda.cuMemHostAlloc == NULL ||
+            vgpu_real_cuda.cuMemHostGetDevicePointer_v2 == NULL) {
+            gates_off("the driver has no stream wait");
+        } else if (vgpu_real_cuda.cuMemHostAlloc(&words, size,
+                                                 CU_MEMHOSTALLOC_PORTABLE |
+                                                     CU_MEMHOSTALLOC_DEVICEMAP) != CUDA_SUCCESS) {
+            gates_off("no pinned memory for the gate words");
+        } else if (vgpu_real_cuda.cuMemHostGetDevicePointer_v2(&dptr, words, 0) != CUDA_SUCCESS) {
+            vgpu_real_cuda.cuMemFreeHost(words);
+            gates_off("the gate words have no device address");
+        } else {
+            memset(words, 0, size);
+            gt.gate_words = words;
+            gt.gate_dptr = dptr;
+            atomic_store_explicit(&gt.gates_state, 1, memory_order_release);
+        }
+    }
+    pthread_mutex_unlock(&gt.init_lock);
+    return atomic_load_explicit(&gt.gates_state, memory_order_acquire) > 0;
+}
+
+/* Should the stream's next batch be gated? Every paced batch of kernel
+ * launches: a GPU-bound stream's gates open before the GPU reaches them,
+ * so they cost it only the CPU's call, and its spans are right either way;
+ * a launch-bound stream's spans are right only gated. (A graph's launch is
+ * one batch whose span is its own.) Never the per-thread default stream:
+ * only its own thread may close its batches, so the monitor could not
+ * close one there that the application stopped feeding. */
+static bool gate_wanted(const struct gt_stream *s, bool graph, bool paced)
+{
+    return paced && !graph && s->record_on != CU_STREAM_PER_THREAD && gates_ready();
+}
+
+/* Queue the stream's next work behind a new gate, for batch b (stream lock
+ * held). The gate shuts on value `gates + 1`: the word holds `gates`. */
+static void gate_shut(struct gt_stream *s, struct gt_batch *b)
+{
+    uint32_t value = s->gates + 1;
+    CUdeviceptr word = gt.gate_dptr + (CUdeviceptr)(s - gt.streams) * sizeof(uint32_t);
+    if (vgpu_real_cuda.cuStreamWaitValue32_v2(s->record_on, word, value,
+                                              CU_STREAM_WAIT_VALUE_GEQ) != CUDA_SUCCESS) {
+        gates_off("the driver refused a stream wait");
+        return;
+    }
+    s->gates = value;
+    b->gated = true;
+    atomic_store_explicit(&b->gate, value, memory_order_relaxed);
+    atomic_fetch_add_explicit(&gt.shut_gates, 1, memory_order_relaxed);
+    atomic_store_explicit(&b->gate_shut, true, memory_order_release);
+}
+
+/* Let batch b's work run. Every road that ends an open batch passes here,
+ * after its end event so that the pair brackets only the batch's kernels;
+ * and the monitor, without the stream's lock, for a batch whose launcher
+ * is stuck in a driver call that waits behind the gate (lazy loading of a
+ * kernel's module can wait for the whole context). Whoever opens it first
+ * writes the word; a second open finds it open. */
+static void gate_open(struct gt_stream *s, struct gt_batch *b)
+{
+    if (!atomic_exchange_explicit(&b->gate_shut, false, memory_order_acq_rel))
+        return;
+    atomic_store_explicit(&gt.gate_words[s - gt.streams],
+                          atomic_load_explicit(&b->gate, memory_order_relaxed),
+                          memory_order_release);
+    atomic_fetch_sub_explicit(&gt.shut_gates, 1, memory_order_relaxed);
+}
+
+/* Launches in a gated batch of the stream: about GT_GATE_BATCH_NS of its
+ * kernels, by their running cost. */
+static uint32_t gate_target(const struct gt_stream *s)
+{
+    uint64_t cost = atomic_load_explicit(&s->gated_cost_ns, memory_order_relaxed);
+    uint64_t n = cost == 0 ? GT_GATE_MIN_LAUNCHES : GT_GATE_BATCH_NS / cost;
+    if (n < GT_GATE_MIN_LAUNCHES)
+        return GT_GATE_MIN_LAUNCHES;
+    return n > GT_GATE_MAX_LAUNCHES ? GT_GATE_MAX_LAUNCHES : (uint32_t)n;
 }
 
 /* ---- batches --------------------------------------------------------------- */
@@ -422,12 +544,15 @@ static void close_open(struct gt_stream *s)
     atomic_fetch_sub_explicit(&gt.open_batches, 1, memory_order_relaxed);
     struct gt_dev *d = &gt.devs[b->dev];
     if (b->launches == 0) {
+        gate_open(s, b);
         if (b->paced)
             pacer_charge(d->pacer.bucket, -b->precharge);
         release_batch(b);
         return;
     }
-    if (vgpu_real_cuda.cuEventRecord(b->end, s->record_on) != CUDA_SUCCESS) {
+    CUresult rc = vgpu_real_cuda.cuEventRecord(b->end, s->record_on);
+    gate_open(s, b);
+    if (rc != CUDA_SUCCESS) {
         settle_at_estimate(b);
         return;
     }
@@ -445,12 +570,13 @@ static void abandon_open(struct gt_stream *s)
     struct gt_batch *b = s->open;
     s->open = NULL;
     atomic_fetch_sub_explicit(&gt.open_batches, 1, memory_order_relaxed);
+    gate_open(s, b);
     settle_at_estimate(b);
 }
 
 /* The oldest batch of the stream still running on the device, if the
- * stream has GT_INFLIGHT of them. */
-static struct gt_batch *inflight_limit(struct gt_stream *s)
+ * stream has `limit` of them. */
+static struct gt_batch *inflight_limit(struct gt_stream *s, unsigned limit)
 {
     struct gt_batch *oldest = NULL;
     unsigned running = 0;
@@ -463,7 +589,7 @@ static struct gt_batch *inflight_limit(struct gt_stream *s)
         if (oldest == NULL || b->seq < oldest->seq)
             oldest = b;
     }
-    return running >= GT_INFLIGHT ? oldest : NULL;
+    return running >= limit ? oldest : NULL;
 }
 
 static struct gt_batch *free_record(struct gt_stream *s)
@@ -489,7 +615,9 @@ static struct gt_batch *open_batch(struct gt_stream *s, struct gt_dev *d, bool g
         if (s->open != NULL)
             return s->open;
         bool capturing = atomic_load_explicit(&gt.captures, memory_order_acquire) > 0;
-        struct gt_batch *oldest = capturing ? NULL : inflight_limit(s);
+        /* Gated batches are short: let as much work queue as ungated. */
+        unsigned limit = gate_wanted(s, graph, paced) ? GT_GATE_INFLIGHT : GT_INFLIGHT;
+        struct gt_batch *oldest = capturing ? NULL : inflight_limit(s, limit);
         if (oldest != NULL) {
             /* Bound the queue: a deep queue would let the stream run far
              * past its quota before the measurements catch up. */
@@ -516,9 +644,16 @@ static struct gt_batch *open_batch(struct gt_stream *s, struct gt_dev *d, bool g
             pthread_mutex_lock(&s->lock);
             continue;
         }
-        if (batch_events(b, s->ctx) != 0 ||
-            vgpu_real_cuda.cuEventRecord(b->start, s->record_on) != CUDA_SUCCESS)
+        if (batch_events(b, s->ctx) != 0)
             return NULL;
+        b->gated = false;
+        atomic_store_explicit(&b->gate_shut, false, memory_order_relaxed);
+        if (gate_wanted(s, graph, paced))
+            gate_shut(s, b);
+        if (vgpu_real_cuda.cuEventRecord(b->start, s->record_on) != CUDA_SUCCESS) {
+            gate_open(s, b);
+            return NULL;
+        }
         b->stream = s;
         b->dev = s->dev;
         b->graph = graph;
@@ -535,7 +670,19 @@ static struct gt_batch *open_batch(struct gt_stream *s, struct gt_dev *d, bool g
             pacer_charge(d->pacer.bucket, b->precharge);
         atomic_store_explicit(&b->state, BATCH_OPEN, memory_order_release);
         s->open = b;
-        atomic_fetch_add_explicit(&gt.open_batches, 1, memory_order_relaxed);
+        if (b->gated) {
+            /* The monitor must watch a shut gate. Sequentially consistent
+             * against its own store of monitor_idle and load of
+             * open_batches: either it sees this batch or we see it idle. */
+            atomic_fetch_add(&gt.open_batches, 1);
+            if (atomic_load(&gt.monitor_idle)) {
+                pthread_mutex_lock(&gt.queue_lock);
+                pthread_cond_broadcast(&gt.queue_cond);
+                pthread_mutex_unlock(&gt.queue_lock);
+            }
+        } else {
+            atomic_fetch_add_explicit(&gt.open_batches, 1, memory_order_relaxed);
+        }
         return b;
     }
 }
@@ -555,13 +702,24 @@ static bool monitor_use_ctx(CUcontext ctx)
     return true;
 }
 
+static bool wait_end(struct gt_batch *b);
+
+/* Running average over ~8 samples: adapts within a few ms of work. */
+static void average_in(_Atomic uint64_t *avg, uint64_t sample)
+{
+    uint64_t seen = atomic_load_explicit(avg, memory_order_relaxed);
+    seen = seen == 0 ? sample : seen - seen / 8 + sample / 8;
+    atomic_store_explicit(avg, seen > 0 ? seen : 1, memory_order_relaxed);
+}
+
+
 /* Measure a queued batch and count it (the monitor frees the record once
  * it is out of the queue). */
 static void settle(struct gt_batch *b)
 {
     struct gt_dev *d = &gt.devs[b->dev];
     int64_t busy = b->precharge;
-    if (monitor_use_ctx(b->events_ctx) && vgpu_real_cuda.cuEventSynchronize(b->end) == CUDA_SUCCESS) {
+    if (monitor_use_ctx(b->events_ctx) && wait_end(b)) {
         float ms = 0;
         CUresult rc = vgpu_real_cuda.cuEventElapsedTime_v2 != NULL
                           ? vgpu_real_cuda.cuEventElapsedTime_v2(&ms, b->start, b->end)
@@ -577,11 +735,9 @@ static void settle(struct gt_batch *b)
     if (b->graph) {
         atomic_store_explicit(&b->stream->graph_cost_ns, busy, memory_order_relaxed);
     } else if (b->launches > 0) {
-        /* Running average over ~8 batches: adapts within a few ms of work. */
-        uint64_t per = (uint64_t)busy / b->launches;
-        uint64_t avg = atomic_load_explicit(&d->launch_cost_ns, memory_order_relaxed);
-        avg = avg == 0 ? per : avg - avg / 8 + per / 8;
-        atomic_store_explicit(&d->launch_cost_ns, avg > 0 ? avg : 1, memory_order_relaxed);
+        average_in(&d->launch_cost_ns, (uint64_t)busy / b->launches);
+        if (b->gated)
+            average_in(&b->stream->gated_cost_ns, (uint64_t)busy / b->launches);
     }
 }
 
@@ -613,10 +769,54 @@ static void close_picked(bool (*pick)(const struct gt_stream *s, const void *arg
 }
 
 /* The application stopped launching on the stream without a sync point we
- * see. */
+ * see (sooner for a shut gate: the GPU waits on it). */
 static bool quiet(const struct gt_stream *s, const void *now)
 {
-    return *(const uint64_t *)now - s->last_launch_ns >= GT_QUIET_NS;
+    struct gt_batch *b = s->open;
+    uint64_t after = b != NULL && atomic_load_explicit(&b->gate_shut, memory_order_acquire)
+                         ? GT_GATE_QUIET_NS
+                         : GT_QUIET_NS;
+    return *(const uint64_t *)now - s->last_launch_ns >= after;
+}
+
+/* Open the shut gates of quiet streams whose lock a launcher holds: its
+ * launch may itself wait behind the gate. The batch then spans that wait
+ * (rare: a stall the driver imposes once). Records live as long as the
+ * process, so a batch read here unlocked stays a valid record; at worst it
+ * is a newer batch of the stream, opened a little early. */
+static void open_stuck_gates(uint64_t now)
+{
+    if (atomic_load_explicit(&gt.shut_gates, memory_order_relaxed) == 0)
+        return;
+    unsigned high = atomic_load_explicit(&gt.table_high, memory_order_acquire);
+    for (unsigned i = 0; i < high; i++) {
+        struct gt_stream *s = &gt.streams[i];
+        struct gt_batch *b = s->open;
+        if (b != NULL && now - s->last_launch_ns >= GT_GATE_QUIET_NS)
+            gate_open(s, b);
+    }
+}
+
+/* Wait for a closed batch's end event. While gates are shut it may sit
+ * behind one (the legacy stream waits for every blocking stream), so then
+ * poll, opening the quiet gates meanwhile: the monitor must never sleep on
+ * work that only it can let run. */
+static bool wait_end(struct gt_batch *b)
+{
+    for (;;) {
+        if (atomic_load_explicit(&gt.shut_gates, memory_order_relaxed) == 0)
+            return vgpu_real_cuda.cuEventSynchronize(b->end) == CUDA_SUCCESS;
+        CUresult rc = vgpu_real_cuda.cuEventQuery(b->end);
+        if (rc != CUDA_ERROR_NOT_READY)
+            return rc == CUDA_SUCCESS;
+        uint64_t now = now_ns();
+        close_picked(quiet, &now, monitor_use_ctx, false);
+        open_stuck_gates(now);
+        if (!monitor_use_ctx(b->events_ctx))
+            return false;
+        struct timespec pause = {.tv_nsec = (long)(GT_GATE_QUIET_NS / 4)};
+        nanosleep(&pause, NULL);
+    }
 }
 
 static void *monitor_main(void *arg)
@@ -643,14 +843,21 @@ static void *monitor_main(void *arg)
             continue;
         }
         uint64_t wake = 0;
-        if (!capturing && atomic_load_explicit(&gt.open_batches, memory_order_relaxed) > 0) {
+        atomic_store(&gt.monitor_idle, true);
+        if (atomic_load(&gt.open_batches) > 0) {
+            /* During a capture only gates are opened: a host store, where
+             * an event call could break the capture. */
+            atomic_store(&gt.monitor_idle, false);
             pthread_mutex_unlock(&gt.queue_lock);
             uint64_t now = now_ns();
-            close_picked(quiet, &now, monitor_use_ctx, false);
+            if (!capturing)
+                close_picked(quiet, &now, monitor_use_ctx, false);
+            open_stuck_gates(now);
             pthread_mutex_lock(&gt.queue_lock);
-            if (gt.head != NULL)
+            if (gt.head != NULL && !capturing)
                 continue;
-            wake = now_ns() + GT_QUIET_NS / 2;
+            bool shut = atomic_load_explicit(&gt.shut_gates, memory_order_relaxed) > 0;
+            wake = now_ns() + (shut ? GT_GATE_QUIET_NS : GT_QUIET_NS) / 2;
         }
         /* Under the queue lock, so a turn that starts lingering after this
          * look wakes us (release_batch broadcasts under it). */
@@ -658,10 +865,12 @@ static void *monitor_main(void *arg)
         if (linger != 0 && (wake == 0 || linger < wake))
             wake = linger;
         if (wake != 0) {
+            atomic_store(&gt.monitor_idle, false);
             struct timespec until = deadline_at(wake);
             pthread_cond_clockwait(&gt.queue_cond, &gt.queue_lock, CLOCK_MONOTONIC, &until);
         } else {
             pthread_cond_wait(&gt.queue_cond, &gt.queue_lock);
+            atomic_store(&gt.monitor_idle, false);
         }
     }
     return NULL;
@@ -802,7 +1011,10 @@ void gt_after(struct gt_launch *l, CUresult rc)
     if (rc == CUDA_SUCCESS)
         b->launches++;
     s->last_launch_ns = now_ns();
-    if (l->graph || b->launches >= batch_target(&gt.devs[b->dev]))
+    uint32_t target = batch_target(&gt.devs[b->dev]);
+    if (b->gated && gate_target(s) < target)
+        target = gate_target(s);
+    if (l->graph || b->launches >= target)
         close_open(s);
     pthread_mutex_unlock(&s->lock);
 }

@@ -28,6 +28,28 @@
 /* An open batch with no launch for this long is closed by the monitor. */
 #define GT_QUIET_NS 2000000ull
 
+/*
+ * Gated batches (docs/compute.md, "Launch-bound work"). When a paced
+ * stream's launches come slower than its kernels run, the GPU idles between
+ * them and an event pair around the batch would charge those gaps. So a
+ * paced stream's batch is queued behind a stream wait on a host word that
+ * the hook writes when the batch closes: its kernels then run back to back and the
+ * pair spans only them. A gate holds the GPU back while the CPU queues, so
+ * gated batches are short: about GT_GATE_BATCH_NS of kernels, within
+ * [GT_GATE_MIN_LAUNCHES, GT_GATE_MAX_LAUNCHES] launches (the wait and two
+ * events cost the CPU ~2.4 us a batch on an H100). A gated batch the
+ * application stops feeding without a sync point we see (a host wait we do
+ * not wrap) is opened by the monitor after GT_GATE_QUIET_NS: a stall that
+ * long, never a deadlock.
+ */
+#define GT_GATE_BATCH_NS 100000ull
+#define GT_GATE_MIN_LAUNCHES 8u
+#define GT_GATE_MAX_LAUNCHES 64u
+#define GT_GATE_QUIET_NS 200000ull
+/* Gated batches queued on a stream's device before the launcher waits:
+ * about as much work ahead of the GPU as GT_INFLIGHT ungated batches. */
+#define GT_GATE_INFLIGHT 8u
+
 struct gt_stream;
 
 /* A launch in progress: gt_before fills it, gt_after completes it. */
@@ -50,7 +72,8 @@ void gt_after(struct gt_launch *l, CUresult rc);
  * first so the end event sits right after the last launch. */
 void gt_sync_point(CUstream stream, bool ptsz);
 
-/* The same for every stream of the current context (cuCtxSynchronize). */
+/* The same for every stream of the current context (cuCtxSynchronize, and
+ * copies, which the host may wait for behind any of them). */
 void gt_ctx_sync_point(void);
 
 /* Stream capture begins on / ends on `stream`; around the real calls. */

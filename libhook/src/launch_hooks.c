@@ -208,6 +208,70 @@ VGPU_EXPORT CUresult cuStreamDestroy_v2(CUstream hStream)
     return vgpu_real_cuda.cuStreamDestroy_v2(hStream);
 }
 
+/* ---- copies: the host may wait for one behind any stream of the context --- */
+
+#define COPY(name, args) \
+    do { \
+        VGPU_CUDA_ENTER(name); \
+        gt_ctx_sync_point(); \
+        return vgpu_real_cuda.name args; \
+    } while (0)
+
+VGPU_EXPORT CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount)
+{
+    COPY(cuMemcpy, (dst, src, ByteCount));
+}
+
+VGPU_EXPORT CUresult cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount)
+{
+    COPY(cuMemcpy_ptds, (dst, src, ByteCount));
+}
+
+VGPU_EXPORT CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount,
+                                   CUstream hStream)
+{
+    COPY(cuMemcpyAsync, (dst, src, ByteCount, hStream));
+}
+
+VGPU_EXPORT CUresult cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount,
+                                        CUstream hStream)
+{
+    COPY(cuMemcpyAsync_ptsz, (dst, src, ByteCount, hStream));
+}
+
+VGPU_EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount)
+{
+    COPY(cuMemcpyHtoD_v2, (dstDevice, srcHost, ByteCount));
+}
+
+VGPU_EXPORT CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dstDevice, const void *srcHost,
+                                          size_t ByteCount)
+{
+    COPY(cuMemcpyHtoD_v2_ptds, (dstDevice, srcHost, ByteCount));
+}
+
+VGPU_EXPORT CUresult cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)
+{
+    COPY(cuMemcpyDtoH_v2, (dstHost, srcDevice, ByteCount));
+}
+
+VGPU_EXPORT CUresult cuMemcpyDtoH_v2_ptds(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)
+{
+    COPY(cuMemcpyDtoH_v2_ptds, (dstHost, srcDevice, ByteCount));
+}
+
+VGPU_EXPORT CUresult cuMemcpyDtoHAsync_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount,
+                                          CUstream hStream)
+{
+    COPY(cuMemcpyDtoHAsync_v2, (dstHost, srcDevice, ByteCount, hStream));
+}
+
+VGPU_EXPORT CUresult cuMemcpyDtoHAsync_v2_ptsz(void *dstHost, CUdeviceptr srcDevice,
+                                               size_t ByteCount, CUstream hStream)
+{
+    COPY(cuMemcpyDtoHAsync_v2_ptsz, (dstHost, srcDevice, ByteCount, hStream));
+}
+
 /* ---- capture: what is captured is charged when the graph is launched ----- */
 
 #define BEGIN_CAPTURE(name, ptsz, args) \

@@ -1,7 +1,9 @@
 /*
  * launch_hooks.h - the entry points the compute module wraps (rows of the
  * hooks.h table; see there for the columns): every launch path, and the
- * stream calls that tell the pacer where batches end and when capture runs.
+ * stream calls that tell the pacer where batches end and when capture runs,
+ * and the copies a host may wait for (they end batches too: a gated batch
+ * left open would hold the copy, and the host with it).
  */
 #ifndef VGPU_LAUNCH_HOOKS_H
 #define VGPU_LAUNCH_HOOKS_H
@@ -33,7 +35,17 @@
     X(cuEventRecord_ptsz, cuEventRecord, 7000, 1) \
     X(cuStreamDestroy, cuStreamDestroy, 2000, 0) \
     X(cuStreamDestroy_v2, cuStreamDestroy, 4000, 0) \
-    X(cuCtxSynchronize, cuCtxSynchronize, 2000, 0)
+    X(cuCtxSynchronize, cuCtxSynchronize, 2000, 0) \
+    X(cuMemcpy, cuMemcpy, 4000, 0) \
+    X(cuMemcpy_ptds, cuMemcpy, 7000, 1) \
+    X(cuMemcpyAsync, cuMemcpyAsync, 4000, 0) \
+    X(cuMemcpyAsync_ptsz, cuMemcpyAsync, 7000, 1) \
+    X(cuMemcpyHtoD_v2, cuMemcpyHtoD, 3020, 0) \
+    X(cuMemcpyHtoD_v2_ptds, cuMemcpyHtoD, 7000, 1) \
+    X(cuMemcpyDtoH_v2, cuMemcpyDtoH, 3020, 0) \
+    X(cuMemcpyDtoH_v2_ptds, cuMemcpyDtoH, 7000, 1) \
+    X(cuMemcpyDtoHAsync_v2, cuMemcpyDtoHAsync, 3020, 0) \
+    X(cuMemcpyDtoHAsync_v2_ptsz, cuMemcpyDtoHAsync, 7000, 1)
 
 /*
  * Variants of those bases we do not wrap (rows of HOOK_NEWER_LIST): should a

@@ -2,6 +2,7 @@
  * test_sim_cuda - the simulated libcuda.so.1 behaves like a driver where
  * vgpud's tests rely on it: devices and config, capacity and accounting,
  * copies, pointer queries, modules, launch timing, capture and graphs,
+ * host-gated stream waits,
  * cuGetProcAddress variants, pools, VMM, arrays, IPC across processes,
  * CUDA_VISIBLE_DEVICES, and memory of a SIGKILLed process coming back.
  *
@@ -12,6 +13,8 @@
  */
 #include <dlfcn.h>
 #include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -22,6 +25,7 @@
 #include <unistd.h>
 
 #include "cuda_api.h"
+#include "nvml_api.h"
 #include "check.h"
 
 #define FIELD(ret, name, params, args) ret(*name) params;
@@ -335,6 +339,361 @@ static void test_capture_records_instead_of_running(void)
     OK(cu.cuModuleUnload(m));
 }
 
+/* ---- host-gated stream waits ---- */
+
+/* A gate word as the hook makes one: pinned, device-mapped host memory. */
+struct gate {
+    uint32_t *word;
+    CUdeviceptr dptr;
+};
+
+static struct gate gate_new(void)
+{
+    struct gate g = {NULL, 0};
+    OK(cu.cuMemHostAlloc((void **)&g.word, 64, CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE));
+    OK(cu.cuMemHostGetDevicePointer_v2(&g.dptr, g.word, 0));
+    return g;
+}
+
+static void gate_open(struct gate g, uint32_t value)
+{
+    __atomic_store_n(g.word, value, __ATOMIC_RELEASE); /* no CUDA call, as the hook does */
+}
+
+/* Device 1 current, a gate word, a non-blocking stream to gate, vgpu_spin. */
+struct gated {
+    struct gate g;
+    CUstream s;
+    CUmodule m;
+    CUfunction spin;
+};
+
+static struct gated gated_new(void)
+{
+    primary(1);
+    struct gated f = {gate_new(), NULL, NULL, NULL};
+    OK(cu.cuStreamCreate(&f.s, CU_STREAM_NON_BLOCKING));
+    f.spin = spin_function(&f.m);
+    return f;
+}
+
+static void gated_free(struct gated f)
+{
+    OK(cu.cuStreamDestroy_v2(f.s));
+    OK(cu.cuMemFreeHost(f.g.word));
+    OK(cu.cuModuleUnload(f.m));
+}
+
+static void sleep_ms(unsigned ms)
+{
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* Device 1's busy share of the last 200 ms, as NVML reports it. */
+static unsigned device1_busy(void)
+{
+    char path[4096];
+    const char *build = getenv("VGPU_BUILD");
+    snprintf(path, sizeof(path), "%s/sim/libnvidia-ml.so.1", build != NULL ? build : "build");
+    void *nvml = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    CHECKF(nvml != NULL, "cannot load %s", path);
+    if (nvml == NULL)
+        return 100;
+    nvmlReturn_t (*init)(void) = (nvmlReturn_t(*)(void))dlsym(nvml, "nvmlInit_v2");
+    nvmlReturn_t (*handle)(unsigned, nvmlDevice_t *) =
+        (nvmlReturn_t(*)(unsigned, nvmlDevice_t *))dlsym(nvml, "nvmlDeviceGetHandleByIndex_v2");
+    nvmlReturn_t (*rates)(nvmlDevice_t, nvmlUtilization_t *) =
+        (nvmlReturn_t(*)(nvmlDevice_t, nvmlUtilization_t *))dlsym(nvml, "nvmlDeviceGetUtilizationRates");
+    nvmlDevice_t dev;
+    nvmlUtilization_t u = {100, 0};
+    CHECK(init() == NVML_SUCCESS && handle(1, &dev) == NVML_SUCCESS && rates(dev, &u) == NVML_SUCCESS);
+    return u.gpu;
+}
+
+static void test_gate_holds_work_until_the_word_is_written(void)
+{
+    struct gated f = gated_new();
+    struct gate g = f.g;
+    CUstream s = f.s;
+    CUfunction spin = f.spin;
+    CUevent e0, e1;
+    float ms = 0;
+    int value = 0;
+    OK(cu.cuDeviceGetAttribute(&value, CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1, 1));
+    CHECK(value == 1);
+    OK(cu.cuDeviceGetAttribute(&value, CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR, 1));
+    CHECK(value == 1);
+    OK(cu.cuDeviceGetAttribute(&value, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, 1));
+    CHECK(value == 1);
+    OK(cu.cuEventCreate(&e0, 0));
+    OK(cu.cuEventCreate(&e1, 0));
+    OK(cu.cuStreamWaitValue32_v2(s, g.dptr, 1, CU_STREAM_WAIT_VALUE_GEQ));
+    OK(cu.cuEventRecord(e0, s));
+    OK(launch_spin(spin, 30 * 1000000ULL, 1, s));
+    OK(cu.cuEventRecord(e1, s));
+    sleep_ms(120);
+    /* Held: nothing ran, nothing is complete, the device stayed idle. */
+    CHECK_CU(cu.cuEventQuery(e0), CUDA_ERROR_NOT_READY);
+    CHECK_CU(cu.cuEventQuery(e1), CUDA_ERROR_NOT_READY);
+    CHECK_CU(cu.cuStreamQuery(s), CUDA_ERROR_NOT_READY);
+    CHECK_CU(cu.cuEventElapsedTime_v2(&ms, e0, e1), CUDA_ERROR_NOT_READY);
+    CHECK(device1_busy() == 0);
+    gate_open(g, 1);
+    double opened = now_ms();
+    OK(cu.cuEventSynchronize(e1));
+    CHECK(now_ms() - opened >= 30);
+    OK(cu.cuEventElapsedTime_v2(&ms, e0, e1));
+    CHECKF(ms >= 30 && ms < 100, "the held kernel took %.1f ms of events", (double)ms);
+    OK(cu.cuStreamQuery(s));
+    OK(cu.cuEventDestroy_v2(e0));
+    OK(cu.cuEventDestroy_v2(e1));
+    gated_free(f);
+}
+
+/* Kernels launched one by one with a CPU gap between them: behind a gate
+ * that opens once all are queued, the event pair spans the kernels only;
+ * without it, the gap too. */
+static float span_of_gapped_kernels(CUfunction spin, CUstream s, const struct gate *g)
+{
+    CUevent e0, e1;
+    float ms = -1;
+    OK(cu.cuEventCreate(&e0, 0));
+    OK(cu.cuEventCreate(&e1, 0));
+    if (g != NULL)
+        OK(cu.cuStreamWaitValue32(s, g->dptr, 2, CU_STREAM_WAIT_VALUE_GEQ));
+    OK(cu.cuEventRecord(e0, s));
+    OK(launch_spin(spin, 10 * 1000000ULL, 1, s));
+    sleep_ms(100);
+    OK(launch_spin(spin, 10 * 1000000ULL, 1, s));
+    OK(cu.cuEventRecord(e1, s));
+    if (g != NULL)
+        gate_open(*g, 2);
+    OK(cu.cuStreamSynchronize(s));
+    OK(cu.cuEventElapsedTime(&ms, e0, e1));
+    OK(cu.cuEventDestroy_v2(e0));
+    OK(cu.cuEventDestroy_v2(e1));
+    return ms;
+}
+
+static void test_gated_events_time_the_kernels_not_the_gaps(void)
+{
+    struct gated f = gated_new();
+    struct gate g = f.g;
+    CUstream s = f.s;
+    CUfunction spin = f.spin;
+    float gated = span_of_gapped_kernels(spin, s, &g), open = span_of_gapped_kernels(spin, s, NULL);
+    CHECKF(gated >= 20 && gated < 80, "gated span %.1f ms", (double)gated);
+    CHECKF(open >= 110, "ungated span %.1f ms", (double)open);
+    gated_free(f);
+}
+
+/* Queue a wait with `flags` on a word holding `before`: held; the word
+ * becomes `after`: released. A wait satisfied when queued holds nothing. */
+static void check_condition(CUstream s, struct gate g, unsigned flags, uint32_t value, uint32_t before, uint32_t after)
+{
+    CUevent e;
+    OK(cu.cuEventCreate(&e, 0));
+    gate_open(g, before);
+    OK(cu.cuStreamWaitValue32_v2_ptsz(s, g.dptr, value, flags));
+    OK(cu.cuEventRecord(e, s));
+    CHECKF(cu.cuEventQuery(e) == CUDA_ERROR_NOT_READY, "flags %#x value %#x word %#x: not held", flags, value,
+           before);
+    gate_open(g, after);
+    CHECKF(cu.cuEventQuery(e) == CUDA_SUCCESS, "flags %#x value %#x word %#x: not released", flags, value,
+           after);
+    OK(cu.cuStreamWaitValue32(s, g.dptr, value, flags)); /* satisfied now */
+    OK(cu.cuEventRecord(e, s));
+    OK(cu.cuEventQuery(e));
+    OK(cu.cuEventDestroy_v2(e));
+}
+
+static void test_wait_conditions(void)
+{
+    struct gated f = gated_new();
+    struct gate g = f.g;
+    CUstream s = f.s;
+    check_condition(s, g, CU_STREAM_WAIT_VALUE_GEQ, 5, 4, 5);
+    check_condition(s, g, CU_STREAM_WAIT_VALUE_GEQ, 0x10, 0xfffffff0u, 0x20); /* cyclic: wraps */
+    check_condition(s, g, CU_STREAM_WAIT_VALUE_GEQ | CU_STREAM_WAIT_VALUE_FLUSH, 7, 6, 9);
+    check_condition(s, g, CU_STREAM_WAIT_VALUE_EQ, 7, 8, 7);
+    check_condition(s, g, CU_STREAM_WAIT_VALUE_AND, 0x6, 0x9, 0x4);
+    check_condition(s, g, CU_STREAM_WAIT_VALUE_NOR, 0xfffffff0u, 0x0f, 0x07);
+    /* 64-bit: the whole word counts. */
+    uint64_t *wide = (uint64_t *)(void *)(g.word + 2);
+    CUevent e;
+    OK(cu.cuEventCreate(&e, 0));
+    __atomic_store_n(wide, 1, __ATOMIC_RELEASE);
+    OK(cu.cuStreamWaitValue64_v2(s, g.dptr + 8, 1ULL << 40, CU_STREAM_WAIT_VALUE_GEQ));
+    OK(cu.cuEventRecord(e, s));
+    CHECK_CU(cu.cuEventQuery(e), CUDA_ERROR_NOT_READY);
+    __atomic_store_n(wide, 1ULL << 40, __ATOMIC_RELEASE);
+    OK(cu.cuEventQuery(e));
+    OK(cu.cuEventDestroy_v2(e));
+    gated_free(f);
+}
+
+struct opener {
+    struct gate g;
+    _Atomic bool opened;
+};
+
+static void *open_later(void *arg)
+{
+    struct opener *o = arg;
+    sleep_ms(50);
+    atomic_store(&o->opened, true);
+    gate_open(o->g, 1);
+    return NULL;
+}
+
+/* Each blocking call returns only once another thread has opened the gate. */
+static void test_blocking_calls_wait_for_the_gate(void)
+{
+    primary(1);
+    CUmodule m;
+    CUfunction spin = spin_function(&m);
+    CUstream s;
+    CUevent e;
+    OK(cu.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    OK(cu.cuEventCreate(&e, 0));
+    for (int call = 0; call < 4; call++) {
+        struct opener o = {.g = gate_new(), .opened = false};
+        uint32_t out = 0;
+        CUdeviceptr d;
+        OK(cu.cuMemAlloc_v2(&d, 4));
+        OK(cu.cuStreamWaitValue32_v2(s, o.g.dptr, 1, CU_STREAM_WAIT_VALUE_GEQ));
+        OK(launch_spin(spin, 1000000ULL, 1, s));
+        OK(cu.cuEventRecord(e, s));
+        pthread_t t;
+        CHECK(pthread_create(&t, NULL, open_later, &o) == 0);
+        if (call == 0)
+            OK(cu.cuStreamSynchronize(s));
+        else if (call == 1)
+            OK(cu.cuEventSynchronize(e));
+        else if (call == 2)
+            OK(cu.cuCtxSynchronize());
+        else
+            OK(cu.cuMemcpyDtoHAsync_v2(&out, d, 4, s)); /* to pageable memory: returns once done */
+        CHECKF(atomic_load(&o.opened), "blocking call %d returned before the gate opened", call);
+        pthread_join(t, NULL);
+        OK(cu.cuStreamSynchronize(s));
+        OK(cu.cuMemFree_v2(d));
+        OK(cu.cuMemFreeHost(o.g.word));
+    }
+    OK(cu.cuEventDestroy_v2(e));
+    OK(cu.cuStreamDestroy_v2(s));
+    OK(cu.cuModuleUnload(m));
+}
+
+static void test_waits_chain_across_streams(void)
+{
+    primary(1);
+    struct gate g = gate_new();
+    CUstream a, b, c;
+    CUevent ea, eb, ec;
+    OK(cu.cuStreamCreate(&a, CU_STREAM_NON_BLOCKING));
+    OK(cu.cuStreamCreate(&b, CU_STREAM_NON_BLOCKING));
+    OK(cu.cuStreamCreate(&c, CU_STREAM_DEFAULT));
+    OK(cu.cuEventCreate(&ea, 0));
+    OK(cu.cuEventCreate(&eb, 0));
+    OK(cu.cuEventCreate(&ec, 0));
+    OK(cu.cuStreamWaitValue32_v2(a, g.dptr, 1, CU_STREAM_WAIT_VALUE_GEQ));
+    OK(cu.cuEventRecord(ea, a));
+    OK(cu.cuStreamWaitEvent(b, ea, 0));
+    OK(cu.cuEventRecord(eb, b));
+    CHECK_CU(cu.cuEventQuery(eb), CUDA_ERROR_NOT_READY);
+    CHECK_CU(cu.cuStreamQuery(b), CUDA_ERROR_NOT_READY);
+    /* The legacy stream waits for a held blocking stream, not for others. */
+    OK(cu.cuStreamWaitValue32_v2(c, g.dptr, 1, CU_STREAM_WAIT_VALUE_GEQ));
+    OK(cu.cuEventRecord(ec, NULL));
+    CHECK_CU(cu.cuEventQuery(ec), CUDA_ERROR_NOT_READY);
+    gate_open(g, 1);
+    OK(cu.cuStreamSynchronize(b));
+    OK(cu.cuEventQuery(ea));
+    OK(cu.cuEventQuery(eb));
+    OK(cu.cuEventQuery(ec));
+    /* A stream destroyed while held returns at once; its work still runs. */
+    OK(cu.cuStreamWaitValue32_v2(a, g.dptr, 2, CU_STREAM_WAIT_VALUE_GEQ));
+    OK(cu.cuEventRecord(ea, a));
+    OK(cu.cuStreamDestroy_v2(a));
+    CHECK_CU(cu.cuEventQuery(ea), CUDA_ERROR_NOT_READY);
+    gate_open(g, 2);
+    OK(cu.cuEventSynchronize(ea));
+    OK(cu.cuEventDestroy_v2(ea));
+    OK(cu.cuEventDestroy_v2(eb));
+    OK(cu.cuEventDestroy_v2(ec));
+    OK(cu.cuStreamDestroy_v2(b));
+    OK(cu.cuStreamDestroy_v2(c));
+    OK(cu.cuMemFreeHost(g.word));
+}
+
+static void test_writes_and_bad_memory_operations(void)
+{
+    struct gated f = gated_new();
+    struct gate g = f.g;
+    CUstream s = f.s;
+    CUdeviceptr d;
+    uint64_t out = 0;
+    uint32_t pageable = 0;
+    OK(cu.cuMemAlloc_v2(&d, 64));
+    OK(cu.cuStreamWriteValue32_v2(s, g.dptr + 4, 7, CU_STREAM_WRITE_VALUE_DEFAULT));
+    OK(cu.cuStreamSynchronize(s));
+    CHECK(g.word[1] == 7);
+    /* Behind a gate, a write waits its turn; into device memory too. */
+    OK(cu.cuStreamWaitValue32(s, g.dptr, 1, CU_STREAM_WAIT_VALUE_GEQ));
+    OK(cu.cuStreamWriteValue32(s, g.dptr + 4, 8, CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER));
+    OK(cu.cuStreamWriteValue64_v2(s, d + 8, 1ULL << 33, 0));
+    CHECK(__atomic_load_n(&g.word[1], __ATOMIC_ACQUIRE) == 7);
+    gate_open(g, 1);
+    OK(cu.cuStreamSynchronize(s));
+    CHECK(g.word[1] == 8);
+    OK(cu.cuMemcpyDtoH_v2(&out, d + 8, 8));
+    CHECK(out == 1ULL << 33);
+    /* Memory the device cannot address, a misaligned word, unknown flags. */
+    CUdeviceptr host = (CUdeviceptr)(uintptr_t)&pageable;
+    CHECK_CU(cu.cuStreamWaitValue32_v2(s, host, 1, 0), CUDA_ERROR_INVALID_VALUE);
+    CHECK_CU(cu.cuStreamWriteValue32_v2(s, host, 1, 0), CUDA_ERROR_INVALID_VALUE);
+    CHECK_CU(cu.cuStreamWaitValue32_v2(s, g.dptr + 2, 1, 0), CUDA_ERROR_INVALID_VALUE);
+    CHECK_CU(cu.cuStreamWaitValue64_v2(s, g.dptr + 4, 1, 0), CUDA_ERROR_INVALID_VALUE);
+    CHECK_CU(cu.cuStreamWaitValue32_v2(s, g.dptr, 1, 0x10), CUDA_ERROR_INVALID_VALUE);
+    CHECK_CU(cu.cuStreamWriteValue32_v2(s, g.dptr, 1, 0x2), CUDA_ERROR_INVALID_VALUE);
+    CHECK_CU(cu.cuStreamWaitValue32_v2(s, 0, 1, 0), CUDA_ERROR_INVALID_VALUE);
+    /* A capturing stream is never gated. */
+    CUgraph graph;
+    OK(cu.cuStreamBeginCapture_v2(s, 0));
+    CHECK_CU(cu.cuStreamWaitValue32_v2(s, g.dptr, 1, 0), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    OK(cu.cuStreamEndCapture(s, &graph));
+    OK(cu.cuGraphDestroy(graph));
+    OK(cu.cuMemFree_v2(d));
+    gated_free(f);
+}
+
+/* An asynchronous copy behind a gate runs when the gate opens; a pageable
+ * source is taken when the call returns, as the driver stages it. */
+static void test_copies_wait_their_turn(void)
+{
+    struct gated f = gated_new();
+    struct gate g = f.g;
+    CUstream s = f.s;
+    CUdeviceptr d;
+    uint32_t pageable = 1, out = 0;
+    OK(cu.cuMemAlloc_v2(&d, 16));
+    OK(cu.cuMemsetD32_v2(d, 0, 4));
+    OK(cu.cuStreamWaitValue32_v2(s, g.dptr, 1, CU_STREAM_WAIT_VALUE_GEQ));
+    OK(cu.cuMemcpyHtoDAsync_v2(d, &pageable, 4, s));
+    pageable = 2;
+    OK(cu.cuMemcpyAsync(d + 4, d, 4, s));
+    OK(cu.cuMemcpyDtoH_v2(&out, d + 4, 4)); /* a non-blocking stream does not hold the legacy one */
+    CHECK(out == 0);
+    gate_open(g, 1);
+    OK(cu.cuStreamSynchronize(s));
+    OK(cu.cuMemcpyDtoH_v2_ptds(&out, d + 4, 4));
+    CHECK(out == 1);
+    OK(cu.cuMemFree_v2(d));
+    gated_free(f);
+}
+
 static void *sym(const char *name)
 {
     return dlsym(g_lib, name);
@@ -394,6 +753,12 @@ static void test_proc_address_picks_the_abi_of_the_version(void)
     check_resolves("cuGraphInstantiate", 10000, 0, "cuGraphInstantiate");
     check_resolves("cuGraphInstantiate", 11040, 0, "cuGraphInstantiate_v2");
     check_resolves("cuGraphInstantiate", 12000, 0, "cuGraphInstantiateWithFlags");
+    check_resolves("cuStreamWaitValue32", 11060, 0, "cuStreamWaitValue32");
+    check_resolves("cuStreamWaitValue32", 11070, 0, "cuStreamWaitValue32_v2");
+    check_resolves("cuStreamWriteValue64", 13000, PTSZ, "cuStreamWriteValue64_v2_ptsz");
+    check_resolves("cuStreamWaitEvent", 13000, PTSZ, "cuStreamWaitEvent_ptsz");
+    check_resolves("cuMemcpyHtoD", 13000, PTSZ, "cuMemcpyHtoD_v2_ptds");
+    check_resolves("cuMemcpyDtoHAsync", 13000, PTSZ, "cuMemcpyDtoHAsync_v2_ptsz");
 
     /* Every versioned export is reachable: at the newest version each base
      * name gives its highest variant (a missing version threshold fails). */
@@ -665,6 +1030,13 @@ int main(void)
         test_modules_resolve_ptx_entries();
         test_launches_take_their_time();
         test_capture_records_instead_of_running();
+        test_gate_holds_work_until_the_word_is_written();
+        test_gated_events_time_the_kernels_not_the_gaps();
+        test_wait_conditions();
+        test_blocking_calls_wait_for_the_gate();
+        test_waits_chain_across_streams();
+        test_writes_and_bad_memory_operations();
+        test_copies_wait_their_turn();
         test_proc_address_picks_the_abi_of_the_version();
         test_pools_hold_until_sync_or_trim();
         test_vmm_maps_charged_memory();

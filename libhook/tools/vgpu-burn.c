@@ -252,6 +252,7 @@ struct options {
     int lockstep_in, lockstep_out; /* -1: no --lockstep */
     double seconds;
     uint64_t kernel_ns;
+    uint64_t gap_ns; /* --gap-us: CPU time between launches */
     unsigned blocks; /* 0: the device's SM count */
     double duty;
     unsigned streams, procs, sync, graph;
@@ -274,6 +275,8 @@ static void usage(FILE *out)
           "  --kernel-us US        duration of one kernel wave in microseconds (default 1000)\n"
           "  --blocks N            blocks per kernel (default: the SM count, one wave)\n"
           "  --duty F              fraction of wall time to keep the GPU busy, 0<F<=1 (default 1)\n"
+          "  --gap-us US           keep the CPU busy this long after each launch: launch-bound\n"
+          "                        work, like eager inference (default 0)\n"
           "  --streams N           threads, one stream each (default 1)\n"
           "  --procs N             fork N processes, each with its own context (default 1)\n"
           "  --sync N              synchronise every N launches (default 1)\n"
@@ -458,13 +461,14 @@ static void trace_batch(struct trace *t, uint64_t kernels)
 static int parse_options(int argc, char **argv, struct options *o)
 {
     /* OPT_, not O_: fcntl.h owns O_SYNC and friends. */
-    enum { OPT_DEVICE = 256, OPT_SECONDS, OPT_KERNEL_US, OPT_BLOCKS, OPT_DUTY, OPT_STREAMS, OPT_PROCS, OPT_SYNC,
+    enum { OPT_DEVICE = 256, OPT_SECONDS, OPT_KERNEL_US, OPT_BLOCKS, OPT_DUTY, OPT_GAP_US, OPT_STREAMS, OPT_PROCS, OPT_SYNC,
            OPT_GRAPH, OPT_ALLOC, OPT_CHUNK, OPT_ALLOC_API, OPT_BEST_EFFORT, OPT_HOLD, OPT_VERIFY, OPT_MEMINFO,
            OPT_JSON, OPT_RESOLVE, OPT_TRACE, OPT_LOCKSTEP, OPT_HELP };
     static const struct option LONG[] = {
         {"device", required_argument, NULL, OPT_DEVICE},       {"seconds", required_argument, NULL, OPT_SECONDS},
         {"kernel-us", required_argument, NULL, OPT_KERNEL_US}, {"blocks", required_argument, NULL, OPT_BLOCKS},
         {"duty", required_argument, NULL, OPT_DUTY},           {"streams", required_argument, NULL, OPT_STREAMS},
+        {"gap-us", required_argument, NULL, OPT_GAP_US},
         {"procs", required_argument, NULL, OPT_PROCS},         {"sync", required_argument, NULL, OPT_SYNC},
         {"graph", required_argument, NULL, OPT_GRAPH},         {"alloc", required_argument, NULL, OPT_ALLOC},
         {"chunk", required_argument, NULL, OPT_CHUNK},         {"alloc-api", required_argument, NULL, OPT_ALLOC_API},
@@ -491,6 +495,10 @@ static int parse_options(int argc, char **argv, struct options *o)
             break;
         case OPT_BLOCKS: r = parse_uint("blocks", optarg, 1, 1u << 30, &o->blocks); break;
         case OPT_DUTY: r = parse_double("duty", optarg, 0, 1, true, &o->duty); break;
+        case OPT_GAP_US:
+            r = parse_double("gap-us", optarg, 0, 1e6, false, &d);
+            o->gap_ns = (uint64_t)(d * 1000);
+            break;
         case OPT_STREAMS:
             r = parse_uint("streams", optarg, 1, MAX_STREAMS, &o->streams);
             streams_given = true;
@@ -580,6 +588,14 @@ static double now_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* Busy the CPU for ns, as a framework's Python between two launches does. */
+static void spin_for(uint64_t ns)
+{
+    double until = now_s() + (double)ns / 1e9;
+    while (now_s() < until)
+        ;
 }
 
 static void sleep_until(double t)
@@ -850,6 +866,8 @@ static void *work(void *arg)
                 TRY(w, "cuLaunchKernel", cu.cuLaunchKernel(w->dc->spin, blocks, 1, 1, SPIN_THREADS, 1, 1, 0, stream, args, NULL));
             w->launches++;
             w->kernels += exec != NULL ? o->graph : 1;
+            if (o->gap_ns != 0)
+                spin_for(o->gap_ns);
         }
         TRY(w, "cuEventRecord", cu.cuEventRecord(end, stream));
         TRY(w, "cuEventSynchronize", cu.cuEventSynchronize(end));

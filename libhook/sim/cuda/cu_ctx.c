@@ -79,6 +79,7 @@ static CUresult ctx_start(CUcontext ctx, struct cu_device *d, int ordinal, bool 
 /* Work in flight finishes, allocations go, the overhead is given back. */
 static void ctx_stop(CUcontext ctx)
 {
+    cu_ctx_drop_held(ctx);
     cu_wait_until(atomic_load(&ctx->last_end));
     pthread_mutex_lock(&cu_lock);
     cu_table_release_ctx(ctx);
@@ -392,6 +393,7 @@ CUresult cuCtxSynchronize(void)
     CUresult r = cu_current(&ctx);
     if (r != CUDA_SUCCESS)
         return r;
+    cu_ctx_wait_released(ctx, false); /* as a GPU would: never before held work has run */
     cu_wait_until(atomic_load(&ctx->last_end));
     return CUDA_SUCCESS;
 }

@@ -6,18 +6,13 @@
  * device before it has run. Elapsed time is the difference of two markers'
  * timeline times, so a pair around a batch measures when the device was
  * busy with it (including other contexts' kernels interleaved in between,
- * as on a time-sliced GPU).
+ * as on a time-sliced GPU). A record on a held stream is stamped when the
+ * stream is released and reaches it (cu_gate.c); until then the event is
+ * not ready.
  */
 #include <stdlib.h>
 
 #include "cu_sim.h"
-
-struct CUevent_st {
-    uint32_t tag;
-    unsigned flags;
-    _Atomic bool recorded;
-    _Atomic uint64_t time; /* CLOCK_MONOTONIC ns when the marker completes */
-};
 
 static bool event_valid(CUevent e)
 {
@@ -38,6 +33,7 @@ CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
         return CUDA_ERROR_OUT_OF_MEMORY;
     e->tag = CU_TAG_EVENT;
     e->flags = Flags;
+    e->refs = 1;
     *phEvent = e;
     return CUDA_SUCCESS;
 }
@@ -49,8 +45,7 @@ static CUresult event_destroy(CUevent e)
         return r;
     if (!event_valid(e))
         return CUDA_ERROR_INVALID_HANDLE;
-    e->tag = CU_TAG_DEAD;
-    free(e);
+    cu_event_free(e); /* a record still held completes first, as on a GPU */
     return CUDA_SUCCESS;
 }
 
@@ -74,15 +69,7 @@ static CUresult event_record(CUevent e, CUstream h, bool per_thread)
         return CUDA_ERROR_INVALID_HANDLE;
     if (s->capture != NULL)
         return CUDA_SUCCESS; /* an event node: nothing to time in a graph here */
-    /* Stamped when its stream reaches it, not when the device does: as on a
-     * GPU that time-slices contexts, a pair of events around a process's
-     * work also spans the other contexts' work that runs between them. */
-    uint64_t t = sim_now(), tail = atomic_load(&s->tail);
-    if (tail > t)
-        t = tail;
-    atomic_store(&e->time, t);
-    atomic_store(&e->recorded, true);
-    return CUDA_SUCCESS;
+    return cu_stream_submit(s, &(struct cu_work){.kind = CU_WORK_RECORD, .event = {.event = e}});
 }
 
 CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
@@ -102,8 +89,11 @@ CUresult cuEventQuery(CUevent hEvent)
         return r;
     if (!event_valid(hEvent))
         return CUDA_ERROR_INVALID_HANDLE;
+    cu_gates_poll();
     if (!atomic_load(&hEvent->recorded))
         return CUDA_SUCCESS;
+    if (atomic_load(&hEvent->pending))
+        return CUDA_ERROR_NOT_READY;
     return atomic_load(&hEvent->time) <= sim_now() ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
@@ -114,8 +104,10 @@ CUresult cuEventSynchronize(CUevent hEvent)
         return r;
     if (!event_valid(hEvent))
         return CUDA_ERROR_INVALID_HANDLE;
-    if (atomic_load(&hEvent->recorded))
+    if (atomic_load(&hEvent->recorded)) {
+        cu_event_wait_stamped(hEvent);
         cu_wait_until(atomic_load(&hEvent->time));
+    }
     return CUDA_SUCCESS;
 }
 
@@ -132,6 +124,9 @@ static CUresult elapsed(float *ms, CUevent start, CUevent end)
         return CUDA_ERROR_INVALID_HANDLE;
     if (!atomic_load(&start->recorded) || !atomic_load(&end->recorded))
         return CUDA_ERROR_INVALID_HANDLE;
+    cu_gates_poll();
+    if (atomic_load(&start->pending) || atomic_load(&end->pending))
+        return CUDA_ERROR_NOT_READY;
     uint64_t t0 = atomic_load(&start->time), t1 = atomic_load(&end->time), now = sim_now();
     if (t0 > now || t1 > now)
         return CUDA_ERROR_NOT_READY;

@@ -73,6 +73,7 @@ static void forget_after_fork(void)
     pthread_mutex_init(&cu_lock, NULL);
     cu_proc = NULL;
     cu_ctx_forget_thread();
+    cu_gates_forget();
     g_init_result = CUDA_ERROR_NOT_INITIALIZED;
 }
 
@@ -96,6 +97,7 @@ static CUresult init_process(void)
         struct cu_device *d = &g_proc.devices[i];
         d->dev = map[i];
         pthread_mutex_init(&d->lock, NULL);
+        pthread_mutex_init(&d->run_lock, NULL);
     }
     cu_proc = &g_proc;
     return CUDA_SUCCESS;

@@ -90,29 +90,29 @@ CUresult cu_kernel_prepare(CUfunction f, uint64_t blocks, void **params, void **
     return CUDA_SUCCESS;
 }
 
-static CUresult fill(const struct cu_kernel_work *work)
+static bool fill_in_range(const struct cu_kernel_work *work)
 {
-    if (work->fill_n == 0)
-        return CUDA_SUCCESS;
-    if (work->fill_n > SIZE_MAX / 4 || !cu_range_known(work->fill_ptr, work->fill_n * 4))
-        return CUDA_ERROR_ILLEGAL_ADDRESS;
-    uint32_t *p = (uint32_t *)(uintptr_t)work->fill_ptr;
-    for (uint64_t i = 0; i < work->fill_n; i++)
-        p[i] = work->fill_value;
-    return CUDA_SUCCESS;
+    return work->fill_n <= SIZE_MAX / 4 && cu_range_known(work->fill_ptr, work->fill_n * 4);
 }
 
 CUresult cu_kernel_submit(CUstream s, const struct cu_kernel_work *work)
 {
     if (s->capture != NULL)
         return cu_graph_add_kernel(s->capture, work, NULL);
-    if (work->kind == CU_KERNEL_FILL) {
-        CUresult r = fill(work);
-        if (r != CUDA_SUCCESS)
-            return r;
+    if (work->kind == CU_KERNEL_FILL && work->fill_n != 0 && !fill_in_range(work))
+        return CUDA_ERROR_ILLEGAL_ADDRESS;
+    return cu_stream_submit(s, &(struct cu_work){.kind = CU_WORK_KERNEL, .kernel = *work});
+}
+
+void cu_kernel_execute(CUstream s, const struct cu_kernel_work *work)
+{
+    /* Checked again: memory freed while the kernel was held is skipped. */
+    if (work->kind == CU_KERNEL_FILL && work->fill_n != 0 && fill_in_range(work)) {
+        uint32_t *p = (uint32_t *)(uintptr_t)work->fill_ptr;
+        for (uint64_t i = 0; i < work->fill_n; i++)
+            p[i] = work->fill_value;
     }
     cu_stream_run(s, work->duration);
-    return CUDA_SUCCESS;
 }
 
 struct launch {

@@ -84,12 +84,14 @@ static CUresult copy_peer(CUdeviceptr dst, CUcontext dst_ctx, CUdeviceptr src, C
         return r;
     if (!cu_ctx_valid(dst_ctx) || !cu_ctx_valid(src_ctx))
         return CUDA_ERROR_INVALID_CONTEXT;
+    CUstream s = NULL;
     if (async) {
-        CUstream s;
         if ((r = cu_stream_resolve(stream, false, &s)) != CUDA_SUCCESS)
             return r;
     } else {
         /* Like the synchronous copies: queued work of both sides first. */
+        cu_ctx_wait_released(src_ctx, true);
+        cu_ctx_wait_released(dst_ctx, true);
         cu_wait_until(atomic_load(&src_ctx->last_end));
         cu_wait_until(atomic_load(&dst_ctx->last_end));
     }
@@ -97,6 +99,10 @@ static CUresult copy_peer(CUdeviceptr dst, CUcontext dst_ctx, CUdeviceptr src, C
         return CUDA_SUCCESS;
     if (!on_device(dst, n, dst_ctx) || !on_device(src, n, src_ctx))
         return CUDA_ERROR_INVALID_VALUE;
+    if (s != NULL && s->capture == NULL)
+        return cu_stream_submit(s, &(struct cu_work){
+                                       .kind = CU_WORK_COPY,
+                                       .copy = {.dst = dst, .src = src, .n = n, .dst_known = true, .src_known = true}});
     memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
     return CUDA_SUCCESS;
 }

@@ -62,6 +62,10 @@ static const struct variant_version VARIANT_VERSIONS[] = {
     {"cuGetProcAddress_v2", 12000},
     {"cuGraphAddNode_v2", 12030},
     {"cuGraphInstantiate_v2", 11000},
+    {"cuStreamWaitValue32_v2", 11070},
+    {"cuStreamWriteValue32_v2", 11070},
+    {"cuStreamWaitValue64_v2", 11070},
+    {"cuStreamWriteValue64_v2", 11070},
 };
 
 /* Base names whose CUDA header maps them onto another entry point from a
@@ -137,11 +141,17 @@ static CUdriverProcAddressQueryResult resolve(const char *symbol, int version, c
     if (best == NULL)
         return known ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
     if (flags == CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) {
-        char per_thread[128];
-        snprintf(per_thread, sizeof(per_thread), "%s_ptsz", best->name);
-        const struct export *p = find_export(per_thread);
-        if (p != NULL)
-            best = p;
+        /* _ptsz for stream-ordered calls, _ptds for synchronous copies. */
+        static const char *const suffixes[] = {"_ptsz", "_ptds"};
+        for (size_t i = 0; i < sizeof(suffixes) / sizeof(suffixes[0]); i++) {
+            char per_thread[128];
+            snprintf(per_thread, sizeof(per_thread), "%s%s", best->name, suffixes[i]);
+            const struct export *p = find_export(per_thread);
+            if (p != NULL) {
+                best = p;
+                break;
+            }
+        }
     }
     *pfn = best->fn;
     return CU_GET_PROC_ADDRESS_SUCCESS;

@@ -51,12 +51,30 @@ enum cu_tag {
     CU_TAG_DEAD = 0x44454144,
 };
 
+struct cu_held_work;
+
 struct CUstream_st {
     uint32_t tag;
     CUcontext ctx;
     unsigned flags;
     _Atomic uint64_t tail; /* end of the last work queued on this stream */
     CUgraph capture;       /* non-NULL while capturing */
+    /* Work behind an unsatisfied wait, oldest first, and the process's list
+     * of held streams (all under the gate lock of cu_gate.c). */
+    struct cu_held_work *held, *held_last;
+    struct CUstream_st *held_next;
+    _Atomic bool is_held; /* held != NULL, readable without the lock */
+    bool destroyed;       /* destroyed while held: freed once released */
+};
+
+struct CUevent_st {
+    uint32_t tag;
+    unsigned flags;
+    _Atomic bool recorded;
+    _Atomic bool pending;  /* its latest record waits on a held stream */
+    _Atomic uint64_t gen;  /* records so far: a held one stamps only if still the latest */
+    _Atomic uint64_t time; /* CLOCK_MONOTONIC ns when the marker completes */
+    int refs;              /* the handle + held work naming it (gate lock) */
 };
 
 struct CUctx_st {
@@ -75,7 +93,10 @@ struct CUctx_st {
 /* Per visible device, process-local. */
 struct cu_device {
     unsigned dev; /* simulated device index */
-    pthread_mutex_t lock; /* guards cursor and the primary context */
+    pthread_mutex_t lock; /* guards the primary context */
+    /* Guards cursor. Apart from d->lock because released held work runs
+     * under the gate lock, which a primary context's end takes under lock. */
+    pthread_mutex_t run_lock;
     struct sim_engine_cursor cursor;
     struct CUctx_st primary;
     int primary_refs;
@@ -179,6 +200,8 @@ void cu_pool_note_release(const struct cu_alloc *a);
 CUresult cu_stream_resolve(CUstream h, bool per_thread, CUstream *out);
 /* Queue `duration` ns of device work on s; returns its end time. */
 uint64_t cu_stream_run(CUstream s, uint64_t duration);
+/* Raise *target to value if it is lower. */
+void cu_store_max(_Atomic uint64_t *target, uint64_t value);
 /* Wait for a time; pools then release what they hold above threshold. */
 void cu_wait_until(uint64_t t);
 
@@ -205,6 +228,69 @@ CUresult cu_kernel_prepare(CUfunction f, uint64_t blocks, void **params, void **
                            struct cu_kernel_work *out);
 /* Run or capture prepared work on a resolved stream. */
 CUresult cu_kernel_submit(CUstream s, const struct cu_kernel_work *work);
+/* Its effect on memory and its device time, when its stream reaches it. */
+void cu_kernel_execute(CUstream s, const struct cu_kernel_work *work);
+
+/* ---- stream work and host-gated waits (cu_gate.c) ---- */
+enum cu_work_kind {
+    CU_WORK_KERNEL,
+    CU_WORK_COPY,        /* an asynchronous copy or set */
+    CU_WORK_RECORD,      /* cuEventRecord */
+    CU_WORK_WAIT_EVENT,  /* cuStreamWaitEvent */
+    CU_WORK_WAIT_VALUE,  /* cuStreamWaitValue32/64 */
+    CU_WORK_WRITE_VALUE, /* cuStreamWriteValue32/64 */
+};
+
+/* One item of a stream's queue, kept as it is while the stream is held. */
+struct cu_work {
+    enum cu_work_kind kind;
+    union {
+        struct cu_kernel_work kernel;
+        struct {
+            uintptr_t dst, src;
+            size_t n;
+            bool dst_known, src_known; /* in the allocation table: checked again when run */
+            bool stage; /* pageable source: copied aside if the work has to wait */
+            void *owned; /* that copy, then the source */
+        } copy;
+        struct {
+            CUevent event;
+            uint64_t gen; /* the record this work is (RECORD, set when held) */
+        } event;
+        struct {
+            uintptr_t addr;
+            uint64_t value;
+            unsigned flags;
+            bool wide; /* 64-bit */
+        } mem;
+    };
+};
+
+/* How often blocking calls look at the host words of held streams. */
+#define CU_GATE_POLL_NS 20000u
+
+/* Queue work on a resolved, non-capturing stream: it runs now, or waits
+ * behind the stream's unsatisfied wait (or, on the legacy stream and
+ * blocking streams, behind the other side's held work). Takes `owned`. */
+CUresult cu_stream_submit(CUstream s, const struct cu_work *w);
+/* Notice host words that changed and run the work they release. */
+void cu_gates_poll(void);
+bool cu_stream_held(CUstream s);
+/* Block, polling every CU_GATE_POLL_NS, until s holds nothing. */
+void cu_stream_wait_released(CUstream s);
+/* The same for the streams of ctx: all, or those the legacy stream
+ * synchronises with (itself and the blocking streams). */
+void cu_ctx_wait_released(CUcontext ctx, bool blocking_only);
+/* After fork: the child holds nothing of the parent's. */
+void cu_gates_forget(void);
+/* A context goes away: its held work goes with it. */
+void cu_ctx_drop_held(CUcontext ctx);
+/* A stream handle goes away: freed now, or once its held work has run. */
+void cu_stream_free(CUstream s);
+/* An event handle goes away: freed now, or once no held work names it. */
+void cu_event_free(CUevent e);
+/* Block, polling, until e's latest record has been stamped. */
+void cu_event_wait_stamped(CUevent e);
 
 /* ---- graphs (cu_graph.c) ---- */
 /* Record a kernel into a graph being built or captured. */

@@ -7,7 +7,8 @@
  * The legacy default stream is one per context; the per-thread default
  * stream is one per thread and device. Because the simulated device runs
  * one kernel at a time in queue order, the legacy stream's implicit
- * ordering against other streams holds without extra work.
+ * ordering against other streams holds without extra work, except behind
+ * a held stream (cu_gate.c).
  */
 #include <stdlib.h>
 
@@ -30,6 +31,7 @@ static CUstream per_thread_stream(CUcontext ctx)
 
 CUresult cu_stream_resolve(CUstream h, bool per_thread, CUstream *out)
 {
+    cu_gates_poll();
     if (h == NULL)
         h = per_thread ? CU_STREAM_PER_THREAD : CU_STREAM_LEGACY;
     if (h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD) {
@@ -50,7 +52,7 @@ CUresult cu_stream_resolve(CUstream h, bool per_thread, CUstream *out)
     return CUDA_SUCCESS;
 }
 
-static void store_max(_Atomic uint64_t *target, uint64_t value)
+void cu_store_max(_Atomic uint64_t *target, uint64_t value)
 {
     uint64_t seen = atomic_load(target);
     while (seen < value && !atomic_compare_exchange_weak(target, &seen, value))
@@ -60,11 +62,11 @@ static void store_max(_Atomic uint64_t *target, uint64_t value)
 uint64_t cu_stream_run(CUstream s, uint64_t duration)
 {
     struct cu_device *d = &cu_proc->devices[s->ctx->ordinal];
-    pthread_mutex_lock(&d->lock);
+    pthread_mutex_lock(&d->run_lock);
     uint64_t end = sim_engine_run(cu_proc->st, d->dev, cu_proc->pid, atomic_load(&s->tail), duration, &d->cursor);
-    pthread_mutex_unlock(&d->lock);
-    store_max(&s->tail, end);
-    store_max(&s->ctx->last_end, end);
+    pthread_mutex_unlock(&d->run_lock);
+    cu_store_max(&s->tail, end);
+    cu_store_max(&s->ctx->last_end, end);
     return end;
 }
 
@@ -106,8 +108,7 @@ static CUresult stream_destroy(CUstream h)
     CUresult r = cu_stream_resolve(h, false, &s);
     if (r != CUDA_SUCCESS)
         return r;
-    s->tag = CU_TAG_DEAD;
-    free(s);
+    cu_stream_free(s);
     return CUDA_SUCCESS;
 }
 
@@ -151,6 +152,7 @@ static CUresult stream_sync(CUstream h, bool per_thread)
         return r;
     if (s->capture != NULL)
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    cu_stream_wait_released(s); /* as a GPU would: never before the gate opens */
     cu_wait_until(atomic_load(&s->tail));
     return CUDA_SUCCESS;
 }
@@ -173,6 +175,8 @@ static CUresult stream_query(CUstream h, bool per_thread)
         return r;
     if (s->capture != NULL)
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    if (cu_stream_held(s))
+        return CUDA_ERROR_NOT_READY;
     return atomic_load(&s->tail) <= sim_now() ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
@@ -184,4 +188,32 @@ CUresult cuStreamQuery(CUstream hStream)
 CUresult cuStreamQuery_ptsz(CUstream hStream)
 {
     return stream_query(hStream, true);
+}
+
+/* Work queued on the stream after this waits for the event's latest record
+ * (nothing, if it was never recorded). Capture records kernels only: a
+ * wait on a capturing stream adds nothing. */
+static CUresult wait_event(CUstream h, CUevent e, unsigned flags, bool per_thread)
+{
+    CUstream s;
+    CUresult r = cu_stream_resolve(h, per_thread, &s);
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (e == NULL || e->tag != CU_TAG_EVENT)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if ((flags & ~CU_EVENT_WAIT_EXTERNAL) != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (s->capture != NULL || !atomic_load(&e->recorded))
+        return CUDA_SUCCESS;
+    return cu_stream_submit(s, &(struct cu_work){.kind = CU_WORK_WAIT_EVENT, .event = {.event = e}});
+}
+
+CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags)
+{
+    return wait_event(hStream, hEvent, Flags, false);
+}
+
+CUresult cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEvent, unsigned int Flags)
+{
+    return wait_event(hStream, hEvent, Flags, true);
 }
