@@ -282,6 +282,14 @@ class Atomics:
         self.store_u32 = _bind(lib, "vgpu_atomic_store_u32", None, vp, u32)
         self.cas_u32 = _bind(lib, "vgpu_atomic_cas_u32", ctypes.c_int, vp, u32, u32)
         self.futex_wake_all = _bind(lib, "vgpu_futex_wake_all", None, vp)
+        # Many words in one call (the control tick's counters and heartbeats).
+        words = ctypes.POINTER(vp)
+        self.load_u64_each = _bind(
+            lib, "vgpu_atomic_load_u64_each", None, words, ctypes.c_size_t, ctypes.POINTER(u64)
+        )
+        self.store_u64_each = _bind(
+            lib, "vgpu_atomic_store_u64_each", None, words, ctypes.c_size_t, u64
+        )
         # SIGBUS guard for mappings of files a container can shrink (vgpu_guard.c).
         self.guard_add = _bind(lib, "vgpu_guard_add", ctypes.c_int, vp, ctypes.c_size_t)
         self.guard_remove = _bind(lib, "vgpu_guard_remove", None, ctypes.c_int)
@@ -732,7 +740,12 @@ class ControlBlock(_Mapping):
         return read or Throttle(int(entry.quota_ppm), int(entry.window_ns), int(entry.epoch))
 
     def heartbeat(self, now_ns: int) -> None:
-        self._atomics.store_u64(self._addr(self._c, "heartbeat_ns"), now_ns)
+        self._atomics.store_u64(self.heartbeat_address(), now_ns)
+
+    def heartbeat_address(self) -> int:
+        """Where the heartbeat is, for the control tick's one store into
+        every block (``Atomics.store_u64_each``); valid while mapped."""
+        return self._addr(self._c, "heartbeat_ns")
 
     @property
     def heartbeat_ns(self) -> int:
@@ -916,13 +929,15 @@ class UsageBlock(_Mapping):
         self._devices = (words, parsed)
         return parsed
 
-    def pacing_counters(self) -> list[tuple[int, int]]:
-        """(gpu_time_ns, throttled_ns) per device: the controller's inputs,
-        read every tick, so without building UsageDevice objects."""
+    def pacing_addresses(self) -> list[int]:
+        """Where each device's gpu_time_ns and throttled_ns are, in that
+        order: the controller's inputs, which the control tick reads from
+        every block in one call (``Atomics.load_u64_each``); valid while
+        mapped."""
         out = []
         for d in range(self.device_count):
-            w = (_UDEV_OFF + d * _UDEV_SIZE) // 8
-            out.append((self._w64[w + _UDEV_GPU_TIME], self._w64[w + _UDEV_THROTTLED]))
+            w = self._base + _UDEV_OFF + d * _UDEV_SIZE
+            out += [w + 8 * _UDEV_GPU_TIME, w + 8 * _UDEV_THROTTLED]
         return out
 
     def slots(self) -> list[SlotView]:
