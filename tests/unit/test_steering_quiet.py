@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from tests.unit.fakes import gpus
 from vgpud import controller as ctl
-from vgpud.blocks import PPM_FULL, Atomics
+from vgpud.blocks import Atomics
 from vgpud.events import EventLog
 from vgpud.model import CreateRequest, Limits, UpdateRequest
 from vgpud.nvml import GpuSample, NvmlSample
@@ -25,7 +25,7 @@ from vgpud.registry import Entry, Registry
 from vgpud.state import StateStore
 from vgpud.steering import Steering
 from vgpud.tracker import TrackSnapshot, VgpuUse
-from vgpud.units import parse_memory, percent_to_ppm
+from vgpud.units import PPM_FULL, parse_memory, percent_to_ppm
 
 TICK_NS = 100_000_000
 GPUS = gpus(2)
@@ -90,24 +90,21 @@ def reference(
             slices.setdefault(s.gpu_uuid, {})[v.id] = ctl.SliceSample(
                 active, util, d.gpu_time_ns, d.throttled_ns
             )
-    device = {} if sample is None else {u: g.utilization_gpu for u, g in sample.gpus.items()}
-    snapshot = ctl.Snapshot(
-        now_ns,
-        {
-            uuid: ctl.GpuSample(None if device.get(uuid) is None else float(device[uuid]), s)  # type: ignore[arg-type]
-            for uuid, s in slices.items()
-        },
-    )
+    device: dict[str, float | None] = {}
+    if sample is not None:
+        device = {
+            uuid: None if g.utilization_gpu is None else float(g.utilization_gpu)
+            for uuid, g in sample.gpus.items()
+        }
+    gpus = {uuid: ctl.GpuSample(device.get(uuid), s) for uuid, s in slices.items()}
+    snapshot = ctl.Snapshot(now_ns, gpus)
     return ctl.compute_quotas(snapshot, allocations, state)
 
 
 def nvml(device_util: int | None, figures: dict[int, float]) -> NvmlSample:
     return NvmlSample(
         0.0,
-        {
-            g.uuid: GpuSample(g.uuid, g.index, device_util, 0, 1 << 30, {}, figures)
-            for g in GPUS
-        },
+        {g.uuid: GpuSample(g.uuid, g.index, device_util, 0, 1 << 30, {}, figures) for g in GPUS},
     )
 
 
@@ -125,7 +122,7 @@ def scan(entries: list[Entry], live: dict[str, int]) -> TrackSnapshot:
 def runs(draw: st.DrawFn) -> list[list[tuple[str, int, int]]]:
     """Ticks with long runs of nothing new, and changes of every kind
     (each: what, which vGPU, a number) between them."""
-    ticks = []
+    ticks: list[list[tuple[str, int, int]]] = []
     for _ in range(draw(st.integers(10, 60))):
         if draw(st.sampled_from([True, True, False])):
             ticks.append([])
