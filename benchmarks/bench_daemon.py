@@ -2,7 +2,8 @@
 periods, and API latency at 200 requests/s.
 
     .venv/bin/python benchmarks/bench_daemon.py [--vgpus 100] [--procs 1000]
-        [--cpu-seconds 30] [--rate 200] [--api-seconds 15] [--markdown FILE]
+        [--nvml-listed] [--cpu-seconds 30] [--rate 200] [--api-seconds 15]
+        [--markdown FILE]
 
 What is real and what is simulated: the daemon is the real vgpud (default
 config periods: control 0.1 s, NVML sample 0.2 s, scan 1 s) on the
@@ -12,7 +13,10 @@ proof that the slot is its own) and given an ACTIVE slot there with its real
 identity (PID namespace, pid, start time), written the way the hook writes
 it, so the tracker maps, publishes host pids and checks liveness for each of
 them every scan. They make no CUDA calls, so NVML lists none of them and the
-per-process utilization path is idle. The API load is GETs of a vGPU (by id),
+per-process utilization path is idle; with --nvml-listed each also holds a
+context and 1 MiB on its vGPU's GPU through the simulator's libcuda, so
+that NVML lists every one of them (with its memory; they run no kernels,
+so no utilization figure). The API load is GETs of a vGPU (by id),
 /v1/health and /v1/devices, a new unix-socket connection per request (what
 vgpuctl does), paced open-loop at the given rate from another process; the
 latency is measured by that client. The client shares the machine's cores
@@ -97,14 +101,21 @@ def make_vgpus(client: Client, n: int) -> list[dict[str, object]]:
     return out
 
 
-def give_slots(vgpus: list[dict[str, object]], procs: int) -> MappedSleepers:
+def give_slots(
+    vgpus: list[dict[str, object]], procs: int, gpu_env: dict[str, str] | None
+) -> MappedSleepers:
     """Start ``procs`` sleeping processes spread over the vGPUs, each mapping
     its vGPU's usage block (the host's proof that a slot is its own), and
-    write an ACTIVE slot per process, as the hook would at its first CUDA call."""
+    write an ACTIVE slot per process, as the hook would at its first CUDA call.
+    With ``gpu_env`` (the simulator's), each also holds memory on its vGPU's
+    GPU, so that NVML lists it."""
     pidns = os.stat("/proc/self/ns/pid").st_ino
     paths = [str(v["host_env"]["VGPU_USAGE"]) for v in vgpus]  # type: ignore[index]
     counts = [len(range(n, procs, len(vgpus))) for n in range(len(vgpus))]
-    sleepers = MappedSleepers([(Path(p), c) for p, c in zip(paths, counts, strict=True)])
+    gpus = None if gpu_env is None else [n % SIM_DEVICES for n in range(len(vgpus))]  # make_vgpus
+    sleepers = MappedSleepers(
+        [(Path(p), c) for p, c in zip(paths, counts, strict=True)], gpus, gpu_env
+    )
     at = 0
     for path, count in zip(paths, counts, strict=True):
         fd = os.open(path, os.O_RDWR)
@@ -124,13 +135,22 @@ def give_slots(vgpus: list[dict[str, object]], procs: int) -> MappedSleepers:
     return sleepers
 
 
-def wait_tracked(client: Client, procs: int) -> int:
+def wait_tracked(client: Client, procs: int, listed: bool) -> tuple[int, int]:
     """How many processes the daemon tracks once it has seen them all (first
-    sight reads status, ns and maps once each), or after a minute."""
+    sight reads status, ns and maps once each), or after a minute; and how
+    many of them NVML lists (with memory), waited for when ``listed``."""
+
+    def count() -> tuple[int, int]:
+        seen = client.get("/v1/processes")
+        return len(seen), sum(1 for p in seen if any(p["memory"].values()))
+
     deadline = time.monotonic() + 60
-    while len(client.get("/v1/processes")) < procs and time.monotonic() < deadline:
+    while time.monotonic() < deadline:
+        tracked, on_nvml = count()
+        if tracked >= procs and (on_nvml >= procs or not listed):
+            break
         time.sleep(0.5)
-    return len(client.get("/v1/processes"))
+    return count()
 
 
 def load(sock: str, paths: list[str], rate: float, seconds: float, out: Queue) -> None:  # type: ignore[type-arg]
@@ -200,6 +220,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--vgpus", type=int, default=100)
     p.add_argument("--procs", type=int, default=1000)
+    p.add_argument("--nvml-listed", action="store_true", help="processes NVML lists")
     p.add_argument("--cpu-seconds", type=float, default=30)
     p.add_argument("--rate", type=float, default=200)
     p.add_argument("--api-seconds", type=float, default=15)
@@ -207,15 +228,15 @@ def main() -> int:
     a = p.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="vgb", dir="/tmp"))
-    daemon, client, _ = start_daemon(work, a.vgpus)
+    daemon, client, env = start_daemon(work, a.vgpus)
     sleepers: MappedSleepers | None = None
     try:
         idle_before = cpu_seconds(daemon.pid)
         time.sleep(5)
         idle = (cpu_seconds(daemon.pid) - idle_before) / 5 * 100
         vgpus = make_vgpus(client, a.vgpus)
-        sleepers = give_slots(vgpus, a.procs)
-        tracked = wait_tracked(client, a.procs)
+        sleepers = give_slots(vgpus, a.procs, env if a.nvml_listed else None)
+        tracked, listed = wait_tracked(client, a.procs, a.nvml_listed)
         time.sleep(2)
         before, t0 = cpu_seconds(daemon.pid), time.monotonic()
         time.sleep(a.cpu_seconds)
@@ -254,17 +275,24 @@ def main() -> int:
         f"{os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), "
         f"Linux {platform.release()}, Python {platform.python_version()}, vgpud {__version__}.",
         "GPU: SIMULATED (build/sim, 4 devices). Command: "
-        f"`.venv/bin/python benchmarks/bench_daemon.py --vgpus {a.vgpus} --procs {a.procs}`.",
+        f"`.venv/bin/python benchmarks/bench_daemon.py --vgpus {a.vgpus} --procs {a.procs}"
+        f"{' --nvml-listed' if a.nvml_listed else ''}`.",
         "",
         "Simulated: the GPU. Real: the daemon with its default periods, "
         f"{a.procs} sleeping processes each holding an ACTIVE slot (real pid, PID namespace and "
         "start time) in one of the vGPUs' usage blocks, so every scan maps and checks each of "
-        "them; they make no CUDA calls (NVML lists none). See the script's docstring.",
+        + (
+            f"them; each holds 1 MiB of its vGPU's GPU and NVML lists {listed} of them. "
+            if a.nvml_listed
+            else "them; they make no CUDA calls (NVML lists none). "
+        )
+        + "See the script's docstring.",
         "",
         "| measure | result | target |",
         "| --- | --- | --- |",
         f"| daemon CPU, idle, no vGPU | {idle:.2f} % of a core | |",
-        f"| daemon CPU, {a.vgpus} vGPUs, {tracked} tracked processes, {a.cpu_seconds:.0f} s | "
+        f"| daemon CPU, {a.vgpus} vGPUs, {tracked} tracked processes"
+        f"{f' ({listed} NVML-listed)' if a.nvml_listed else ''}, {a.cpu_seconds:.0f} s | "
         f"{busy:.2f} % of a core | < 2 % |",
         f"| API at {a.rate:.0f} req/s for {a.api_seconds:.0f} s "
         f"({len(ms)} requests, {errors} errors) | "

@@ -45,6 +45,14 @@ class Atomics:
         self.store_u32 = bind(lib, "vgpu_atomic_store_u32", None, vp, u32)
         self.cas_u32 = bind(lib, "vgpu_atomic_cas_u32", ctypes.c_int, vp, u32, u32)
         self.futex_wake_all = bind(lib, "vgpu_futex_wake_all", None, vp)
+        # Many words in one call (the control tick's counters and heartbeats).
+        words = ctypes.POINTER(vp)
+        self.load_u64_each = bind(
+            lib, "vgpu_atomic_load_u64_each", None, words, ctypes.c_size_t, ctypes.POINTER(u64)
+        )
+        self.store_u64_each = bind(
+            lib, "vgpu_atomic_store_u64_each", None, words, ctypes.c_size_t, u64
+        )
         # SIGBUS guard for mappings of files a container can shrink (vgpu_guard.c).
         self.guard_add = bind(lib, "vgpu_guard_add", ctypes.c_int, vp, ctypes.c_size_t)
         self.guard_remove = bind(lib, "vgpu_guard_remove", None, ctypes.c_int)

@@ -463,7 +463,12 @@ class ControlBlock(_Mapping):
         return read or Throttle(int(entry.quota_ppm), int(entry.window_ns), int(entry.epoch))
 
     def heartbeat(self, now_ns: int) -> None:
-        self._atomics.store_u64(self._addr(self._c, "heartbeat_ns"), now_ns)
+        self._atomics.store_u64(self.heartbeat_address(), now_ns)
+
+    def heartbeat_address(self) -> int:
+        """Where the heartbeat is, for the control tick's one store into
+        every block (``Atomics.store_u64_each``); valid while mapped."""
+        return self._addr(self._c, "heartbeat_ns")
 
     @property
     def heartbeat_ns(self) -> int:
@@ -647,13 +652,15 @@ class UsageBlock(_Mapping):
         self._devices = (words, parsed)
         return parsed
 
-    def pacing_counters(self) -> list[tuple[int, int]]:
-        """(gpu_time_ns, throttled_ns) per device: the controller's inputs,
-        read every tick, so without building UsageDevice objects."""
+    def pacing_addresses(self) -> list[int]:
+        """Where each device's gpu_time_ns and throttled_ns are, in that
+        order: the controller's inputs, which the control tick reads from
+        every block in one call (``Atomics.load_u64_each``); valid while
+        mapped."""
         out = []
         for d in range(self.device_count):
-            w = (_UDEV_OFF + d * _UDEV_SIZE) // 8
-            out.append((self._w64[w + _UDEV_GPU_TIME], self._w64[w + _UDEV_THROTTLED]))
+            w = self._base + _UDEV_OFF + d * _UDEV_SIZE
+            out += [w + 8 * _UDEV_GPU_TIME, w + 8 * _UDEV_THROTTLED]
         return out
 
     def slots(self) -> list[SlotView]:

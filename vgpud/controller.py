@@ -241,6 +241,26 @@ def compute_quotas(
     return quotas, ControllerState(slices=new_states, settled=settled)
 
 
+def all_settled(state: ControllerState, allocations: Sequence[Allocation]) -> bool:
+    """Whether the call that returned ``state`` settled every GPU of
+    ``allocations`` (the allocations it was given)."""
+    return len(state.settled) == len({a.gpu for a in allocations})
+
+
+def unchanged(state: ControllerState, now_ns: int) -> tuple[dict[Key, int], ControllerState]:
+    """What ``compute_quotas`` returns at ``now_ns`` for the same snapshot
+    (but for its time) and allocations as the call that returned ``state``,
+    when that call settled every GPU (``all_settled``): each GPU's quotas
+    reused, only its read time moved on. The caller that knows its inputs
+    did not change skips building them (tests/unit/test_steering_quiet.py
+    checks the two agree)."""
+    quotas: dict[Key, int] = {}
+    for memo in state.settled.values():
+        quotas.update(memo.quotas)
+    settled = {gpu: replace(memo, read_at_ns=now_ns) for gpu, memo in state.settled.items()}
+    return quotas, ControllerState(slices=state.slices, settled=settled)
+
+
 def _read_at(state: ControllerState, memo: SettledGpu) -> ControllerState:
     """The state as if the ticks that reused ``memo`` had been computed: they
     changed nothing but when the GPU's counters were last read."""

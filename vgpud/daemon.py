@@ -116,6 +116,7 @@ class Node:
     metrics: Metrics
     tracker: Tracker
     watch: Watch
+    steering: Steering
 
 
 class Daemon:
@@ -125,7 +126,6 @@ class Daemon:
         self.notifier = systemd.notifier(os.environ)
         self.stop_event = asyncio.Event()
         self.events = EventLog(config.event_buffer)
-        self.steering = Steering()
         self.inflight: set[asyncio.Task[Any]] = set()
         self.loops: list[asyncio.Task[None]] = []
         self.runner: web.AppRunner | None = None
@@ -170,7 +170,13 @@ class Daemon:
         service = Service(c, self.registry, self.gpus, self.events, driver_env=driver_env)
         _raise_fd_limit()
         tracker = Tracker(c.proc_root)
-        node = Node(service, Metrics(service), tracker, Watch(service, self.events, tracker))
+        node = Node(
+            service,
+            Metrics(service),
+            tracker,
+            Watch(service, self.events, tracker),
+            Steering(atomics),
+        )
         self.node = node
         await self._serve(service, node.metrics)
         self.loops = [
@@ -319,7 +325,7 @@ class Daemon:
         # Standalone blocks belong to the tracker, which may unmap one while
         # its scan runs: steer them only between scans.
         standalone = track.standalone if track and not service.blocks_lock.locked() else {}
-        self.steering.tick(
+        node.steering.tick(
             service.registry.all(), standalone, track, service.sample, time.monotonic_ns()
         )
         service.ticked()  # new quotas and counters: the API renders them anew

@@ -14,11 +14,13 @@ and pacer waits (the usage block).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+import ctypes
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 
 from vgpud import controller as ctl
+from vgpud.atomics import Atomics
 from vgpud.blocks import ControlBlock, UsageBlock
 from vgpud.model import Vgpu
 from vgpud.nvml import NvmlSample
@@ -60,17 +62,65 @@ class _Owned:
         return self.vgpu is e.vgpu and self.usage is e.usage and self.control is e.control
 
 
+class _Plans:
+    """Every daemon-owned vGPU's part of the tick, for one set of entries,
+    with the addresses of their pacing counters and heartbeats: each tick
+    reads the counters of every vGPU in one call and stores every heartbeat
+    in another. The addresses are used only while ``current`` says each
+    entry still has the blocks they were taken from (the registry unmaps a
+    block only after it has left its entry)."""
+
+    def __init__(self, atomics: Atomics, owned: Sequence[_Owned]) -> None:
+        self.atomics = atomics
+        self.owned = tuple(owned)
+        self.allocations = tuple(a for o in owned for a in o.allocations)
+        self.keys = tuple((a.vgpu_id, a.gpu) for a in self.allocations)
+        self.writers = tuple(w for o in owned for w in o.writers)
+        loads = [addr for o in owned for addr in o.usage.pacing_addresses()]
+        beats = [o.control.heartbeat_address() for o in owned]
+        self._loads = (ctypes.c_void_p * len(loads))(*loads)
+        self._counters = (ctypes.c_uint64 * len(loads))()
+        self._beats = (ctypes.c_void_p * len(beats))(*beats)
+
+    def current(self, entries: Sequence[Entry]) -> bool:
+        return len(entries) == len(self.owned) and all(map(_Owned.current, self.owned, entries))
+
+    def counters(self) -> bytes:
+        """(gpu_time_ns, throttled_ns) of each allocation, in ``keys`` order,
+        as native 64-bit words."""
+        self.atomics.load_u64_each(self._loads, len(self._loads), self._counters)
+        return bytes(self._counters)
+
+    def heartbeat(self, now_ns: int) -> None:
+        self.atomics.store_u64_each(self._beats, len(self._beats), now_ns)
+
+
+# What a tick's quotas follow from, when no standalone block is steered and
+# no NVML figure falls to a vGPU: the plans, the scan, the counters and the
+# devices' utilization.
+_Quiet = tuple[_Plans, TrackSnapshot | None, bytes, tuple[tuple[str, float | None], ...]]
+
+
 class Steering:
-    def __init__(self, tuning: ctl.Tuning = ctl.DEFAULT_TUNING) -> None:
+    def __init__(self, atomics: Atomics, tuning: ctl.Tuning = ctl.DEFAULT_TUNING) -> None:
+        self.atomics = atomics
         self.tuning = tuning
         self.state = ctl.ControllerState()
         self.last_sample: NvmlSample | None = None
-        self._owned: dict[str, _Owned] = {}
+        self._plans = _Plans(atomics, ())
         # Last tick's samples: an unchanged one is passed again as the same
         # object, which the controller's comparison of inputs passes at once.
         self._samples: dict[ctl.Key, ctl.SliceSample] = {}
         self._given: dict[ctl.Key, int] = {}
         self._writers: dict[ctl.Key, Callable[[int], object]] = {}
+        # The last tick's inputs when it was quiet and settled every GPU: a
+        # tick with the same inputs gives the same quotas (ctl.unchanged).
+        self._quiet: _Quiet | None = None
+        self._device_util: tuple[NvmlSample | None, tuple[tuple[str, float | None], ...]] = (
+            None,
+            (),
+        )
+        self._track_pids: tuple[TrackSnapshot | None, frozenset[int]] = (None, frozenset())
 
     def tick(
         self,
@@ -83,23 +133,22 @@ class Steering:
         """One controller step; returns the quotas given (ppm)."""
         fresh = sample if sample is not None and sample is not self.last_sample else None
         self.last_sample = sample
-        entries = list(entries)
-        allocations: list[ctl.Allocation] = []
-        counters: dict[ctl.Key, tuple[int, int]] = {}
-        writers: dict[ctl.Key, Callable[[int], object]] = {}
-        owned = {}
-        for e in entries:
-            plan = self._owned.get(e.vgpu.id)
-            if plan is None or not plan.current(e):
-                plan = _Owned.of(e)
-            owned[e.vgpu.id] = plan
-            pacing = e.usage.pacing_counters()
-            for a, write, pace in zip(plan.allocations, plan.writers, pacing, strict=True):
-                key = (a.vgpu_id, a.gpu)
-                allocations.append(a)
-                counters[key] = pace
-                writers[key] = write
-        self._owned = owned
+        plans = self._plans_of(list(entries))
+        counters = plans.counters()
+        quiet: _Quiet | None = None
+        if not standalone and not self._figures_for_vgpus(fresh, track):
+            quiet = (plans, track, counters, self._device_utils(sample))
+            if quiet == self._quiet:
+                # Nothing new: what the controller would give again (most
+                # ticks of a node whose vGPUs are idle or steady).
+                quotas, self.state = ctl.unchanged(self.state, now_ns)
+                plans.heartbeat(now_ns)
+                return quotas
+
+        allocations = list(plans.allocations)
+        words = memoryview(counters).cast("Q")
+        pacing = {key: (words[2 * i], words[2 * i + 1]) for i, key in enumerate(plans.keys)}
+        writers = dict(zip(plans.keys, plans.writers, strict=True))
         for vgpu_id, blocks in standalone.items():
             limits = blocks.usage.standalone_limits()
             devices = blocks.usage.devices()
@@ -107,10 +156,10 @@ class Steering:
                 if uuid and 0 < share_ppm < PPM_FULL:  # only a compute limit is steered
                     key = (vgpu_id, uuid)
                     allocations.append(ctl.Allocation(vgpu_id, uuid, share_ppm))
-                    counters[key] = (devices[i].gpu_time_ns, devices[i].throttled_ns)
+                    pacing[key] = (devices[i].gpu_time_ns, devices[i].throttled_ns)
                     writers[key] = partial(blocks.usage.write_steer, i, window_ns=ctl.WINDOW_NS)
 
-        snapshot = self._snapshot(allocations, counters, track, sample, fresh, now_ns)
+        snapshot = self._snapshot(allocations, pacing, track, sample, fresh, now_ns)
         quotas, self.state = ctl.compute_quotas(snapshot, allocations, self.state, self.tuning)
         for key, quota in quotas.items():
             if self._given.get(key) != quota or writers[key] is not self._writers.get(key):
@@ -118,11 +167,50 @@ class Steering:
         # What was written where: a quota given again to the same block is
         # not written again (most ticks, most vGPUs).
         self._given, self._writers = quotas, writers
-        for e in entries:
-            e.control.heartbeat(now_ns)
+        self._quiet = quiet if ctl.all_settled(self.state, allocations) else None
+        plans.heartbeat(now_ns)
         for blocks in standalone.values():
             blocks.usage.steer_heartbeat(now_ns)
         return quotas
+
+    def _plans_of(self, entries: list[Entry]) -> _Plans:
+        """This tick's plans: last tick's while every entry is as it was."""
+        if self._plans.current(entries):
+            return self._plans
+        known = {o.vgpu.id: o for o in self._plans.owned}
+        owned = []
+        for e in entries:
+            plan = known.get(e.vgpu.id)
+            owned.append(plan if plan is not None and plan.current(e) else _Owned.of(e))
+        self._plans = _Plans(self.atomics, owned)
+        return self._plans
+
+    def _device_utils(self, sample: NvmlSample | None) -> tuple[tuple[str, float | None], ...]:
+        """Each GPU's utilization in ``sample`` (worked out once per sample)."""
+        known, utils = self._device_util
+        if sample is not known:
+            utils = (
+                ()
+                if sample is None
+                else tuple(
+                    (uuid, None if g.utilization_gpu is None else float(g.utilization_gpu))
+                    for uuid, g in sample.gpus.items()
+                )
+            )
+            self._device_util = (sample, utils)
+        return utils
+
+    def _figures_for_vgpus(self, fresh: NvmlSample | None, track: TrackSnapshot | None) -> bool:
+        """Whether a new NVML sample has a utilization figure of a process
+        the last scan counted for a vGPU (the sample then changes that
+        vGPU's input)."""
+        if fresh is None or track is None:
+            return False
+        known, pids = self._track_pids
+        if track is not known:
+            pids = frozenset(pid for use in track.vgpus.values() for pid in use.pids)
+            self._track_pids = (track, pids)
+        return any(not pids.isdisjoint(g.process_util) for g in fresh.gpus.values())
 
     def _snapshot(
         self,
@@ -156,12 +244,7 @@ class Steering:
             samples[key] = s
             gpus.setdefault(a.gpu, {})[a.vgpu_id] = s
         self._samples = samples
-        device_util: dict[str, float | None] = {}
-        if latest is not None:
-            device_util = {
-                uuid: None if g.utilization_gpu is None else float(g.utilization_gpu)
-                for uuid, g in latest.gpus.items()
-            }
+        device_util = dict(self._device_utils(latest))
         return ctl.Snapshot(
             now_ns=now_ns,
             gpus={

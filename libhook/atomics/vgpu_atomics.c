@@ -6,6 +6,7 @@
  * mappings. Every address must be naturally aligned (the ABI guarantees it).
  */
 #include <limits.h>
+#include <stddef.h>
 #include <linux/futex.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -23,10 +24,27 @@ VGPU_ATOMICS_API uint32_t vgpu_atomic_load_u32(_Atomic uint32_t *p);
 VGPU_ATOMICS_API void vgpu_atomic_store_u32(_Atomic uint32_t *p, uint32_t v);
 VGPU_ATOMICS_API int vgpu_atomic_cas_u32(_Atomic uint32_t *p, uint32_t expected, uint32_t desired);
 VGPU_ATOMICS_API void vgpu_futex_wake_all(_Atomic uint32_t *p);
+VGPU_ATOMICS_API void vgpu_atomic_load_u64_each(_Atomic uint64_t *const *addrs, size_t count, uint64_t *out);
+VGPU_ATOMICS_API void vgpu_atomic_store_u64_each(_Atomic uint64_t *const *addrs, size_t count, uint64_t v);
 
 uint64_t vgpu_atomic_load_u64(_Atomic uint64_t *p) { return atomic_load(p); }
 void vgpu_atomic_store_u64(_Atomic uint64_t *p, uint64_t v) { atomic_store(p, v); }
 uint64_t vgpu_atomic_fetch_add_u64(_Atomic uint64_t *p, uint64_t v) { return atomic_fetch_add(p, v); }
+
+/* The control tick reads two counters of every vGPU and stores a heartbeat
+ * into each, ten times a second: one ctypes call per word cost more than
+ * the rest of the tick, so these take every address at once. */
+void vgpu_atomic_load_u64_each(_Atomic uint64_t *const *addrs, size_t count, uint64_t *out)
+{
+    for (size_t i = 0; i < count; i++)
+        out[i] = atomic_load(addrs[i]);
+}
+
+void vgpu_atomic_store_u64_each(_Atomic uint64_t *const *addrs, size_t count, uint64_t v)
+{
+    for (size_t i = 0; i < count; i++)
+        atomic_store(addrs[i], v);
+}
 
 /* Tries before a subtraction gives up: a live hook's concurrent update
  * fails our CAS a few times at most. */

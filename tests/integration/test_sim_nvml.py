@@ -143,6 +143,46 @@ def test_process_memory_shows_and_goes_with_sigkill(
     assert burn.pid not in gone["procs"]
 
 
+def test_a_process_listed_before_is_gone_at_the_first_query_after_its_exit(
+    sim_env: dict[str, str], burns: Callable[..., subprocess.Popen[str]]
+) -> None:
+    """One NVML client asks again and again, as the daemon does: it
+    remembers the owners it found alive, and must still see an exit at
+    once, not a query later."""
+    burn = burns("--alloc", "64m", "--hold", "--seconds", "600", "--duty", "0.01")
+    wait_for(lambda: burn.pid in processes(sim_env)["procs"])
+    client = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            PRELUDE
+            + "n.nvmlInit()\nwhile sys.stdin.readline():"
+            + PROCESSES.replace("\n", "\n    "),
+        ],
+        env=sim_env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert client.stdin is not None and client.stdout is not None
+
+    def ask() -> dict[str, Any]:
+        client.stdin.write("\n")  # type: ignore[union-attr]
+        client.stdin.flush()  # type: ignore[union-attr]
+        return json.loads(client.stdout.readline())  # type: ignore[union-attr, no-any-return]
+
+    try:
+        for _ in range(3):
+            assert str(burn.pid) in ask()["procs"]
+        burn.kill()
+        burn.wait()
+        after = ask()
+        assert str(burn.pid) not in after["procs"] and after["used"] == 0
+    finally:
+        client.kill()
+        client.wait()
+
+
 def test_list_protocol_reports_needed_size(
     sim_env: dict[str, str], burns: Callable[..., subprocess.Popen[str]]
 ) -> None:

@@ -6,10 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.unit.apiclient import running_api
+from vgpud.blocks import Atomics
 from vgpud.config import Config
 from vgpud.daemon import Daemon, Node
 from vgpud.metrics import Metrics
 from vgpud.nvml import GpuSample, NvmlSample
+from vgpud.steering import Steering
 from vgpud.tracker import Tracker
 from vgpud.watch import Watch
 
@@ -21,7 +23,11 @@ async def test_nvml_is_sampled_slowly_only_while_nothing_needs_it(tmp_path: Path
         tracker = Tracker(tmp_path / "no-proc", sees_all_pids=True)
         service = api.service
         daemon.node = Node(
-            service, Metrics(service), tracker, Watch(service, api.service.events, tracker)
+            service,
+            Metrics(service),
+            tracker,
+            Watch(service, api.service.events, tracker),
+            Steering(Atomics.load()),
         )
 
         def period() -> float:

@@ -9,6 +9,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.unit.apiclient import running_api
+from vgpud.atomics import Atomics
 from vgpud.metrics import Metrics
 from vgpud.model import UpdateRequest
 from vgpud.steering import Steering
@@ -82,7 +83,7 @@ async def test_a_share_change_reaches_the_throttle_table_at_the_next_tick(tmp_pa
             await api.client.post("/v1/vgpus", json={"memory": "1g", "share": 30})
         ).json()
         entry = api.service.registry.get(answer["id"])
-        steering = Steering()
+        steering = Steering(Atomics.load())
         steering.tick([entry], {}, None, None, now_ns=1_000_000_000)
         assert entry.control.read_throttle(0).quota_ppm == 300_000
         assert entry.control.heartbeat_ns == 1_000_000_000

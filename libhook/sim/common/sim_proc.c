@@ -40,7 +40,7 @@ int sim_proc_key_pid(uint64_t key)
 
 /* Field 22 of /proc/<pid>/stat (clock ticks since boot, the same in every
  * namespace); 0 if the process does not exist or is a zombie. */
-static uint64_t start_time_of(int pid)
+uint64_t sim_proc_start_time(int pid)
 {
     char path[64], buf[1024];
     snprintf(path, sizeof(path), "/proc/%d/stat", pid);
@@ -70,7 +70,7 @@ static uint64_t start_time_of(int pid)
 
 uint64_t sim_proc_key_of(int pid)
 {
-    uint64_t start = start_time_of(pid);
+    uint64_t start = sim_proc_start_time(pid);
     return start != 0 ? sim_proc_key(pid, start) : 0;
 }
 
@@ -156,22 +156,31 @@ static bool key_is_owner(uint64_t key)
     return key != 0 && key != SIM_KEY_REAPING;
 }
 
-/* The owner's pid as the caller sees it; 0 if gone, -1 if it cannot tell. */
-static int owner_seen(struct sim_proc *slot, uint64_t key)
+/* The owner's pid as the caller sees it; 0 if gone, -1 if it cannot tell.
+ * What the caller remembers (sim_owners.c) spares it /proc. */
+static int owner_seen(struct sim_state *st, struct sim_proc *slot, uint64_t key)
 {
     uint64_t pidns = atomic_load(&slot->pidns);
     if (pidns == 0)
         return -1; /* being claimed right now */
-    int pid = sim_pid_seen(pidns, sim_proc_key_pid(key));
+    size_t index = (size_t)(slot - st->procs);
+    int pid = sim_owners_lookup(index, key, pidns);
+    if (pid != SIM_OWNER_UNKNOWN)
+        return pid;
+    pid = sim_pid_seen(pidns, sim_proc_key_pid(key));
     if (pid <= 0)
         return pid;
-    return start_time_of(pid) == key >> PID_BITS ? pid : 0;
+    uint64_t start = key >> PID_BITS;
+    if (sim_proc_start_time(pid) != start)
+        return 0;
+    sim_owners_remember(index, key, pidns, pid, start);
+    return pid;
 }
 
 /* Clear a dead owner's slot; exactly one reaper wins the CAS. */
-static bool reap_if_dead(struct sim_proc *slot, uint64_t key)
+static bool reap_if_dead(struct sim_state *st, struct sim_proc *slot, uint64_t key)
 {
-    if (owner_seen(slot, key) != 0)
+    if (owner_seen(st, slot, key) != 0)
         return false;
     if (atomic_compare_exchange_strong(&slot->key, &key, SIM_KEY_REAPING)) {
         for (unsigned d = 0; d < SIM_MAX_DEVICES; d++)
@@ -197,7 +206,7 @@ static struct sim_proc *claim_slot(struct sim_state *st, uint64_t key)
     for (uint32_t i = 0; i < SIM_MAX_PROCS; i++) {
         struct sim_proc *slot = &st->procs[i];
         uint64_t seen = atomic_load(&slot->key);
-        if (key_is_owner(seen) && !reap_if_dead(slot, seen))
+        if (key_is_owner(seen) && !reap_if_dead(st, slot, seen))
             continue;
         seen = 0;
         if (atomic_compare_exchange_strong(&slot->key, &seen, key)) {
@@ -237,7 +246,7 @@ static uint64_t device_sum(struct sim_state *st, unsigned dev, bool reap)
         uint64_t used = atomic_load(&slot->used[dev]);
         if (!key_is_owner(key) || used == 0)
             continue;
-        if (reap && reap_if_dead(slot, key))
+        if (reap && reap_if_dead(st, slot, key))
             continue;
         sum += used;
     }
@@ -263,20 +272,22 @@ void sim_mem_uncharge(struct sim_proc *slot, unsigned dev, uint64_t bytes)
 
 uint64_t sim_mem_device_used(struct sim_state *st, unsigned dev)
 {
+    sim_owners_update();
     return device_sum(st, dev, true);
 }
 
 size_t sim_mem_processes(struct sim_state *st, unsigned dev, struct sim_proc_usage *out, size_t cap)
 {
     size_t count = 0;
+    sim_owners_update();
     uint32_t n = slots_in_use(st);
     for (uint32_t i = 0; i < n; i++) {
         struct sim_proc *slot = &st->procs[i];
         uint64_t key = atomic_load(&slot->key);
         uint64_t used = atomic_load(&slot->used[dev]);
-        if (!key_is_owner(key) || used == 0 || reap_if_dead(slot, key))
+        if (!key_is_owner(key) || used == 0 || reap_if_dead(st, slot, key))
             continue;
-        int pid = owner_seen(slot, key);
+        int pid = owner_seen(st, slot, key);
         if (pid <= 0)
             continue; /* alive, in a namespace the caller cannot see into */
         if (count < cap)

@@ -116,6 +116,8 @@ int sim_parse_index_list(const char *text, uint32_t devices, uint32_t *mask);
 uint64_t sim_proc_key(int pid, uint64_t start_time);
 /* The key of a running process, 0 if it does not exist. */
 uint64_t sim_proc_key_of(int pid);
+/* Field 22 of /proc/<pid>/stat; 0 if the process does not exist or is a zombie. */
+uint64_t sim_proc_start_time(int pid);
 int sim_proc_key_pid(uint64_t key);
 /* The inode of the caller's PID namespace. */
 uint64_t sim_self_pidns(void);
@@ -142,6 +144,19 @@ struct sim_proc_usage {
 /* Live processes holding memory on dev; returns how many there are (may
  * exceed cap: only cap are written). */
 size_t sim_mem_processes(struct sim_state *st, unsigned dev, struct sim_proc_usage *out, size_t cap);
+
+/* ---- live slot owners as one caller remembers them (sim_owners.c) ---- */
+
+#define SIM_OWNER_UNKNOWN (-2)
+/* From now on, remember the owners found alive (NVML's side, at init). */
+void sim_owners_watch(void);
+/* Take in which remembered owners ended (at the start of each query). */
+void sim_owners_update(void);
+/* Slot `index` holding `key` in `pidns`: its owner's pid as the caller sees
+ * it, 0 if it ended, SIM_OWNER_UNKNOWN if nothing is remembered. */
+int sim_owners_lookup(size_t index, uint64_t key, uint64_t pidns);
+/* Remember slot `index`'s owner, just found alive as `pid` with `start_time`. */
+void sim_owners_remember(size_t index, uint64_t key, uint64_t pidns, int pid, uint64_t start_time);
 
 /* ---- the engine (sim_engine.c) ---- */
 

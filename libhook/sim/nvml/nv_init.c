@@ -58,6 +58,7 @@ static nvmlReturn_t init(void)
     g_state = st;
     g_refs++;
     pthread_mutex_unlock(&g_lock);
+    sim_owners_watch(); /* NVML's callers ask for the process lists often */
     return NVML_SUCCESS;
 }
 

@@ -1,0 +1,216 @@
+"""The control tick skips what did not change and changes nothing by it:
+tick for tick, steering gives the quotas (written into the control
+blocks) and the controller state that computing every tick in full gives;
+a vGPU whose counters move is steered at the very next tick; and every
+block gets its heartbeat at every tick, quiet or not."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.unit.fakes import gpus
+from vgpud import controller as ctl
+from vgpud.blocks import Atomics
+from vgpud.events import EventLog
+from vgpud.model import CreateRequest, Limits, UpdateRequest
+from vgpud.nvml import GpuSample, NvmlSample
+from vgpud.placement import Rules
+from vgpud.registry import Entry, Registry
+from vgpud.state import StateStore
+from vgpud.steering import Steering
+from vgpud.tracker import TrackSnapshot, VgpuUse
+from vgpud.units import PPM_FULL, parse_memory, percent_to_ppm
+
+TICK_NS = 100_000_000
+GPUS = gpus(2)
+# (share, mode, weight, GPU): a hard and two soft vGPUs sharing a GPU, one
+# soft alone on the other.
+VGPUS = [(30, "hard", 1, 0), (20, "soft", 1, 0), (10, "soft", 3, 0), (50, "soft", 1, 1)]
+CHANGES = ["launch", "held", "scan", "figures", "device", "sample", "update", "stall"]
+
+
+@contextmanager
+def registry(vgpus: list[tuple[int, str, int, int]]) -> Iterator[Registry]:
+    with tempfile.TemporaryDirectory() as tmp:
+        reg = Registry(
+            Path(tmp) / "run",
+            StateStore(Path(tmp) / "state"),
+            Path(tmp) / "lib.so",
+            Atomics.load(),
+            EventLog(100),
+        )
+        reg.adopt()
+        for share, mode, weight, gpu in vgpus:
+            limits = Limits(parse_memory("1g"), share, mode, weight)
+            reg.create(CreateRequest(gpus=(GPUS[gpu].uuid,)), limits, GPUS, Rules())
+        try:
+            yield reg
+        finally:
+            reg.close()
+
+
+def reference(
+    entries: list[Entry],
+    track: TrackSnapshot | None,
+    sample: NvmlSample | None,
+    fresh: bool,
+    now_ns: int,
+    state: ctl.ControllerState,
+) -> tuple[dict[ctl.Key, int], ctl.ControllerState]:
+    """The controller called in full, on inputs read here from the blocks,
+    the scan and NVML's sample, as steering is documented to pass them."""
+    allocations = []
+    slices: dict[str, dict[str, ctl.SliceSample]] = {}
+    for e in entries:
+        v = e.vgpu
+        use = track.vgpus.get(v.id) if track is not None else None
+        for i, s in enumerate(v.slices):
+            allocations.append(
+                ctl.Allocation(
+                    v.id,
+                    s.gpu_uuid,
+                    percent_to_ppm(v.limits.share),
+                    v.limits.mode == "soft",
+                    v.limits.weight,
+                )
+            )
+            util = None
+            if fresh and sample is not None and use is not None:
+                figures = sample.gpus[s.gpu_uuid].process_util
+                seen = [figures[pid] for pid in use.pids if pid in figures]
+                util = sum(seen) if seen else None
+            d = e.usage.devices()[i]
+            active = use is not None and use.live_slots > 0
+            slices.setdefault(s.gpu_uuid, {})[v.id] = ctl.SliceSample(
+                active, util, d.gpu_time_ns, d.throttled_ns
+            )
+    device: dict[str, float | None] = {}
+    if sample is not None:
+        device = {
+            uuid: None if g.utilization_gpu is None else float(g.utilization_gpu)
+            for uuid, g in sample.gpus.items()
+        }
+    gpus = {uuid: ctl.GpuSample(device.get(uuid), s) for uuid, s in slices.items()}
+    snapshot = ctl.Snapshot(now_ns, gpus)
+    return ctl.compute_quotas(snapshot, allocations, state)
+
+
+def nvml(device_util: int | None, figures: dict[int, float]) -> NvmlSample:
+    return NvmlSample(
+        0.0,
+        {g.uuid: GpuSample(g.uuid, g.index, device_util, 0, 1 << 30, {}, figures) for g in GPUS},
+    )
+
+
+def scan(entries: list[Entry], live: dict[str, int]) -> TrackSnapshot:
+    """A scan that found ``live[id]`` processes in each vGPU (pids 1000 + ...)."""
+    uses = {
+        e.vgpu.id: VgpuUse(e.vgpu.id, False, {}, tuple(range(1000 + 10 * n, 1000 + 10 * n + k)), k)
+        for n, e in enumerate(entries)
+        if (k := live.get(e.vgpu.id, 0))
+    }
+    return TrackSnapshot(0.0, {}, uses, (), {}, (), (), True)
+
+
+@st.composite
+def runs(draw: st.DrawFn) -> list[list[tuple[str, int, int]]]:
+    """Ticks with long runs of nothing new, and changes of every kind
+    (each: what, which vGPU, a number) between them."""
+    ticks: list[list[tuple[str, int, int]]] = []
+    for _ in range(draw(st.integers(10, 60))):
+        if draw(st.sampled_from([True, True, False])):
+            ticks.append([])
+            continue
+        n = draw(st.integers(1, 3))
+        ticks.append(
+            [
+                (
+                    draw(st.sampled_from(CHANGES)),
+                    draw(st.integers(0, len(VGPUS) - 1)),
+                    draw(st.integers(0, 100)),
+                )
+                for _ in range(n)
+            ]
+        )
+    return ticks
+
+
+@settings(max_examples=60, deadline=None)
+@given(runs())
+def test_quiet_ticks_give_what_computing_every_tick_gives(
+    ticks: list[list[tuple[str, int, int]]],
+) -> None:
+    with registry(VGPUS) as reg:
+        steering = Steering(Atomics.load())
+        state = ctl.ControllerState()
+        entries = reg.all()
+        track: TrackSnapshot | None = None
+        sample: NvmlSample | None = None
+        live: dict[str, int] = {}
+        now = 0
+        for changes in ticks:
+            now += TICK_NS
+            fresh = False
+            for what, which, value in changes:
+                e = entries[which]
+                if what == "launch":
+                    e.usage._c.devices[0].gpu_time_ns += value * TICK_NS // 100
+                elif what == "held":
+                    e.usage._c.devices[0].throttled_ns += value * TICK_NS // 100
+                elif what == "scan":
+                    live[e.vgpu.id] = value % 3
+                    track = scan(entries, live)
+                elif what in ("figures", "device", "sample"):
+                    pid = 1000 + 10 * which
+                    util = sample.gpus[GPUS[0].uuid].utilization_gpu if sample else None
+                    figures = {pid: float(value)} if what == "figures" else {}
+                    sample = nvml(value if what == "device" else util, figures)
+                    fresh = True
+                elif what == "update":
+                    reg.update(e.vgpu.id, UpdateRequest(share=1 + value % 99), GPUS, Rules())
+                    entries = reg.all()
+                else:  # a stalled loop
+                    now += value * TICK_NS
+            quotas = steering.tick(reg.all(), {}, track, sample, now)
+            expected, state = reference(reg.all(), track, sample, fresh, now, state)
+            assert quotas == expected
+            assert steering.state == state
+            for e in reg.all():
+                for i, s in enumerate(e.vgpu.slices):
+                    assert e.control.read_throttle(i).quota_ppm == expected[(e.vgpu.id, s.gpu_uuid)]
+
+
+def test_a_vgpu_whose_counters_move_is_steered_at_the_next_tick() -> None:
+    with registry([(30, "hard", 1, 0), (20, "soft", 1, 0)]) as reg:
+        hard, soft = reg.all()
+        steering = Steering(Atomics.load())
+        now = 0
+        for _ in range(20):  # idle for two seconds: every tick after the first is quiet
+            now += TICK_NS
+            steering.tick(reg.all(), {}, None, None, now)
+        assert soft.control.read_throttle(0).quota_ppm == 200_000
+        # The soft vGPU's process starts working: it takes the idle time...
+        soft.usage._c.devices[0].gpu_time_ns += TICK_NS
+        now += TICK_NS
+        steering.tick(reg.all(), {}, None, None, now)
+        assert soft.control.read_throttle(0).quota_ppm == PPM_FULL
+        # ...and gives back the hard vGPU's share the tick its process starts.
+        soft.usage._c.devices[0].gpu_time_ns += TICK_NS
+        hard.usage._c.devices[0].throttled_ns += TICK_NS // 2
+        now += TICK_NS
+        steering.tick(reg.all(), {}, None, None, now)
+        assert soft.control.read_throttle(0).quota_ppm == 700_000
+
+
+def test_every_block_gets_its_heartbeat_at_every_tick() -> None:
+    with registry(VGPUS) as reg:
+        steering = Steering(Atomics.load())
+        for now in range(TICK_NS, 30 * TICK_NS, TICK_NS):
+            steering.tick(reg.all(), {}, None, None, now)
+            assert [e.control.heartbeat_ns for e in reg.all()] == [now] * len(VGPUS)
