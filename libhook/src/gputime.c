@@ -669,6 +669,10 @@ static struct gt_batch *open_batch(struct gt_stream *s, struct gt_dev *d, bool g
         if (paced)
             pacer_charge(d->pacer.bucket, b->precharge);
         atomic_store_explicit(&b->state, BATCH_OPEN, memory_order_release);
+        /* Quiet counts from here: the last launch may be long past (the
+         * pacer just held this one back), and the monitor must not take
+         * the new batch for one the application stopped feeding. */
+        s->last_launch_ns = now_ns();
         s->open = b;
         if (b->gated) {
             /* The monitor must watch a shut gate. Sequentially consistent
