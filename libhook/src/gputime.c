@@ -109,12 +109,17 @@ static struct {
     pthread_cond_t queue_cond;       /* work queued, capture ended, batch freed */
     struct gt_batch *head, *tail;
     bool monitor_running;
-    _Atomic bool monitor_idle;       /* about to wait with no deadline (see open_batch) */
+
+    pthread_mutex_t watch_lock;      /* the gate watcher's sleep */
+    pthread_cond_t watch_cond;       /* a gate shut while it was idle */
+    _Atomic bool watch_idle;         /* it waits with no deadline (see gate_shut) */
 } gt = {
     .init_lock = PTHREAD_MUTEX_INITIALIZER,
     .table_lock = PTHREAD_MUTEX_INITIALIZER,
     .queue_lock = PTHREAD_MUTEX_INITIALIZER,
     .queue_cond = PTHREAD_COND_INITIALIZER,
+    .watch_lock = PTHREAD_MUTEX_INITIALIZER,
+    .watch_cond = PTHREAD_COND_INITIALIZER,
 };
 
 static __thread struct {
@@ -209,6 +214,9 @@ static void atfork_child(void)
     pthread_mutex_init(&gt.table_lock, NULL);
     pthread_mutex_init(&gt.queue_lock, NULL);
     pthread_cond_init(&gt.queue_cond, NULL);
+    pthread_mutex_init(&gt.watch_lock, NULL);
+    pthread_cond_init(&gt.watch_cond, NULL);
+    atomic_store(&gt.watch_idle, false);
     gt.head = gt.tail = NULL;
     gt.monitor_running = false;
     memset(tcache, 0, sizeof(tcache));
@@ -361,6 +369,26 @@ static struct gt_stream *stream_get(CUstream h, bool ptsz, bool create)
 
 /* ---- gates ----------------------------------------------------------------- */
 
+static void *gate_watch_main(void *arg);
+
+/* A detached helper thread that receives no signal of the application's. */
+static bool start_thread(void *(*main_fn)(void *), const char *what)
+{
+    pthread_t th;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    int rc = pthread_create(&th, &attr, main_fn, NULL);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    pthread_attr_destroy(&attr);
+    if (rc != 0)
+        log_error("cannot start the %s: %s", what, strerror(rc));
+    return rc == 0;
+}
+
 static void gates_off(const char *why)
 {
     atomic_store_explicit(&gt.gates_state, -1, memory_order_release);
@@ -395,7 +423,10 @@ static bool gates_ready(void)
             memset(words, 0, size);
             gt.gate_words = words;
             gt.gate_dptr = dptr;
-            atomic_store_explicit(&gt.gates_state, 1, memory_order_release);
+            if (start_thread(gate_watch_main, "gate watcher"))
+                atomic_store_explicit(&gt.gates_state, 1, memory_order_release);
+            else
+                gates_off("no gate watcher");
         }
     }
     pthread_mutex_unlock(&gt.init_lock);
@@ -428,8 +459,15 @@ static void gate_shut(struct gt_stream *s, struct gt_batch *b)
     s->gates = value;
     b->gated = true;
     atomic_store_explicit(&b->gate, value, memory_order_relaxed);
-    atomic_fetch_add_explicit(&gt.shut_gates, 1, memory_order_relaxed);
     atomic_store_explicit(&b->gate_shut, true, memory_order_release);
+    /* Sequentially consistent against the watcher's store of watch_idle
+     * and load of shut_gates: either it sees this gate or we see it idle. */
+    atomic_fetch_add(&gt.shut_gates, 1);
+    if (atomic_load(&gt.watch_idle)) {
+        pthread_mutex_lock(&gt.watch_lock);
+        pthread_cond_broadcast(&gt.watch_cond);
+        pthread_mutex_unlock(&gt.watch_lock);
+    }
 }
 
 /* Let batch b's work run. Every road that ends an open batch passes here,
@@ -674,30 +712,19 @@ static struct gt_batch *open_batch(struct gt_stream *s, struct gt_dev *d, bool g
          * the new batch for one the application stopped feeding. */
         s->last_launch_ns = now_ns();
         s->open = b;
-        if (b->gated) {
-            /* The monitor must watch a shut gate. Sequentially consistent
-             * against its own store of monitor_idle and load of
-             * open_batches: either it sees this batch or we see it idle. */
-            atomic_fetch_add(&gt.open_batches, 1);
-            if (atomic_load(&gt.monitor_idle)) {
-                pthread_mutex_lock(&gt.queue_lock);
-                pthread_cond_broadcast(&gt.queue_cond);
-                pthread_mutex_unlock(&gt.queue_lock);
-            }
-        } else {
-            atomic_fetch_add_explicit(&gt.open_batches, 1, memory_order_relaxed);
-        }
+        atomic_fetch_add_explicit(&gt.open_batches, 1, memory_order_relaxed);
         return b;
     }
 }
 
 /* ---- the monitor ------------------------------------------------------------ */
 
-/* Make ctx current on the monitor thread (event calls of some drivers want
- * their context current); remembered so it costs a call only on a change. */
+/* Make ctx current on the monitor's or the gate watcher's thread (event
+ * calls of some drivers want their context current); remembered so it
+ * costs a call only on a change. */
 static bool monitor_use_ctx(CUcontext ctx)
 {
-    static CUcontext current;
+    static __thread CUcontext current;
     if (current == ctx)
         return true;
     if (vgpu_real_cuda.cuCtxSetCurrent(ctx) != CUDA_SUCCESS)
@@ -705,8 +732,6 @@ static bool monitor_use_ctx(CUcontext ctx)
     current = ctx;
     return true;
 }
-
-static bool wait_end(struct gt_batch *b);
 
 /* Running average over ~8 samples: adapts within a few ms of work. */
 static void average_in(_Atomic uint64_t *avg, uint64_t sample)
@@ -723,7 +748,7 @@ static void settle(struct gt_batch *b)
 {
     struct gt_dev *d = &gt.devs[b->dev];
     int64_t busy = b->precharge;
-    if (monitor_use_ctx(b->events_ctx) && wait_end(b)) {
+    if (monitor_use_ctx(b->events_ctx) && vgpu_real_cuda.cuEventSynchronize(b->end) == CUDA_SUCCESS) {
         float ms = 0;
         CUresult rc = vgpu_real_cuda.cuEventElapsedTime_v2 != NULL
                           ? vgpu_real_cuda.cuEventElapsedTime_v2(&ms, b->start, b->end)
@@ -773,54 +798,78 @@ static void close_picked(bool (*pick)(const struct gt_stream *s, const void *arg
 }
 
 /* The application stopped launching on the stream without a sync point we
- * see (sooner for a shut gate: the GPU waits on it). */
+ * see. */
 static bool quiet(const struct gt_stream *s, const void *now)
 {
-    struct gt_batch *b = s->open;
-    uint64_t after = b != NULL && atomic_load_explicit(&b->gate_shut, memory_order_acquire)
-                         ? GT_GATE_QUIET_NS
-                         : GT_QUIET_NS;
-    return *(const uint64_t *)now - s->last_launch_ns >= after;
+    return *(const uint64_t *)now - s->last_launch_ns >= GT_QUIET_NS;
 }
 
-/* Open the shut gates of quiet streams whose lock a launcher holds: its
- * launch may itself wait behind the gate. The batch then spans that wait
- * (rare: a stall the driver imposes once). Records live as long as the
- * process, so a batch read here unlocked stays a valid record; at worst it
- * is a newer batch of the stream, opened a little early. */
-static void open_stuck_gates(uint64_t now)
+/*
+ * The gate watcher: opens the gates of gated batches the application
+ * stopped feeding (GT_GATE_QUIET_NS without a launch). While every shut
+ * gate is fed it makes no driver call, so it never contends with the
+ * launches; the monitor meanwhile sleeps in its events, which a shut gate
+ * may hold back (the legacy stream waits for every blocking stream) only
+ * until this thread opens it. For a quiet batch it records the end event
+ * first when it can take the stream's lock. When a launcher holds the lock
+ * (its launch may itself wait behind the gate: lazy module loading can
+ * wait for the whole context), or a capture is on, it only stores the
+ * word, and that batch's span includes the stall. Records live as long as
+ * the process, so a batch read here unlocked is always a valid record; at
+ * worst a newer batch of the stream, opened a little early.
+ * Returns the next time a shut gate may go quiet; 0 if none is shut.
+ */
+static uint64_t watch_gates(uint64_t now)
 {
-    if (atomic_load_explicit(&gt.shut_gates, memory_order_relaxed) == 0)
-        return;
+    uint64_t next = 0;
+    bool capturing = atomic_load_explicit(&gt.captures, memory_order_acquire) > 0;
     unsigned high = atomic_load_explicit(&gt.table_high, memory_order_acquire);
     for (unsigned i = 0; i < high; i++) {
         struct gt_stream *s = &gt.streams[i];
         struct gt_batch *b = s->open;
-        if (b != NULL && now - s->last_launch_ns >= GT_GATE_QUIET_NS)
+        if (b == NULL || !atomic_load_explicit(&b->gate_shut, memory_order_acquire))
+            continue;
+        uint64_t quiet_at = s->last_launch_ns + GT_GATE_QUIET_NS;
+        if (now < quiet_at) {
+            if (next == 0 || quiet_at < next)
+                next = quiet_at;
+            continue;
+        }
+        bool handled = false;
+        if (!capturing && pthread_mutex_trylock(&s->lock) == 0) {
+            if (s->open != b) {
+                handled = true; /* closed meanwhile */
+            } else if (monitor_use_ctx(s->ctx)) {
+                close_open(s);
+                handled = true;
+            }
+            pthread_mutex_unlock(&s->lock);
+        }
+        if (!handled)
             gate_open(s, b);
     }
+    return next;
 }
 
-/* Wait for a closed batch's end event. While gates are shut it may sit
- * behind one (the legacy stream waits for every blocking stream), so then
- * poll, opening the quiet gates meanwhile: the monitor must never sleep on
- * work that only it can let run. */
-static bool wait_end(struct gt_batch *b)
+static void *gate_watch_main(void *arg)
 {
+    (void)arg;
+    pthread_mutex_lock(&gt.watch_lock);
     for (;;) {
-        if (atomic_load_explicit(&gt.shut_gates, memory_order_relaxed) == 0)
-            return vgpu_real_cuda.cuEventSynchronize(b->end) == CUDA_SUCCESS;
-        CUresult rc = vgpu_real_cuda.cuEventQuery(b->end);
-        if (rc != CUDA_ERROR_NOT_READY)
-            return rc == CUDA_SUCCESS;
+        atomic_store(&gt.watch_idle, true);
+        if (atomic_load(&gt.shut_gates) == 0) {
+            pthread_cond_wait(&gt.watch_cond, &gt.watch_lock);
+            continue;
+        }
+        atomic_store(&gt.watch_idle, false);
+        pthread_mutex_unlock(&gt.watch_lock);
         uint64_t now = now_ns();
-        close_picked(quiet, &now, monitor_use_ctx, false);
-        open_stuck_gates(now);
-        if (!monitor_use_ctx(b->events_ctx))
-            return false;
-        struct timespec pause = {.tv_nsec = (long)(GT_GATE_QUIET_NS / 4)};
-        nanosleep(&pause, NULL);
+        uint64_t next = watch_gates(now);
+        pthread_mutex_lock(&gt.watch_lock);
+        struct timespec until = deadline_at(next != 0 ? next : now + GT_GATE_QUIET_NS);
+        pthread_cond_clockwait(&gt.watch_cond, &gt.watch_lock, CLOCK_MONOTONIC, &until);
     }
+    return NULL;
 }
 
 static void *monitor_main(void *arg)
@@ -847,21 +896,14 @@ static void *monitor_main(void *arg)
             continue;
         }
         uint64_t wake = 0;
-        atomic_store(&gt.monitor_idle, true);
-        if (atomic_load(&gt.open_batches) > 0) {
-            /* During a capture only gates are opened: a host store, where
-             * an event call could break the capture. */
-            atomic_store(&gt.monitor_idle, false);
+        if (!capturing && atomic_load_explicit(&gt.open_batches, memory_order_relaxed) > 0) {
             pthread_mutex_unlock(&gt.queue_lock);
             uint64_t now = now_ns();
-            if (!capturing)
-                close_picked(quiet, &now, monitor_use_ctx, false);
-            open_stuck_gates(now);
+            close_picked(quiet, &now, monitor_use_ctx, false);
             pthread_mutex_lock(&gt.queue_lock);
-            if (gt.head != NULL && !capturing)
+            if (gt.head != NULL)
                 continue;
-            bool shut = atomic_load_explicit(&gt.shut_gates, memory_order_relaxed) > 0;
-            wake = now_ns() + (shut ? GT_GATE_QUIET_NS : GT_QUIET_NS) / 2;
+            wake = now_ns() + GT_QUIET_NS / 2;
         }
         /* Under the queue lock, so a turn that starts lingering after this
          * look wakes us (release_batch broadcasts under it). */
@@ -869,12 +911,10 @@ static void *monitor_main(void *arg)
         if (linger != 0 && (wake == 0 || linger < wake))
             wake = linger;
         if (wake != 0) {
-            atomic_store(&gt.monitor_idle, false);
             struct timespec until = deadline_at(wake);
             pthread_cond_clockwait(&gt.queue_cond, &gt.queue_lock, CLOCK_MONOTONIC, &until);
         } else {
             pthread_cond_wait(&gt.queue_cond, &gt.queue_lock);
-            atomic_store(&gt.monitor_idle, false);
         }
     }
     return NULL;
@@ -883,23 +923,8 @@ static void *monitor_main(void *arg)
 static void monitor_start(void)
 {
     pthread_mutex_lock(&gt.queue_lock);
-    if (!gt.monitor_running) {
-        pthread_t th;
-        pthread_attr_t attr;
-        pthread_attr_init(&attr);
-        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        /* The thread must not inherit the application's signal handling
-         * expectations: block everything it might otherwise receive. */
-        sigset_t all, old;
-        sigfillset(&all);
-        pthread_sigmask(SIG_SETMASK, &all, &old);
-        if (pthread_create(&th, &attr, monitor_main, NULL) == 0)
-            gt.monitor_running = true;
-        else
-            log_error("cannot start the GPU time monitor: %s", strerror(errno));
-        pthread_sigmask(SIG_SETMASK, &old, NULL);
-        pthread_attr_destroy(&attr);
-    }
+    if (!gt.monitor_running)
+        gt.monitor_running = start_thread(monitor_main, "GPU time monitor");
     pthread_mutex_unlock(&gt.queue_lock);
 }
 

@@ -53,7 +53,8 @@ static uint64_t now_ns(void)
     X(cuLaunchCooperativeKernelMultiDevice) X(cuLaunchGridAsync) X(cuGraphLaunch) \
     X(cuGraphLaunch_ptsz) X(cuStreamBeginCapture_v2) X(cuStreamEndCapture) \
     X(cuGraphInstantiateWithFlags) X(cuCtxSynchronize) X(cuGraphExecDestroy) X(cuGraphDestroy) \
-    X(cuStreamDestroy_v2) X(cuModuleUnload) X(cuDevicePrimaryCtxRelease_v2)
+    X(cuStreamDestroy_v2) X(cuModuleUnload) X(cuDevicePrimaryCtxRelease_v2) X(cuMemAlloc_v2) \
+    X(cuMemsetD8_v2) X(cuMemFree_v2)
 
 #define FIELD(name) __typeof__(name) *name;
 static struct {
@@ -85,7 +86,7 @@ static CUresult launch(const char *path, struct work *w)
         return cu.cuLaunchKernel(w->f, 1, 1, 1, 32, 1, 1, 0, w->stream, w->params, NULL);
     if (strcmp(path, "kernel_ptsz") == 0) /* NULL: the per-thread default stream */
         return cu.cuLaunchKernel_ptsz(w->f, 1, 1, 1, 32, 1, 1, 0, NULL, w->params, NULL);
-    if (strcmp(path, "legacy") == 0)
+    if (strcmp(path, "legacy") == 0 || strcmp(path, "legacy_memset") == 0)
         return cu.cuLaunchKernel(w->f, 1, 1, 1, 32, 1, 1, 0, NULL, w->params, NULL);
     if (strcmp(path, "ex") == 0 || strcmp(path, "ex_ptsz") == 0) {
         CUlaunchConfig cfg = {1, 1, 1, 32, 1, 1, 0, w->stream, NULL, 0};
@@ -144,6 +145,12 @@ static int worker(const char *path, uint64_t kernel_us, double seconds, unsigned
         capture_ns = now_ns() - t0;
         CALL(cu.cuGraphInstantiateWithFlags(&exec, g, 0));
     }
+    /* legacy_memset: the application waits for the device in a call the
+     * hook does not see (a synchronous memset), with a gated batch open. */
+    bool unseen_wait = strcmp(path, "legacy_memset") == 0;
+    CUdeviceptr scratch = 0;
+    if (unseen_wait)
+        CALL(cu.cuMemAlloc_v2(&scratch, 4096));
     uint64_t launches = 0, start = now_ns(), end = start + (uint64_t)(seconds * 1e9);
     do { /* at least one pass, even for a run of 0 s */
         if (graph) {
@@ -153,8 +160,12 @@ static int worker(const char *path, uint64_t kernel_us, double seconds, unsigned
             continue;
         }
         CALL(launch(path, &w));
-        if (++launches % sync_every == 0)
-            CALL(cu.cuCtxSynchronize());
+        if (++launches % sync_every == 0) {
+            if (unseen_wait)
+                CALL(cu.cuMemsetD8_v2(scratch, 0, 4096));
+            else
+                CALL(cu.cuCtxSynchronize());
+        }
     } while (now_ns() < end);
     CALL(cu.cuCtxSynchronize());
     printf("launches=%" PRIu64 " wall_ns=%" PRIu64 " capture_ns=%" PRIu64 "\n", launches,
@@ -165,6 +176,8 @@ static int worker(const char *path, uint64_t kernel_us, double seconds, unsigned
         CALL(cu.cuGraphExecDestroy(exec));
         CALL(cu.cuGraphDestroy(g));
     }
+    if (scratch != 0)
+        CALL(cu.cuMemFree_v2(scratch));
     CALL(cu.cuStreamDestroy_v2(w.stream));
     CALL(cu.cuModuleUnload(mod));
     CALL(cu.cuDevicePrimaryCtxRelease_v2(dev));
@@ -355,6 +368,26 @@ static void test_empty_kernels_do_not_hang(void)
     cleanup();
 }
 
+/* A paced batch is gated: its kernels wait for the hook to close it. An
+ * application that then waits for them in a call the hook does not see
+ * (here a synchronous memset behind the legacy stream) must be let through
+ * by the gate watcher after GT_GATE_QUIET_NS: not hang (the worker's alarm
+ * turns a hang into a failure), nor wait for the monitor's GT_QUIET_NS. */
+static void test_a_wait_the_hook_does_not_see_stalls_but_never_hangs(void)
+{
+    fresh_machine("unseen");
+    struct result r;
+    bool ran = run("40", 1, "legacy_memset", 10, 1.0, 4, &r) == 0;
+    /* Each memset waits for the watcher: ~GT_GATE_QUIET_NS, well under the
+     * millisecond that would mean the monitor's GT_QUIET_NS opened it. */
+    bool ok = ran && r.launches >= 4 * (r.wall_ns / 1000000);
+    printf("legacy_memset x1 limit 40%%, a synchronous memset every 4 launches: %" PRIu64
+           " launches in %.2f s: %s\n",
+           r.launches, (double)r.wall_ns / 1e9, ok ? "ok" : "FAILED");
+    CHECK(ok);
+    cleanup();
+}
+
 /* Tiny kernels are batched (events amortised) and still paced by time;
  * processes of one usage block share one budget. */
 static void test_tiny_kernels_and_shared_budget(void)
@@ -482,6 +515,7 @@ int main(int argc, char **argv)
     test_unpaced_processes_are_measured_while_a_pacer_stamps();
     test_captured_launches_are_not_charged();
     test_empty_kernels_do_not_hang();
+    test_a_wait_the_hook_does_not_see_stalls_but_never_hangs();
     test_every_launch_path_is_paced();
     test_tiny_kernels_and_shared_budget();
     return check_report("test_pacer_launch");
