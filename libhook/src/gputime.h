@@ -42,9 +42,13 @@
  * not wrap) is opened by the monitor after GT_GATE_QUIET_NS: a stall that
  * long, never a deadlock.
  */
+#ifndef GT_GATE_BATCH_NS /* overridable at build time (CFLAGS=-D...) to compare */
 #define GT_GATE_BATCH_NS 100000ull
+#endif
 #define GT_GATE_MIN_LAUNCHES 8u
+#ifndef GT_GATE_MAX_LAUNCHES
 #define GT_GATE_MAX_LAUNCHES 64u
+#endif
 #define GT_GATE_QUIET_NS 200000ull
 /* Gated batches queued on a stream's device before the launcher waits:
  * about as much work ahead of the GPU as GT_INFLIGHT ungated batches. */
