@@ -13,6 +13,7 @@ busy) within 3 points, mean and every 1 s window.
 
   python benchmarks/bench_inference.py OUTDIR [--seconds S] [--workloads a,b]
                                        [--shares 30,60] [--coloc 30:60]
+                                       [--neighbour-kernel-us 20000]
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ HOOK = ROOT / "build" / "libvgpu.so"
 BURN = ROOT / "build" / "vgpu-burn"
 WORKLOAD = ROOT / "benchmarks" / "inference_workload.py"
 WARMUP_S = 2.0  # after the first report: clocks, allocator and turns settle
-NEIGHBOUR_KERNEL_US = 20000
+NEIGHBOUR_KERNEL_US = 20000  # default: a GPU-bound tenant's kernels can be this long
 
 
 @dataclass
@@ -115,6 +116,7 @@ def run_case(
     seconds: float,
     sampler: Sampler,
     workdir: Path,
+    neighbour_kernel_us: int = NEIGHBOUR_KERNEL_US,
 ) -> dict[str, Any]:
     base = dict(os.environ)
     base.pop("LD_PRELOAD", None)
@@ -127,8 +129,8 @@ def run_case(
         if neighbour is not None:
             benv = hooked_env(base, neighbour, workdir / f"burn-{name}-{share}.usage")
             cmd = [str(BURN), "--seconds", str(seconds + WARMUP_S + 1), "--json"]
-            cmd += ["--kernel-us", str(NEIGHBOUR_KERNEL_US)]
-            burn = Burn.start(cmd, benv, NEIGHBOUR_KERNEL_US)
+            cmd += ["--kernel-us", str(neighbour_kernel_us)]
+            burn = Burn.start(cmd, benv, neighbour_kernel_us)
             start = time.time() + WARMUP_S
         end = start + seconds
         time.sleep(max(0.0, start - time.time()))
@@ -188,6 +190,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--workloads", default="chain,adds,chain-graph,hf-b1,hf-b8")
     p.add_argument("--shares", default="30,60")
     p.add_argument("--coloc", default="", help="SHARE:NEIGHBOUR pairs, e.g. 30:60")
+    p.add_argument("--neighbour-kernel-us", type=int, default=NEIGHBOUR_KERNEL_US)
     p.add_argument("--device", type=int, default=0)
     return p.parse_args(argv)
 
@@ -206,7 +209,15 @@ def main(argv: list[str] | None = None) -> int:
                 plan: list[tuple[int | None, int | None]] = [(None, None)]
                 plan += [(s, None) for s in shares] + [(s, n) for s, n in pairs]
                 for share, neighbour in plan:
-                    case = run_case(name, share, neighbour, args.seconds, sampler, Path(tmp))
+                    case = run_case(
+                        name,
+                        share,
+                        neighbour,
+                        args.seconds,
+                        sampler,
+                        Path(tmp),
+                        args.neighbour_kernel_us,
+                    )
                     print(json.dumps(case), flush=True)
                     cases.append(case)
     finally:
