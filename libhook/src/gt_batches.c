@@ -1,0 +1,228 @@
+/*
+ * gt_batches.c - batches of launches between two events: opening one (with
+ * its precharge and, paced, its gate), closing it (its end event, then its
+ * gate), and the bound on batches in flight per stream.
+ */
+#include <string.h>
+
+#include "gt_state.h"
+#include "turn.h"
+
+uint32_t gt_batch_target(const struct gt_dev *d)
+{
+    uint64_t cost = atomic_load_explicit(&d->launch_cost_ns, memory_order_relaxed);
+    if (cost == 0)
+        return 1; /* first measure one launch alone */
+    uint64_t n = GT_BATCH_NS / cost;
+    if (n < 1)
+        n = 1;
+    return n > GT_BATCH_MAX_LAUNCHES ? GT_BATCH_MAX_LAUNCHES : (uint32_t)n;
+}
+
+static void enqueue(struct gt_batch *b)
+{
+    pthread_mutex_lock(&gt.queue_lock);
+    b->next = NULL;
+    if (gt.tail != NULL)
+        gt.tail->next = b;
+    else
+        gt.head = b;
+    gt.tail = b;
+    pthread_cond_broadcast(&gt.queue_cond);
+    pthread_mutex_unlock(&gt.queue_lock);
+}
+
+void gt_release_batch(struct gt_batch *b)
+{
+    if (b->turn) {
+        /* Its work is off the GPU: the turn waits a moment for our next
+         * launch unless the pacer will hold that launch back anyway (never
+         * for an unpaced batch: nothing holds its process back). */
+        b->turn = false;
+        const struct vgpu_usage_device *bucket = gt.devs[b->dev].pacer.bucket;
+        turn_leave(b->dev, !b->paced || atomic_load_explicit(&bucket->pacer_balance_ns,
+                                                             memory_order_relaxed) >= 0);
+    }
+    atomic_store_explicit(&b->state, BATCH_FREE, memory_order_release);
+    pthread_mutex_lock(&gt.queue_lock);
+    pthread_cond_broadcast(&gt.queue_cond);
+    pthread_mutex_unlock(&gt.queue_lock);
+}
+
+/* Events of the stream's context for a batch record (created once, made
+ * again when the record moves to another context). */
+static int batch_events(struct gt_batch *b, CUcontext ctx)
+{
+    if (b->start != NULL && b->events_ctx == ctx)
+        return 0;
+    if (b->start != NULL && b->events_ctx != NULL) {
+        vgpu_real_cuda.cuEventDestroy_v2(b->start);
+        vgpu_real_cuda.cuEventDestroy_v2(b->end);
+    }
+    b->start = b->end = NULL;
+    /* Blocking sync: the monitor and a launcher at its in-flight bound
+     * sleep in cuEventSynchronize instead of spinning. */
+    if (vgpu_real_cuda.cuEventCreate(&b->start, CU_EVENT_BLOCKING_SYNC) != CUDA_SUCCESS ||
+        vgpu_real_cuda.cuEventCreate(&b->end, CU_EVENT_BLOCKING_SYNC) != CUDA_SUCCESS) {
+        if (b->start != NULL)
+            vgpu_real_cuda.cuEventDestroy_v2(b->start);
+        b->start = b->end = NULL;
+        return -1;
+    }
+    b->events_ctx = ctx;
+    return 0;
+}
+
+/* A batch that cannot be measured counts its estimate (already debited). */
+static void settle_at_estimate(struct gt_batch *b)
+{
+    pacer_account(&gt.devs[b->dev].pacer, (uint64_t)b->precharge, b->launches);
+    gt_release_batch(b);
+}
+
+/* Close the stream's open batch: its end event goes right after its last
+ * launch, and the monitor takes it from there. Stream lock held. */
+void gt_close_open(struct gt_stream *s)
+{
+    struct gt_batch *b = s->open;
+    if (b == NULL)
+        return;
+    s->open = NULL;
+    atomic_fetch_sub_explicit(&gt.open_batches, 1, memory_order_relaxed);
+    struct gt_dev *d = &gt.devs[b->dev];
+    if (b->launches == 0) {
+        gt_gate_open(s, b);
+        if (b->paced)
+            pacer_charge(d->pacer.bucket, -b->precharge);
+        gt_release_batch(b);
+        return;
+    }
+    CUresult rc = vgpu_real_cuda.cuEventRecord(b->end, s->record_on);
+    gt_gate_open(s, b);
+    if (rc != CUDA_SUCCESS) {
+        settle_at_estimate(b);
+        return;
+    }
+    s->last_size = b->launches;
+    b->seq = ++s->closed;
+    atomic_store_explicit(&b->done, false, memory_order_relaxed);
+    atomic_store_explicit(&b->state, BATCH_QUEUED, memory_order_release);
+    enqueue(b);
+}
+
+/* The stream was captured under an open batch (it joined another stream's
+ * capture): no end event can be recorded now. Count the estimate. */
+void gt_abandon_open(struct gt_stream *s)
+{
+    struct gt_batch *b = s->open;
+    s->open = NULL;
+    atomic_fetch_sub_explicit(&gt.open_batches, 1, memory_order_relaxed);
+    gt_gate_open(s, b);
+    settle_at_estimate(b);
+}
+
+/* The oldest batch of the stream still running on the device, if the
+ * stream has `limit` of them. */
+static struct gt_batch *inflight_limit(struct gt_stream *s, unsigned limit)
+{
+    struct gt_batch *oldest = NULL;
+    unsigned running = 0;
+    for (unsigned i = 0; i < GT_RING; i++) {
+        struct gt_batch *b = &s->ring[i];
+        if (atomic_load_explicit(&b->state, memory_order_acquire) != BATCH_QUEUED ||
+            atomic_load_explicit(&b->done, memory_order_relaxed))
+            continue;
+        running++;
+        if (oldest == NULL || b->seq < oldest->seq)
+            oldest = b;
+    }
+    return running >= limit ? oldest : NULL;
+}
+
+static struct gt_batch *free_record(struct gt_stream *s)
+{
+    for (unsigned i = 0; i < GT_RING; i++)
+        if (atomic_load_explicit(&s->ring[i].state, memory_order_acquire) == BATCH_FREE)
+            return &s->ring[i];
+    return NULL;
+}
+
+/*
+ * Open a batch on the stream (lock held; it is released while waiting).
+ * Returns the stream's open batch (maybe opened meanwhile by another
+ * thread), or NULL if none can be had: the launch then goes unmeasured.
+ * A new batch takes over the caller's GPU turn count (*turn), if any.
+ * `paced`: its cost is debited from the bucket (else only measured).
+ */
+struct gt_batch *gt_open_batch(struct gt_stream *s, struct gt_dev *d, bool graph, bool paced,
+                                   bool *turn)
+{
+    uint64_t deadline = 0;
+    for (;;) {
+        if (s->open != NULL)
+            return s->open;
+        bool capturing = atomic_load_explicit(&gt.captures, memory_order_acquire) > 0;
+        /* Gated batches are short: let as much work queue as ungated. */
+        unsigned limit = gt_gate_wanted(s, graph, paced) ? GT_GATE_INFLIGHT : GT_INFLIGHT;
+        struct gt_batch *oldest = capturing ? NULL : inflight_limit(s, limit);
+        if (oldest != NULL) {
+            /* Bound the queue: a deep queue would let the stream run far
+             * past its quota before the measurements catch up. */
+            CUevent end = oldest->end;
+            pthread_mutex_unlock(&s->lock);
+            vgpu_real_cuda.cuEventSynchronize(end);
+            pthread_mutex_lock(&s->lock);
+            atomic_store_explicit(&oldest->done, true, memory_order_relaxed);
+            continue;
+        }
+        struct gt_batch *b = free_record(s);
+        if (b == NULL) {
+            /* Every record waits for the monitor: give it a moment. */
+            uint64_t now = now_ns();
+            if (deadline == 0)
+                deadline = now + GT_FREE_WAIT_NS;
+            if (now >= deadline || capturing)
+                return NULL;
+            pthread_mutex_unlock(&s->lock);
+            pthread_mutex_lock(&gt.queue_lock);
+            struct timespec until = deadline_at(deadline);
+            pthread_cond_clockwait(&gt.queue_cond, &gt.queue_lock, CLOCK_MONOTONIC, &until);
+            pthread_mutex_unlock(&gt.queue_lock);
+            pthread_mutex_lock(&s->lock);
+            continue;
+        }
+        if (batch_events(b, s->ctx) != 0)
+            return NULL;
+        b->gated = false;
+        atomic_store_explicit(&b->gate_shut, false, memory_order_relaxed);
+        if (gt_gate_wanted(s, graph, paced))
+            gt_gate_shut(s, b);
+        if (vgpu_real_cuda.cuEventRecord(b->start, s->record_on) != CUDA_SUCCESS) {
+            gt_gate_open(s, b);
+            return NULL;
+        }
+        b->stream = s;
+        b->dev = s->dev;
+        b->graph = graph;
+        b->paced = paced;
+        b->turn = *turn;
+        *turn = false;
+        b->launches = 0;
+        uint64_t cost = atomic_load_explicit(&d->launch_cost_ns, memory_order_relaxed);
+        uint32_t expect = s->last_size == 0 ? 1 : s->last_size;
+        uint32_t target = gt_batch_target(d);
+        b->precharge = graph ? atomic_load(&s->graph_cost_ns)
+                             : (int64_t)(cost * (expect < target ? expect : target));
+        if (paced)
+            pacer_charge(d->pacer.bucket, b->precharge);
+        atomic_store_explicit(&b->state, BATCH_OPEN, memory_order_release);
+        /* Quiet counts from here: the last launch may be long past (the
+         * pacer just held this one back), and the monitor must not take
+         * the new batch for one the application stopped feeding. */
+        s->last_launch_ns = now_ns();
+        s->open = b;
+        atomic_fetch_add_explicit(&gt.open_batches, 1, memory_order_relaxed);
+        return b;
+    }
+}
+

@@ -1,0 +1,187 @@
+/*
+ * gt_gates.c - gated batches (gputime.h): the gate words, shutting and
+ * opening a batch's gate, and the gate watcher thread that opens the gates
+ * of batches the application stopped feeding.
+ */
+#include <string.h>
+
+#include "gt_state.h"
+
+static void *gate_watch_main(void *arg);
+
+static void gates_off(const char *why)
+{
+    atomic_store_explicit(&gt.gates_state, -1, memory_order_release);
+    log_info("launch-bound work is measured without gates: %s", why);
+}
+
+/* The gate words, made once with a launching thread's context current:
+ * portable pinned memory, so that every context of the process can wait on
+ * it. False when the driver cannot gate (then never again). */
+static bool gates_ready(void)
+{
+    int state = atomic_load_explicit(&gt.gates_state, memory_order_acquire);
+    if (state != 0)
+        return state > 0;
+    pthread_mutex_lock(&gt.init_lock);
+    if (atomic_load_explicit(&gt.gates_state, memory_order_relaxed) == 0) {
+        void *words = NULL;
+        CUdeviceptr dptr = 0;
+        size_t size = GT_STREAMS * sizeof(uint32_t);
+        if (vgpu_real_cuda.cuStreamWaitValue32_v2 == NULL ||
+            vgpu_real_cuda.cuMemHostAlloc == NULL ||
+            vgpu_real_cuda.cuMemHostGetDevicePointer_v2 == NULL) {
+            gates_off("the driver has no stream wait");
+        } else if (vgpu_real_cuda.cuMemHostAlloc(&words, size,
+                                                 CU_MEMHOSTALLOC_PORTABLE |
+                                                     CU_MEMHOSTALLOC_DEVICEMAP) != CUDA_SUCCESS) {
+            gates_off("no pinned memory for the gate words");
+        } else if (vgpu_real_cuda.cuMemHostGetDevicePointer_v2(&dptr, words, 0) != CUDA_SUCCESS) {
+            vgpu_real_cuda.cuMemFreeHost(words);
+            gates_off("the gate words have no device address");
+        } else {
+            memset(words, 0, size);
+            gt.gate_words = words;
+            gt.gate_dptr = dptr;
+            if (gt_start_thread(gate_watch_main, "gate watcher"))
+                atomic_store_explicit(&gt.gates_state, 1, memory_order_release);
+            else
+                gates_off("no gate watcher");
+        }
+    }
+    pthread_mutex_unlock(&gt.init_lock);
+    return atomic_load_explicit(&gt.gates_state, memory_order_acquire) > 0;
+}
+
+/* Should the stream's next batch be gated? Every paced batch of kernel
+ * launches: a GPU-bound stream's gates open before the GPU reaches them,
+ * so they cost it only the CPU's call, and its spans are right either way;
+ * a launch-bound stream's spans are right only gated. (A graph's launch is
+ * one batch whose span is its own.) Never the per-thread default stream:
+ * only its own thread may close its batches, so the monitor could not
+ * close one there that the application stopped feeding. */
+bool gt_gate_wanted(const struct gt_stream *s, bool graph, bool paced)
+{
+    return paced && !graph && s->record_on != CU_STREAM_PER_THREAD && gates_ready();
+}
+
+/* Queue the stream's next work behind a new gate, for batch b (stream lock
+ * held). The gate shuts on value `gates + 1`: the word holds `gates`. */
+void gt_gate_shut(struct gt_stream *s, struct gt_batch *b)
+{
+    uint32_t value = s->gates + 1;
+    CUdeviceptr word = gt.gate_dptr + (CUdeviceptr)(s - gt.streams) * sizeof(uint32_t);
+    if (vgpu_real_cuda.cuStreamWaitValue32_v2(s->record_on, word, value,
+                                              CU_STREAM_WAIT_VALUE_GEQ) != CUDA_SUCCESS) {
+        gates_off("the driver refused a stream wait");
+        return;
+    }
+    s->gates = value;
+    b->gated = true;
+    atomic_store_explicit(&b->gate, value, memory_order_relaxed);
+    atomic_store_explicit(&b->gate_shut, true, memory_order_release);
+    /* Sequentially consistent against the watcher's store of watch_idle
+     * and load of shut_gates: either it sees this gate or we see it idle. */
+    atomic_fetch_add(&gt.shut_gates, 1);
+    if (atomic_load(&gt.watch_idle)) {
+        pthread_mutex_lock(&gt.watch_lock);
+        pthread_cond_broadcast(&gt.watch_cond);
+        pthread_mutex_unlock(&gt.watch_lock);
+    }
+}
+
+/* Let batch b's work run. Every road that ends an open batch passes here,
+ * after its end event so that the pair brackets only the batch's kernels;
+ * and the monitor, without the stream's lock, for a batch whose launcher
+ * is stuck in a driver call that waits behind the gate (lazy loading of a
+ * kernel's module can wait for the whole context). Whoever opens it first
+ * writes the word; a second open finds it open. */
+void gt_gate_open(struct gt_stream *s, struct gt_batch *b)
+{
+    if (!atomic_exchange_explicit(&b->gate_shut, false, memory_order_acq_rel))
+        return;
+    atomic_store_explicit(&gt.gate_words[s - gt.streams],
+                          atomic_load_explicit(&b->gate, memory_order_relaxed),
+                          memory_order_release);
+    atomic_fetch_sub_explicit(&gt.shut_gates, 1, memory_order_relaxed);
+}
+
+/* Launches in a gated batch of the stream: about GT_GATE_BATCH_NS of its
+ * kernels, by their running cost. */
+uint32_t gt_gate_target(const struct gt_stream *s)
+{
+    uint64_t cost = atomic_load_explicit(&s->gated_cost_ns, memory_order_relaxed);
+    uint64_t n = cost == 0 ? GT_GATE_MIN_LAUNCHES : GT_GATE_BATCH_NS / cost;
+    if (n < GT_GATE_MIN_LAUNCHES)
+        return GT_GATE_MIN_LAUNCHES;
+    return n > GT_GATE_MAX_LAUNCHES ? GT_GATE_MAX_LAUNCHES : (uint32_t)n;
+}
+
+/*
+ * The gate watcher: opens the gates of gated batches the application
+ * stopped feeding (GT_GATE_QUIET_NS without a launch). While every shut
+ * gate is fed it makes no driver call, so it never contends with the
+ * launches; the monitor meanwhile sleeps in its events, which a shut gate
+ * may hold back (the legacy stream waits for every blocking stream) only
+ * until this thread opens it. For a quiet batch it records the end event
+ * first when it can take the stream's lock. When a launcher holds the lock
+ * (its launch may itself wait behind the gate: lazy module loading can
+ * wait for the whole context), or a capture is on, it only stores the
+ * word, and that batch's span includes the stall. Records live as long as
+ * the process, so a batch read here unlocked is always a valid record; at
+ * worst a newer batch of the stream, opened a little early.
+ * Returns the next time a shut gate may go quiet; 0 if none is shut.
+ */
+static uint64_t watch_gates(uint64_t now)
+{
+    uint64_t next = 0;
+    bool capturing = atomic_load_explicit(&gt.captures, memory_order_acquire) > 0;
+    unsigned high = atomic_load_explicit(&gt.table_high, memory_order_acquire);
+    for (unsigned i = 0; i < high; i++) {
+        struct gt_stream *s = &gt.streams[i];
+        struct gt_batch *b = s->open;
+        if (b == NULL || !atomic_load_explicit(&b->gate_shut, memory_order_acquire))
+            continue;
+        uint64_t quiet_at = s->last_launch_ns + GT_GATE_QUIET_NS;
+        if (now < quiet_at) {
+            if (next == 0 || quiet_at < next)
+                next = quiet_at;
+            continue;
+        }
+        bool handled = false;
+        if (!capturing && pthread_mutex_trylock(&s->lock) == 0) {
+            if (s->open != b) {
+                handled = true; /* closed meanwhile */
+            } else if (gt_use_ctx(s->ctx)) {
+                gt_close_open(s);
+                handled = true;
+            }
+            pthread_mutex_unlock(&s->lock);
+        }
+        if (!handled)
+            gt_gate_open(s, b);
+    }
+    return next;
+}
+
+static void *gate_watch_main(void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&gt.watch_lock);
+    for (;;) {
+        atomic_store(&gt.watch_idle, true);
+        if (atomic_load(&gt.shut_gates) == 0) {
+            pthread_cond_wait(&gt.watch_cond, &gt.watch_lock);
+            continue;
+        }
+        atomic_store(&gt.watch_idle, false);
+        pthread_mutex_unlock(&gt.watch_lock);
+        uint64_t now = now_ns();
+        uint64_t next = watch_gates(now);
+        pthread_mutex_lock(&gt.watch_lock);
+        struct timespec until = deadline_at(next != 0 ? next : now + GT_GATE_QUIET_NS);
+        pthread_cond_clockwait(&gt.watch_cond, &gt.watch_lock, CLOCK_MONOTONIC, &until);
+    }
+    return NULL;
+}
+

@@ -1,0 +1,163 @@
+/*
+ * gt_monitor.c - the monitor thread: waits for closed batches in order,
+ * measures their event pairs, settles the bucket and the usage counters,
+ * closes batches left quiet, and passes on lingering turns.
+ */
+#include <signal.h>
+#include <string.h>
+
+#include "gt_state.h"
+#include "turn.h"
+
+bool gt_start_thread(void *(*main_fn)(void *), const char *what)
+{
+    pthread_t th;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    int rc = pthread_create(&th, &attr, main_fn, NULL);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    pthread_attr_destroy(&attr);
+    if (rc != 0)
+        log_error("cannot start the %s: %s", what, strerror(rc));
+    return rc == 0;
+}
+
+/* Make ctx current on the monitor's or the gate watcher's thread (event
+ * calls of some drivers want their context current); remembered so it
+ * costs a call only on a change. */
+bool gt_use_ctx(CUcontext ctx)
+{
+    static __thread CUcontext current;
+    if (current == ctx)
+        return true;
+    if (vgpu_real_cuda.cuCtxSetCurrent(ctx) != CUDA_SUCCESS)
+        return false;
+    current = ctx;
+    return true;
+}
+
+/* Running average over ~8 samples: adapts within a few ms of work. */
+static void average_in(_Atomic uint64_t *avg, uint64_t sample)
+{
+    uint64_t seen = atomic_load_explicit(avg, memory_order_relaxed);
+    seen = seen == 0 ? sample : seen - seen / 8 + sample / 8;
+    atomic_store_explicit(avg, seen > 0 ? seen : 1, memory_order_relaxed);
+}
+
+
+/* Measure a queued batch and count it (the monitor frees the record once
+ * it is out of the queue). */
+static void settle(struct gt_batch *b)
+{
+    struct gt_dev *d = &gt.devs[b->dev];
+    int64_t busy = b->precharge;
+    if (gt_use_ctx(b->events_ctx) && vgpu_real_cuda.cuEventSynchronize(b->end) == CUDA_SUCCESS) {
+        float ms = 0;
+        CUresult rc = vgpu_real_cuda.cuEventElapsedTime_v2 != NULL
+                          ? vgpu_real_cuda.cuEventElapsedTime_v2(&ms, b->start, b->end)
+                          : vgpu_real_cuda.cuEventElapsedTime(&ms, b->start, b->end);
+        if (rc == CUDA_SUCCESS && ms >= 0)
+            busy = (int64_t)((double)ms * 1e6);
+    }
+    /* else the context went away under the batch: the estimate stands. */
+    atomic_store_explicit(&b->done, true, memory_order_relaxed);
+    if (b->paced)
+        pacer_charge(d->pacer.bucket, busy - b->precharge);
+    pacer_account(&d->pacer, (uint64_t)busy, b->launches);
+    if (b->graph) {
+        atomic_store_explicit(&b->stream->graph_cost_ns, busy, memory_order_relaxed);
+    } else if (b->launches > 0) {
+        average_in(&d->launch_cost_ns, (uint64_t)busy / b->launches);
+        if (b->gated)
+            average_in(&b->stream->gated_cost_ns, (uint64_t)busy / b->launches);
+    }
+}
+
+/* See gt_state.h. */
+void gt_close_picked(bool (*pick)(const struct gt_stream *s, const void *arg),
+                     const void *arg, bool (*enter)(CUcontext ctx), bool wait)
+{
+    unsigned high = atomic_load_explicit(&gt.table_high, memory_order_acquire);
+    pid_t me = gt_current_tid();
+    for (unsigned i = 0; i < high; i++) {
+        struct gt_stream *s = &gt.streams[i];
+        if (s->open == NULL || (s->record_on == CU_STREAM_PER_THREAD && s->key.tid != me) ||
+            !pick(s, arg))
+            continue;
+        if (!wait && pthread_mutex_trylock(&s->lock) != 0)
+            continue;
+        if (wait)
+            pthread_mutex_lock(&s->lock);
+        if (s->open != NULL && pick(s, arg) && (enter == NULL || enter(s->ctx)))
+            gt_close_open(s);
+        pthread_mutex_unlock(&s->lock);
+    }
+}
+
+/* The application stopped launching on the stream without a sync point we
+ * see. */
+static bool quiet(const struct gt_stream *s, const void *now)
+{
+    return *(const uint64_t *)now - s->last_launch_ns >= GT_QUIET_NS;
+}
+
+static void *monitor_main(void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&gt.queue_lock);
+    for (;;) {
+        bool capturing = atomic_load_explicit(&gt.captures, memory_order_acquire) > 0;
+        if (gt.head != NULL && !capturing) {
+            struct gt_batch *b = gt.head;
+            pthread_mutex_unlock(&gt.queue_lock);
+            settle(b);
+            pthread_mutex_lock(&gt.queue_lock);
+            gt.head = b->next;
+            if (gt.head == NULL)
+                gt.tail = NULL;
+            /* Freed only once out of the queue: a launcher may reuse the
+             * record at once and queue it again, which must not find it
+             * still linked here (that lost the queue, and the stream
+             * waited forever for a free record). */
+            pthread_mutex_unlock(&gt.queue_lock);
+            gt_release_batch(b);
+            pthread_mutex_lock(&gt.queue_lock);
+            continue;
+        }
+        uint64_t wake = 0;
+        if (!capturing && atomic_load_explicit(&gt.open_batches, memory_order_relaxed) > 0) {
+            pthread_mutex_unlock(&gt.queue_lock);
+            uint64_t now = now_ns();
+            gt_close_picked(quiet, &now, gt_use_ctx, false);
+            pthread_mutex_lock(&gt.queue_lock);
+            if (gt.head != NULL)
+                continue;
+            wake = now_ns() + GT_QUIET_NS / 2;
+        }
+        /* Under the queue lock, so a turn that starts lingering after this
+         * look wakes us (gt_release_batch broadcasts under it). */
+        uint64_t linger = turn_expire(now_ns());
+        if (linger != 0 && (wake == 0 || linger < wake))
+            wake = linger;
+        if (wake != 0) {
+            struct timespec until = deadline_at(wake);
+            pthread_cond_clockwait(&gt.queue_cond, &gt.queue_lock, CLOCK_MONOTONIC, &until);
+        } else {
+            pthread_cond_wait(&gt.queue_cond, &gt.queue_lock);
+        }
+    }
+    return NULL;
+}
+
+void gt_monitor_start(void)
+{
+    pthread_mutex_lock(&gt.queue_lock);
+    if (!gt.monitor_running)
+        gt.monitor_running = gt_start_thread(monitor_main, "GPU time monitor");
+    pthread_mutex_unlock(&gt.queue_lock);
+}
+
