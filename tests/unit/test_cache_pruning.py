@@ -69,7 +69,9 @@ async def test_a_deleted_vgpu_and_exited_processes_leave_nothing_behind(tmp_path
             standalone = track.standalone if track is not None else {}
             steering.tick(service.registry.all(), standalone, track, None, time.monotonic_ns())
             service.ticked()
-            for path in ["/v1/vgpus", "/v1/processes"] + ([f"/v1/vgpus/{vgpu_id}"] if vgpu_id else []):
+            for path in ["/v1/vgpus", "/v1/processes"] + (
+                [f"/v1/vgpus/{vgpu_id}"] if vgpu_id else []
+            ):
                 assert (await api.client.get(path)).status == 200
             metrics.render()
 
@@ -111,6 +113,8 @@ async def test_a_deleted_vgpu_and_exited_processes_leave_nothing_behind(tmp_path
                 for name, cache in caches(owner):
                     left = [key for key in cache if names(key, gone)]
                     bound = BULK_BOUND if name in BULK_PRUNED else 0
-                    assert len(left) <= bound, f"{type(owner).__name__}.{name} keeps {left}"
+                    assert len(left) <= bound, (
+                        f"{type(owner).__name__}.{name} keeps {len(left)}: {left[:3]}"
+                    )
         finally:
             tracker.close()
