@@ -22,7 +22,7 @@ from typing import Any
 
 from tests.fixtures.hook import FakeHook, MappedSleepers
 from tests.unit.apiclient import running_api
-from vgpud.blocks import Atomics
+from vgpud.atomics import Atomics
 from vgpud.metrics import Metrics
 from vgpud.steering import Steering
 from vgpud.tracker import Tracker
