@@ -68,6 +68,8 @@ def start_daemon(work: Path, vgpus: int) -> tuple[subprocess.Popen[bytes], Clien
             "LD_LIBRARY_PATH": str(ROOT / "build" / "sim"),
             "VGPU_SIM_STATE": str(work / "sim"),
             "VGPU_SIM_DEVICES": str(SIM_DEVICES),
+            # An 80 GiB GPU, as an H100: room for 250 contexts (--nvml-listed).
+            "VGPU_SIM_MEMORY": "80g",
             "VGPUD_CDI_DIR": "",
             "VGPUD_SOCKET_GROUP": "",
             "VGPUD_LOG_LEVEL": "warning",

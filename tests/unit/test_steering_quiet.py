@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from tests.unit.fakes import gpus
 from vgpud import controller as ctl
-from vgpud.blocks import Atomics
+from vgpud.atomics import Atomics
 from vgpud.events import EventLog
 from vgpud.model import CreateRequest, Limits, UpdateRequest
 from vgpud.nvml import GpuSample, NvmlSample

@@ -37,8 +37,7 @@ struct owner {
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct owner g_owners[SIM_MAX_PROCS];
 static int g_exits = -1; /* the epoll set; -1: this process does not remember */
-static pid_t g_watcher;  /* the process that made it (a forked child starts afresh) */
-static size_t g_fds, g_max_fds;
+static size_t g_fds;
 
 static void forget(struct owner *o)
 {
@@ -49,38 +48,56 @@ static void forget(struct owner *o)
     *o = (struct owner){.pidfd = -1};
 }
 
-/* Whether this process remembers; a forked child drops what its parent
- * knew without touching the parent's epoll set (the descriptors are
- * copies; the set itself is shared, so the child must not read it). */
+/* Around a fork the lock is held, so the child's copy of the table is
+ * whole. The child drops what its parent knew without touching the
+ * parent's epoll set (the descriptors are copies, the set itself is
+ * shared, so the child must not read it): it asks /proc from then on. */
+static void before_fork(void)
+{
+    pthread_mutex_lock(&g_lock);
+}
+
+static void after_fork_parent(void)
+{
+    pthread_mutex_unlock(&g_lock);
+}
+
+static void after_fork_child(void)
+{
+    if (g_exits >= 0) {
+        for (size_t i = 0; i < SIM_MAX_PROCS; i++)
+            forget(&g_owners[i]);
+        close(g_exits);
+        g_exits = -1;
+    }
+    pthread_mutex_unlock(&g_lock);
+}
+
 static bool watching(void)
 {
-    if (g_exits < 0)
+    return g_exits >= 0;
+}
+
+/* Whether one more descriptor leaves the caller three quarters of its
+ * open-files limit (asked each time: the daemon raises it after init). */
+static bool room_for_one_more(void)
+{
+    struct rlimit limit;
+    if (getrlimit(RLIMIT_NOFILE, &limit) != 0)
         return false;
-    if (g_watcher == getpid())
-        return true;
-    for (size_t i = 0; i < SIM_MAX_PROCS; i++)
-        if (g_owners[i].key != 0 && g_owners[i].pidfd >= 0)
-            close(g_owners[i].pidfd);
-    close(g_exits);
-    for (size_t i = 0; i < SIM_MAX_PROCS; i++)
-        g_owners[i] = (struct owner){.pidfd = -1};
-    g_fds = 0;
-    g_exits = -1;
-    return false;
+    return limit.rlim_cur == RLIM_INFINITY || g_fds < limit.rlim_cur / 4;
 }
 
 void sim_owners_watch(void)
 {
     pthread_mutex_lock(&g_lock);
     if (!watching()) {
-        struct rlimit limit;
-        g_max_fds = getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY
-                        ? (size_t)limit.rlim_cur / 4
-                        : SIM_MAX_PROCS;
-        g_exits = epoll_create1(EPOLL_CLOEXEC);
-        g_watcher = getpid();
         for (size_t i = 0; i < SIM_MAX_PROCS; i++)
             g_owners[i] = (struct owner){.pidfd = -1};
+        g_exits = epoll_create1(EPOLL_CLOEXEC);
+        static bool once;
+        if (g_exits >= 0 && !once)
+            once = pthread_atfork(before_fork, after_fork_parent, after_fork_child) == 0;
     }
     pthread_mutex_unlock(&g_lock);
 }
@@ -124,7 +141,7 @@ int sim_owners_lookup(size_t index, uint64_t key, uint64_t pidns)
 void sim_owners_remember(size_t index, uint64_t key, uint64_t pidns, int pid, uint64_t start_time)
 {
     pthread_mutex_lock(&g_lock);
-    if (watching() && index < SIM_MAX_PROCS && g_fds < g_max_fds) {
+    if (watching() && index < SIM_MAX_PROCS && room_for_one_more()) {
         forget(&g_owners[index]);
         int fd = (int)syscall(SYS_pidfd_open, pid, 0);
         /* The pid may have been reused since the caller checked it: the
