@@ -61,7 +61,7 @@ from vgpud.watch import Watch
 
 EXIT_START_FAILED = 3
 LOCK_FILE = "vgpud.lock"  # in state_dir
-log = structlog.get_logger("vgpud")
+log = structlog.get_logger(__name__)
 
 
 class StartError(Exception):

@@ -64,7 +64,6 @@ rests on what the host shows (``evidence.py``; docs/security.md,
 from __future__ import annotations
 
 import ctypes
-import logging
 import mmap
 import os
 import time
@@ -74,6 +73,8 @@ from enum import StrEnum
 from functools import cached_property
 from typing import Protocol
 
+import structlog
+
 from vgpud.abi import MAX_PROCS, SLOT_ACTIVE, SLOT_CLAIMING, BlockError, UsageC
 from vgpud.blocks import ControlBlock, SlotView, UsageBlock, UsageDevice
 from vgpud.cgroups import ContainerRef, Runtime, classify, parse_cgroup_file
@@ -82,7 +83,7 @@ from vgpud.exitwatch import ExitWatch
 from vgpud.nvml import NvmlSample
 from vgpud.procfs import Identity, MappedFile, Process, ProcessTable, ProcFS
 
-log = logging.getLogger(__name__)
+log = structlog.get_logger(__name__)
 
 HOOK_LIBRARY = "libvgpu"
 ADOPT_TRIES = 4  # distinct block-sized files opened per process and scan, at most
@@ -695,7 +696,7 @@ class Tracker:
             try:
                 fd = self.procfs.open_mapped(process.pid, mapping, write=True)
             except OSError as err:
-                log.debug("cannot open %s: %s", name, err)
+                log.debug("cannot open a mapped file", path=name, error=str(err))
                 continue
             try:
                 st = os.fstat(fd)
@@ -704,24 +705,22 @@ class Tracker:
                     return self._adopted[key]
                 if st.st_uid != process.uid or st.st_mode & 0o077:
                     log.debug(
-                        "%s: owner %d mode %o, not pid %d's own",
-                        name,
-                        st.st_uid,
-                        st.st_mode & 0o777,
-                        process.pid,
+                        "mapped file is not the process's own",
+                        path=name,
+                        owner=st.st_uid,
+                        mode=f"{st.st_mode & 0o777:o}",
+                        pid=process.pid,
                     )
                     continue
                 usage = UsageBlock.open_fd(fd, name)
             except (BlockError, OSError) as err:
-                log.debug("%s is not a usage block: %s", name, err)
+                log.debug("mapped file is not a usage block", path=name, error=str(err))
                 continue
             finally:
                 os.close(fd)
             adopted = _Adopted(f"sa-{key[0]:x}-{key[1]}", VgpuBlocks(usage), key)
             self._adopted[key] = adopted
-            log.info(
-                "adopted standalone vGPU %s (block mapped by pid %d)", adopted.vgpu_id, process.pid
-            )
+            log.info("adopted standalone vGPU", vgpu=adopted.vgpu_id, pid=process.pid)
             return adopted
         return None
 
@@ -729,7 +728,7 @@ class Tracker:
         """An adopted block with no slot in use is done with: unmap it."""
         for key, adopted in list(self._adopted.items()):
             if not adopted.blocks.usage.slots():
-                log.info("standalone vGPU %s has no process left: released", adopted.vgpu_id)
+                log.info("standalone vGPU has no process left: released", vgpu=adopted.vgpu_id)
                 adopted.blocks.usage.close()
                 del self._adopted[key]
 
