@@ -25,9 +25,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from vgpud.abi import TURN_WANT, ControlC, ControlDeviceC, TurnC, UsageC, UsageDeviceC
-from vgpud.atomics import Atomics
-from vgpud.blocks import ControlBlock, DeviceSlice, TurnBroker, UsageBlock
+from vgpud.vgpus.abi import TURN_WANT, ControlC, ControlDeviceC, TurnC, UsageC, UsageDeviceC
+from vgpud.vgpus.atomics import Atomics
+from vgpud.vgpus.blocks import ControlBlock, DeviceSlice, TurnBroker, UsageBlock
 
 SYS_FUTEX, FUTEX_WAIT, FUTEX_WAKE = 202, 0, 1
 libc = ctypes.CDLL(None, use_errno=True)

@@ -44,8 +44,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.fixtures.hook import MappedSleepers
 from vgpud import __version__
-from vgpud.abi import SLOT_ACTIVE, UsageC
 from vgpud.ctl.client import Client, DaemonUnreachable
+from vgpud.vgpus.abi import SLOT_ACTIVE, UsageC
 
 ROOT = Path(__file__).resolve().parents[1]
 SIM_DEVICES = 4

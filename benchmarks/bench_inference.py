@@ -93,7 +93,7 @@ def hook_counters(usage: Path) -> tuple[int, int, int] | None:
     first device, or None where there is no block (a native run)."""
     if not usage.exists():
         return None
-    from vgpud.blocks import UsageBlock
+    from vgpud.vgpus.blocks import UsageBlock
 
     block = UsageBlock.open(usage)
     try:

@@ -32,8 +32,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from vgpud.blocks import ControlBlock, DeviceSlice, UsageBlock  # noqa: E402
 from vgpud.units import PPM_FULL  # noqa: E402
+from vgpud.vgpus.blocks import ControlBlock, DeviceSlice, UsageBlock  # noqa: E402
 
 BUILD = ROOT / "build"
 SOURCE = ROOT / "benchmarks" / "bench_launch.c"

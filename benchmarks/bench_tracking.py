@@ -21,11 +21,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.fixtures.hook import GPU_UUIDS, FakeVgpu, MappedSleepers
-from vgpud.backstop import BackstopPolicy, BackstopState, decide
-from vgpud.nvml import GpuSample, NvmlSample
-from vgpud.procfs import ProcFS
-from vgpud.reaper import ReaperState, plan
-from vgpud.tracker import Tracker
+from vgpud.observe.nvml import GpuSample, NvmlSample
+from vgpud.observe.procfs import ProcFS
+from vgpud.observe.tracker import Tracker
+from vgpud.policy.backstop import BackstopPolicy, BackstopState, decide
+from vgpud.policy.reaper import ReaperState, plan
 
 
 def main() -> None:

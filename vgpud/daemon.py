@@ -40,24 +40,26 @@ from typing import Any
 import structlog
 from aiohttp import web
 
-from vgpud import __version__, cdi, nvml, systemd
-from vgpud import events as ev
+from vgpud import __version__, systemd
 from vgpud import log as logsetup
-from vgpud.abi import BlockError
-from vgpud.api.app import make_app, make_metrics_app
-from vgpud.atomics import Atomics
 from vgpud.config import RESTART_KEYS, Config, ConfigError, changed_keys, load_config
 from vgpud.errors import ApiError
-from vgpud.events import EventLog
 from vgpud.libpaths import LibraryNotFound, find_library
-from vgpud.metrics import Metrics
-from vgpud.recipe import sim_driver_env
-from vgpud.registry import Registry
-from vgpud.service import GpuFigures, Service
-from vgpud.state import StateStore
-from vgpud.steering import Steering
-from vgpud.tracker import Tracker
-from vgpud.watch import Watch
+from vgpud.loops.control import Steering
+from vgpud.loops.scan import Watch
+from vgpud.observe import nvml
+from vgpud.observe.tracker import Tracker
+from vgpud.surface import events as ev
+from vgpud.surface.api.app import make_app, make_metrics_app
+from vgpud.surface.events import EventLog
+from vgpud.surface.metrics import Metrics
+from vgpud.surface.service import GpuFigures, Service
+from vgpud.vgpus import cdi
+from vgpud.vgpus.abi import BlockError
+from vgpud.vgpus.atomics import Atomics
+from vgpud.vgpus.recipe import sim_driver_env
+from vgpud.vgpus.registry import Registry
+from vgpud.vgpus.state import StateStore
 
 EXIT_START_FAILED = 3
 LOCK_FILE = "vgpud.lock"  # in state_dir

@@ -30,7 +30,7 @@
  *  - there are no locks: a SIGKILLed process can leave nothing held;
  *  - both sides check magic, version and size before trusting a block.
  *
- * vgpud/abi.py mirrors this layout; tests/unit/test_abi_layout.py has gcc
+ * vgpud/vgpus/abi.py mirrors this layout; tests/unit/test_abi_layout.py has gcc
  * compile a program that prints every offset and size from this header and
  * checks that abi.py agrees.
  */

@@ -12,8 +12,8 @@ from typing import Any
 from tests.e2e.harness import Vgpud
 from tests.e2e.podman import Podman
 from tests.integration.daemon_harness import wait_for
-from vgpud.abi import ProcSlotC, UsageC, UsageDeviceC
-from vgpud.blocks import ControlBlock
+from vgpud.vgpus.abi import ProcSlotC, UsageC, UsageDeviceC
+from vgpud.vgpus.blocks import ControlBlock
 
 MakeVgpu = Callable[..., dict[str, Any]]
 MIB = 2**20

@@ -18,8 +18,8 @@ from tests.conftest import BUILD
 from tests.e2e.harness import Vgpud
 from tests.e2e.podman import Podman
 from tests.integration.daemon_harness import wait_for
-from vgpud.abi import SteerC, UsageC
-from vgpud.blocks import UsageBlock
+from vgpud.vgpus.abi import SteerC, UsageC
+from vgpud.vgpus.blocks import UsageBlock
 
 MIB = 2**20
 LIBRARY = "/usr/lib/vgpud/libvgpu.so"

@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 
 from tests.integration.test_compute_coloc import SIM_GPU0, TOLERANCE, colocate
-from vgpud.blocks import ControlBlock, DeviceSlice, UsageBlock
 from vgpud.units import percent_to_ppm
+from vgpud.vgpus.blocks import ControlBlock, DeviceSlice, UsageBlock
 
 STALE_NS = 10 * 1_000_000_000  # the daemon's last beat, this long ago
 

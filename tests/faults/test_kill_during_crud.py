@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from tests.integration.daemon_harness import Daemon
-from vgpud.blocks import ControlBlock, UsageBlock
 from vgpud.ctl.client import ApiFailure
 from vgpud.units import percent_to_ppm
+from vgpud.vgpus.blocks import ControlBlock, UsageBlock
 
 ROUNDS = 12
 MIB = 1 << 20

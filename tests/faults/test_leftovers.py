@@ -9,14 +9,14 @@ import structlog
 
 from tests.integration.daemon_harness import Daemon, base_env
 from tests.unit.fakes import gpus
-from vgpud.atomics import Atomics
 from vgpud.daemon import EXIT_START_FAILED
-from vgpud.events import EventLog
-from vgpud.model import CreateRequest, Limits
-from vgpud.placement import Rules
-from vgpud.registry import Registry
-from vgpud.state import StateStore
+from vgpud.policy.placement import Rules
+from vgpud.surface.events import EventLog
 from vgpud.units import parse_memory
+from vgpud.vgpus.atomics import Atomics
+from vgpud.vgpus.model import CreateRequest, Limits
+from vgpud.vgpus.registry import Registry
+from vgpud.vgpus.state import StateStore
 
 
 def registry(tmp: Path) -> Registry:

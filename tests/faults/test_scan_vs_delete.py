@@ -16,10 +16,10 @@ from pathlib import Path
 from tests.fixtures.hook import FakeHook
 from tests.integration.daemon_harness import Daemon
 from tests.unit.apiclient import running_api
-from vgpud import events as ev
-from vgpud.nvml import NvmlSample
-from vgpud.tracker import Tracker, TrackSnapshot, VgpuView
-from vgpud.watch import Watch
+from vgpud.loops.scan import Watch
+from vgpud.observe.nvml import NvmlSample
+from vgpud.observe.tracker import Tracker, TrackSnapshot, VgpuView
+from vgpud.surface import events as ev
 
 MIB = 1 << 20
 

@@ -13,7 +13,7 @@ import pytest
 
 from tests.integration.daemon_harness import Daemon, base_env
 from vgpud.daemon import EXIT_START_FAILED
-from vgpud.state import StateError, StateStore
+from vgpud.vgpus.state import StateError, StateStore
 
 GIB = 1 << 30
 GPU = "GPU-5117a000-0000-4000-8000-000000000001"

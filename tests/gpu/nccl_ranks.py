@@ -2,7 +2,7 @@
 torchrun starts them, natively or inside a vGPU over both GPUs.
 
 Shared by tests/gpu/test_multi_gpu.py and benchmarks/bench_multi_gpu.py.
-The vGPU's blocks are made as the daemon makes them (vgpud.blocks), with
+The vGPU's blocks are made as the daemon makes them (vgpud.vgpus.blocks), with
 the daemon's GPU turn broker running in this process, so no daemon is
 needed. NCCL_NVLS_ENABLE=0 is always set: NVLink multicast memory is not
 accounted, and the hook refuses cuMulticastCreate in a limited process.
@@ -68,7 +68,7 @@ if mode == "allreduce":
     if os.environ.get("VGPU_USAGE"):
         import pynvml
         sys.path.insert(0, os.environ["VGPUD_ROOT"])
-        from vgpud.blocks import UsageBlock
+        from vgpud.vgpus.blocks import UsageBlock
         pynvml.nvmlInit()
         handle = pynvml.nvmlDeviceGetHandleByIndex(int(os.environ["NVML_INDEX"]))
         out["nvml_used"] = sum(p.usedGpuMemory or 0

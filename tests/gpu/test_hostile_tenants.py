@@ -88,9 +88,9 @@ class Scanner:
     """The daemon's tracking part on the real NVML: scan, then backstop."""
 
     def __init__(self, vgpu: FakeVgpu, action: str) -> None:
-        from vgpud.backstop import BackstopPolicy, BackstopState
-        from vgpud.nvml import open_nvml
-        from vgpud.tracker import Tracker
+        from vgpud.observe.nvml import open_nvml
+        from vgpud.observe.tracker import Tracker
+        from vgpud.policy.backstop import BackstopPolicy, BackstopState
 
         self.vgpu = vgpu
         self.loop = asyncio.new_event_loop()
@@ -99,7 +99,7 @@ class Scanner:
         self.policy = BackstopPolicy(action, tolerance=64 << 20, confirm_scans=2)
 
     def scan(self) -> tuple[Any, list[Any]]:
-        from vgpud.backstop import check
+        from vgpud.policy.backstop import check
 
         snap = self.tracker.scan(
             {"v1": self.vgpu.blocks}, self.loop.run_until_complete(self.gw.sample())

@@ -180,7 +180,7 @@ def test_ipc_memory_is_charged_once_to_its_exporter(tmp_path: Path) -> None:
     def env(name: str) -> dict[str, str]:
         return with_hook(dict(os.environ), CUDA_MEM_LIMIT="4g", VGPU_USAGE=str(tmp_path / name))
 
-    from vgpud.blocks import UsageBlock
+    from vgpud.vgpus.blocks import UsageBlock
 
     def used(name: str) -> int:
         usage = UsageBlock.open(tmp_path / name)

@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from vgpud.atomics import Atomics
-from vgpud.blocks import ControlBlock, DeviceSlice, TurnBroker, UsageBlock
 from vgpud.units import PPM_FULL
+from vgpud.vgpus.atomics import Atomics
+from vgpud.vgpus.blocks import ControlBlock, DeviceSlice, TurnBroker, UsageBlock
 
 MEMORY = 1 << 30  # each GPU's slice
 

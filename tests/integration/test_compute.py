@@ -26,8 +26,8 @@ from tests.integration.compute_harness import (
     windows,
 )
 from tests.integration.daemon_harness import Daemon
-from vgpud.blocks import ControlBlock, DeviceSlice, UsageBlock
 from vgpud.units import PPM_FULL
+from vgpud.vgpus.blocks import ControlBlock, DeviceSlice, UsageBlock
 
 SIM_GPU0 = "GPU-5117a000-0000-4000-8000-000000000000"  # the simulator's default UUID
 SECONDS = 4.5  # per run; the first second is start-up and not measured

@@ -19,7 +19,7 @@ SIM_CUDA = str(SIM_LIB_DIR / "libcuda.so.1")
 def sm_counts(env: dict[str, str], library: str) -> dict[str, int]:
     script = (
         "import json, sys\n"
-        "from vgpud.cudainfo import sm_counts\n"
+        "from vgpud.observe.cudainfo import sm_counts\n"
         "print(json.dumps(sm_counts(sys.argv[1])))"
     )
     proc = subprocess.run(

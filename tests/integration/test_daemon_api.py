@@ -14,8 +14,8 @@ import pytest
 
 from tests.conftest import BUILD
 from tests.integration.daemon_harness import Daemon, wait_for
-from vgpud.blocks import ControlBlock
 from vgpud.ctl.client import ApiFailure
+from vgpud.vgpus.blocks import ControlBlock
 
 MIB = 1 << 20
 BURN = BUILD / "vgpu-burn"

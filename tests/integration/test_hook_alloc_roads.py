@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.helpers.memprobe import InteractiveProbe, MiB, hooked, probe
-from vgpud.blocks import UsageBlock
+from vgpud.vgpus.blocks import UsageBlock
 
 LIMIT = 100 * MiB
 OK = "CUDA_SUCCESS"

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.memprobe import InteractiveProbe, MiB, hooked, probe
-from vgpud.blocks import UsageBlock
+from vgpud.vgpus.blocks import UsageBlock
 
 CTX = 32 * MiB  # the simulator's overhead per context
 OOM = "CUDA_ERROR_OUT_OF_MEMORY"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tests.fixtures.hook import FakeHook
 from tests.helpers.memprobe import InteractiveProbe, MiB, hooked, probe
-from vgpud.blocks import UsageBlock
+from vgpud.vgpus.blocks import UsageBlock
 
 LIMIT = 256 * MiB
 

@@ -4,7 +4,7 @@ once it goes stale (simulated GPU, utilization read through NVML).
 
 In standalone mode the daemon writes the usage block's steer area (quota and
 heartbeat) for processes it adopted; here the test writes it through
-vgpud/blocks.py as the daemon's tick would, so the hook's side is checked
+vgpud/vgpus/blocks.py as the daemon's tick would, so the hook's side is checked
 alone. The heartbeat counts as fresh for 2 s (PACER_STEER_FRESH_NS in
 libhook/src/pacer.h).
 """
@@ -19,8 +19,8 @@ import pytest
 
 from tests.conftest import BUILD
 from tests.integration.compute_harness import Burn, Sampler, device_util, series
-from vgpud.abi import BlockError
-from vgpud.blocks import UsageBlock
+from vgpud.vgpus.abi import BlockError
+from vgpud.vgpus.blocks import UsageBlock
 
 ENV_LIMIT = 80  # %
 STEER = 30  # %

@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.helpers.memprobe import InteractiveProbe, MiB, hooked, probe
-from vgpud.blocks import ControlBlock, DeviceSlice, UsageBlock
+from vgpud.vgpus.blocks import ControlBlock, DeviceSlice, UsageBlock
 
 GPU0 = "GPU-5117a000-0000-4000-8000-000000000000"  # the simulator's default UUIDs
 GPU1 = "GPU-5117a000-0000-4000-8000-000000000001"

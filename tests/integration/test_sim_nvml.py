@@ -242,7 +242,7 @@ n.nvmlInit()
 h = n.nvmlDeviceGetHandleByIndex(0)
 def samples(last):
     # A sample that lands between pynvml's two calls makes the second too
-    # small: ask again, as the daemon does (vgpud/nvml.py).
+    # small: ask again, as the daemon does (vgpud/observe/nvml.py).
     for _ in range(8):
         try:
             got = n.nvmlDeviceGetProcessUtilization(h, last)

@@ -30,7 +30,7 @@ pytestmark = pytest.mark.skipif(
 # simulator's control entry points, and prints what the gateway reported.
 HEALTH = f"""
 import asyncio, ctypes, json
-from vgpud.nvml import open_nvml
+from vgpud.observe.nvml import open_nvml
 async def main():
     events = asyncio.Queue()
     gw = await open_nvml({str(SIM_NVML)!r}, on_health=events.put_nowait)

@@ -35,7 +35,7 @@ import pytest
 from tests.conftest import BUILD
 from tests.integration.compute_harness import Burn
 from tests.integration.daemon_harness import Daemon
-from vgpud.abi import MAX_DEVICES, ControlC, ControlDeviceC, TurnC, UsageC, UsageDeviceC
+from vgpud.vgpus.abi import MAX_DEVICES, ControlC, ControlDeviceC, TurnC, UsageC, UsageDeviceC
 
 HOSTILE = 54331  # the hostile vGPU's user
 VICTIM = 54332  # the victim vGPU's user

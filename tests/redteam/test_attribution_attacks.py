@@ -25,13 +25,13 @@ from tests.conftest import BUILD, ROOT
 from tests.fixtures.cgroup import Cgroup
 from tests.fixtures.hook import GPU_UUIDS, FakeHook, FakeVgpu, mapping_process
 from tests.fixtures.simgpu import BYPASS, SCAN, SIM_GPU0, run_json
-from vgpud.abi import SLOT_FREE, UsageC
-from vgpud.backstop import BackstopPolicy, BackstopState, check, decide
-from vgpud.blocks import UsageBlock
-from vgpud.nvml import GpuSample, NvmlSample
-from vgpud.procfs import ProcFS
-from vgpud.reaper import ReaperState, reap
-from vgpud.tracker import ProcessKind, Tracker
+from vgpud.observe.nvml import GpuSample, NvmlSample
+from vgpud.observe.procfs import ProcFS
+from vgpud.observe.tracker import ProcessKind, Tracker
+from vgpud.policy.backstop import BackstopPolicy, BackstopState, check, decide
+from vgpud.policy.reaper import ReaperState, reap
+from vgpud.vgpus.abi import SLOT_FREE, UsageC
+from vgpud.vgpus.blocks import UsageBlock
 
 GIB = 1 << 30
 GPU0 = GPU_UUIDS[0]

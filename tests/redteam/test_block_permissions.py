@@ -34,16 +34,16 @@ from tests.conftest import BUILD, sim_environment
 from tests.helpers.memprobe import MEMPROBE, hooked
 from tests.unit.apiclient import Api, running_api
 from tests.unit.fakes import FakeInventory, gpus
-from vgpud.abi import UsageC
-from vgpud.api.app import make_app
-from vgpud.atomics import Atomics
-from vgpud.blocks import UsageBlock
 from vgpud.config import Config
-from vgpud.events import EventLog
-from vgpud.metrics import Metrics
-from vgpud.registry import Registry
-from vgpud.service import Service
-from vgpud.state import StateStore
+from vgpud.surface.api.app import make_app
+from vgpud.surface.events import EventLog
+from vgpud.surface.metrics import Metrics
+from vgpud.surface.service import Service
+from vgpud.vgpus.abi import UsageC
+from vgpud.vgpus.atomics import Atomics
+from vgpud.vgpus.blocks import UsageBlock
+from vgpud.vgpus.registry import Registry
+from vgpud.vgpus.state import StateStore
 
 pytestmark = [
     pytest.mark.root,

@@ -30,8 +30,8 @@ HUNG = 60
 PRELUDE = """
 import mmap, os, sys
 from pathlib import Path
-from vgpud.abi import UsageC
-from vgpud.blocks import UsageBlock, ControlBlock, DeviceSlice, UNSTEERED
+from vgpud.vgpus.abi import UsageC
+from vgpud.vgpus.blocks import UsageBlock, ControlBlock, DeviceSlice, UNSTEERED
 
 def hold_odd(path, dev, seq=0x7777_7777):
     # The tenant's side: its own mapping of the file, the word set odd.
@@ -137,8 +137,8 @@ sys.stdin.read()
 """
 
 SCAN = """
-from vgpud.nvml import GpuSample, NvmlSample
-from vgpud.tracker import Tracker
+from vgpud.observe.nvml import GpuSample, NvmlSample
+from vgpud.observe.tracker import Tracker
 tenant = int(sys.argv[2])
 gpu = sys.argv[3]
 sample = NvmlSample(
@@ -158,7 +158,7 @@ tracker.close()
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root (/proc/<pid>/map_files)")
 def test_the_scan_finishes_with_a_hostile_standalone_block_adopted(tmp_path: Path) -> None:
     from tests.fixtures.hook import GPU_UUIDS, FakeHook
-    from vgpud.blocks import UsageBlock
+    from vgpud.vgpus.blocks import UsageBlock
 
     block = tmp_path / "standalone.usage"
     UsageBlock.create(block, device_count=1).close()

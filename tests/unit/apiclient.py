@@ -13,14 +13,14 @@ import jsonschema
 from aiohttp.test_utils import TestClient, TestServer
 
 from tests.unit.fakes import FakeInventory, gpus
-from vgpud.api.app import make_app, openapi_document
-from vgpud.atomics import Atomics
 from vgpud.config import Config
-from vgpud.events import EventLog
-from vgpud.metrics import Metrics
-from vgpud.registry import Registry
-from vgpud.service import Service
-from vgpud.state import StateStore
+from vgpud.surface.api.app import make_app, openapi_document
+from vgpud.surface.events import EventLog
+from vgpud.surface.metrics import Metrics
+from vgpud.surface.service import Service
+from vgpud.vgpus.atomics import Atomics
+from vgpud.vgpus.registry import Registry
+from vgpud.vgpus.state import StateStore
 
 
 @dataclass

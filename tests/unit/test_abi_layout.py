@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from vgpud import abi, units
+from vgpud import units
+from vgpud.vgpus import abi
 
 ROOT = Path(__file__).resolve().parents[2]
 HEADER_DIR = ROOT / "libhook" / "include"

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-import vgpud.service as service_module
+import vgpud.surface.service as service_module
 from tests.unit.apiclient import Api, running_api, validate
 from tests.unit.fakes import GIB
-from vgpud.blocks import ControlBlock
+from vgpud.vgpus.blocks import ControlBlock
 
 VG = "/v1/vgpus/{id}"
 

@@ -11,9 +11,9 @@ import pytest
 
 from tests.unit.apiclient import Api, running_api, validate
 from tests.unit.fakes import GIB
-from vgpud.blocks import UsageDevice
 from vgpud.ctl.table import show
-from vgpud.tracker import GpuUse, TrackSnapshot, VgpuUse
+from vgpud.observe.tracker import GpuUse, TrackSnapshot, VgpuUse
+from vgpud.vgpus.blocks import UsageDevice
 
 SA = "sa-803-4242"
 VG = "/v1/vgpus/{id}"

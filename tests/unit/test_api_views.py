@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-import vgpud.service as service_module
+import vgpud.surface.service as service_module
 from tests.unit.apiclient import Api, running_api, validate
 from tests.unit.fakes import GIB
-from vgpud.cgroups import ContainerRef, Runtime
-from vgpud.tracker import ProcessKind, TrackedProcess, TrackSnapshot
+from vgpud.observe.cgroups import ContainerRef, Runtime
+from vgpud.observe.tracker import ProcessKind, TrackedProcess, TrackSnapshot
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""vgpud.blocks: creating, validating and repairing the shared blocks."""
+"""vgpud.vgpus.blocks: creating, validating and repairing the shared blocks."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from vgpud import abi, blocks, units
-from vgpud.abi import BlockError
-from vgpud.blocks import Access, ControlBlock, DeviceSlice, UsageBlock
+from vgpud import units
+from vgpud.vgpus import abi, blocks
+from vgpud.vgpus.abi import BlockError
+from vgpud.vgpus.blocks import Access, ControlBlock, DeviceSlice, UsageBlock
 
 UUID0 = "GPU-00000000-1111-2222-3333-444444444444"
 UUID1 = "GPU-99999999-1111-2222-3333-444444444444"

@@ -22,11 +22,11 @@ from typing import Any
 
 from tests.fixtures.hook import FakeHook, MappedSleepers
 from tests.unit.apiclient import running_api
-from vgpud.atomics import Atomics
-from vgpud.metrics import Metrics
-from vgpud.steering import Steering
-from vgpud.tracker import Tracker
-from vgpud.watch import Watch
+from vgpud.loops.control import Steering
+from vgpud.loops.scan import Watch
+from vgpud.observe.tracker import Tracker
+from vgpud.surface.metrics import Metrics
+from vgpud.vgpus.atomics import Atomics
 
 ROUNDS = 24  # more than the bound of the answers' caches with nothing live
 PROCESSES = 3

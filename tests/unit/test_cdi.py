@@ -1,4 +1,4 @@
-"""vgpud/cdi.py: the CDI spec of a vGPU, written atomically, cleaned up
+"""vgpud/vgpus/cdi.py: the CDI spec of a vGPU, written atomically, cleaned up
 without touching anything that is not ours."""
 
 from __future__ import annotations
@@ -12,22 +12,22 @@ from pathlib import Path
 import pytest
 
 from tests.unit.fakes import gpus
-from vgpud import cdi
-from vgpud.atomics import Atomics
-from vgpud.events import EventLog
-from vgpud.model import CreateRequest, Limits, UpdateRequest
-from vgpud.placement import Rules
-from vgpud.recipe import container_recipe
-from vgpud.registry import Registry
-from vgpud.state import StateStore
+from vgpud.policy.placement import Rules
+from vgpud.surface.events import EventLog
 from vgpud.units import parse_memory
+from vgpud.vgpus import cdi
+from vgpud.vgpus.atomics import Atomics
+from vgpud.vgpus.model import CreateRequest, Limits, UpdateRequest
+from vgpud.vgpus.recipe import container_recipe
+from vgpud.vgpus.registry import Registry
+from vgpud.vgpus.state import StateStore
 
 
 def _mount(host: str, container: str, read_only: bool) -> dict[str, object]:
     return {"host_path": host, "container_path": container, "read_only": read_only}
 
 
-# The shape of vgpud/recipe.py's container recipe.
+# The shape of vgpud/vgpus/recipe.py's container recipe.
 RECIPE = {
     "env": {
         "VGPU_USAGE": "/run/vgpud/vgpu/usage",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from vgpud.cgroups import (
+from vgpud.observe.cgroups import (
     ContainerRef,
     QosClass,
     Runtime,

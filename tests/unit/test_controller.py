@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from vgpud.controller import (
+from vgpud.policy.controller import (
     PPM_FULL,
     Allocation,
     ControllerState,

@@ -9,7 +9,7 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vgpud.controller import (
+from vgpud.policy.controller import (
     PPM_FULL,
     Allocation,
     ControllerState,

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import structlog
 
-from vgpud.cudainfo import sm_counts, uuid_text
+from vgpud.observe.cudainfo import sm_counts, uuid_text
 
 
 def test_uuid_text_is_nvml_form() -> None:

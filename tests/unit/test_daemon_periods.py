@@ -6,14 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.unit.apiclient import running_api
-from vgpud.blocks import Atomics
 from vgpud.config import Config
 from vgpud.daemon import Daemon, Node
-from vgpud.metrics import Metrics
-from vgpud.nvml import GpuSample, NvmlSample
-from vgpud.steering import Steering
-from vgpud.tracker import Tracker
-from vgpud.watch import Watch
+from vgpud.loops.control import Steering
+from vgpud.loops.scan import Watch
+from vgpud.observe.nvml import GpuSample, NvmlSample
+from vgpud.observe.tracker import Tracker
+from vgpud.surface.metrics import Metrics
+from vgpud.vgpus.blocks import Atomics
 
 
 async def test_nvml_is_sampled_slowly_only_while_nothing_needs_it(tmp_path: Path) -> None:

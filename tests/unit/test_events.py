@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from vgpud.events import EventLog
+from vgpud.surface.events import EventLog
 
 
 async def test_since_resumes_and_the_buffer_is_bounded() -> None:

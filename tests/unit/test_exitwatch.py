@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.hook import FakeVgpu, mapping_process
-from vgpud.exitwatch import ExitWatch
-from vgpud.procfs import Identity, Process, ProcessTable, ProcFS
-from vgpud.tracker import Tracker
+from vgpud.observe.exitwatch import ExitWatch
+from vgpud.observe.procfs import Identity, Process, ProcessTable, ProcFS
+from vgpud.observe.tracker import Tracker
 
 GIB = 1 << 30
 

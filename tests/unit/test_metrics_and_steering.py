@@ -9,11 +9,11 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.unit.apiclient import running_api
-from vgpud.atomics import Atomics
-from vgpud.metrics import Metrics
-from vgpud.model import UpdateRequest
-from vgpud.steering import Steering
+from vgpud.loops.control import Steering
+from vgpud.surface.metrics import Metrics
 from vgpud.units import PPM_FULL
+from vgpud.vgpus.atomics import Atomics
+from vgpud.vgpus.model import UpdateRequest
 
 
 def samples(metrics: Metrics) -> dict[str, list[dict[str, str]]]:

@@ -15,8 +15,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.unit.apiclient import Api, running_api, validate
 from tests.unit.fakes import GIB
 from vgpud.ctl.table import show
-from vgpud.metrics import Metrics
-from vgpud.tracker import GpuUse, TrackSnapshot, VgpuUse
+from vgpud.observe.tracker import GpuUse, TrackSnapshot, VgpuUse
+from vgpud.surface.metrics import Metrics
 
 VG = "/v1/vgpus/{id}"
 

@@ -12,7 +12,7 @@ import pynvml  # only to raise the binding's own errors, as the real one does
 import pytest
 import structlog
 
-from vgpud.nvml import (
+from vgpud.observe.nvml import (
     APPLICATION_XIDS,
     UTIL_LOOKBACK_US,
     HealthEvent,

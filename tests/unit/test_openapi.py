@@ -9,11 +9,11 @@ import jsonschema
 
 from tests.unit.apiclient import DOCUMENT
 from tests.unit.fakes import FakeInventory
-from vgpud.api.app import make_app
 from vgpud.config import Config
-from vgpud.events import EventLog
-from vgpud.metrics import Metrics
-from vgpud.service import Service
+from vgpud.surface.api.app import make_app
+from vgpud.surface.events import EventLog
+from vgpud.surface.metrics import Metrics
+from vgpud.surface.service import Service
 
 HTTP_METHODS = {"get", "post", "put", "patch", "delete", "head", "options"}
 

@@ -7,9 +7,9 @@ from dataclasses import replace
 import pytest
 
 from tests.unit.fakes import GIB, FakeGpu, gpus
-from vgpud.model import Limits, Slice, Vgpu
-from vgpud.placement import Ask, PlacementError, Rules, check_update, place
+from vgpud.policy.placement import Ask, PlacementError, Rules, check_update, place
 from vgpud.units import MemoryAmount, parse_memory
+from vgpud.vgpus.model import Limits, Slice, Vgpu
 
 G = gpus(4)  # four 80 GiB GPUs
 

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from vgpud import procfs
-from vgpud.cgroups import classify, parse_cgroup_file
-from vgpud.procfs import MappedFile, ProcessTable, ProcFS, parse_maps, parse_stat
+from vgpud.observe import procfs
+from vgpud.observe.cgroups import classify, parse_cgroup_file
+from vgpud.observe.procfs import MappedFile, ProcessTable, ProcFS, parse_maps, parse_stat
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "proc"
 CASES = sorted(p.name for p in FIXTURES.iterdir() if p.is_dir())

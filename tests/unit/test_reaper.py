@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.hook import GPU_UUIDS, FakeVgpu
-from vgpud.abi import SLOT_CLAIMING, SLOT_FREE, SLOT_RECLAIMING
-from vgpud.reaper import ReaperPolicy, ReaperState, Reclaim, Reset, apply, plan, reap
-from vgpud.tracker import Tracker
+from vgpud.observe.tracker import Tracker
+from vgpud.policy.reaper import ReaperPolicy, ReaperState, Reclaim, Reset, apply, plan, reap
+from vgpud.vgpus.abi import SLOT_CLAIMING, SLOT_FREE, SLOT_RECLAIMING
 
 GIB = 1 << 30
 DOCKER_NS = 4026532201  # docker-cgroupfs-v1: host 4100 = ns pid 1, start 5100

@@ -11,16 +11,16 @@ from pathlib import Path
 import pytest
 
 from tests.unit.fakes import GIB, gpus
-from vgpud.abi import TURN_WANT, TurnC
-from vgpud.atomics import Atomics
-from vgpud.blocks import ControlBlock, UsageBlock
 from vgpud.errors import InsufficientStorage
-from vgpud.events import EventLog
-from vgpud.model import CreateRequest, Limits
-from vgpud.placement import Rules
-from vgpud.registry import Registry
-from vgpud.state import StateStore
+from vgpud.policy.placement import Rules
+from vgpud.surface.events import EventLog
 from vgpud.units import parse_memory
+from vgpud.vgpus.abi import TURN_WANT, TurnC
+from vgpud.vgpus.atomics import Atomics
+from vgpud.vgpus.blocks import ControlBlock, UsageBlock
+from vgpud.vgpus.model import CreateRequest, Limits
+from vgpud.vgpus.registry import Registry
+from vgpud.vgpus.state import StateStore
 
 LIMITS = Limits(parse_memory("2g"), 30, "hard", 1)
 

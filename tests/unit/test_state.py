@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from vgpud.model import Limits, Slice, Vgpu
-from vgpud.state import StateError, StateStore
 from vgpud.units import parse_memory
+from vgpud.vgpus.model import Limits, Slice, Vgpu
+from vgpud.vgpus.state import StateError, StateStore
 
 V = Vgpu(
     id="vg-00000001",

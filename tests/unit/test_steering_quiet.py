@@ -15,17 +15,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.unit.fakes import gpus
-from vgpud import controller as ctl
-from vgpud.atomics import Atomics
-from vgpud.events import EventLog
-from vgpud.model import CreateRequest, Limits, UpdateRequest
-from vgpud.nvml import GpuSample, NvmlSample
-from vgpud.placement import Rules
-from vgpud.registry import Entry, Registry
-from vgpud.state import StateStore
-from vgpud.steering import Steering
-from vgpud.tracker import TrackSnapshot, VgpuUse
+from vgpud.loops.control import Steering
+from vgpud.observe.nvml import GpuSample, NvmlSample
+from vgpud.observe.tracker import TrackSnapshot, VgpuUse
+from vgpud.policy import controller as ctl
+from vgpud.policy.placement import Rules
+from vgpud.surface.events import EventLog
 from vgpud.units import PPM_FULL, parse_memory, percent_to_ppm
+from vgpud.vgpus.atomics import Atomics
+from vgpud.vgpus.model import CreateRequest, Limits, UpdateRequest
+from vgpud.vgpus.registry import Entry, Registry
+from vgpud.vgpus.state import StateStore
 
 TICK_NS = 100_000_000
 GPUS = gpus(2)

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.hook import GPU_UUIDS, FakeVgpu
-from vgpud.abi import SLOT_CLAIMING
-from vgpud.cgroups import Runtime, classify_path
-from vgpud.nvml import GpuSample, NvmlSample
-from vgpud.tracker import ProcessKind, Tracker, attributable
+from vgpud.observe.cgroups import Runtime, classify_path
+from vgpud.observe.nvml import GpuSample, NvmlSample
+from vgpud.observe.tracker import ProcessKind, Tracker, attributable
+from vgpud.vgpus.abi import SLOT_CLAIMING
 
 GPU0, GPU1 = GPU_UUIDS
 GIB = 1 << 30

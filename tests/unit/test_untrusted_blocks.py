@@ -18,14 +18,14 @@ from pathlib import Path
 
 from tests.conftest import ROOT
 from tests.unit.fakes import gpus
-from vgpud.atomics import Atomics
-from vgpud.blocks import UsageBlock
-from vgpud.events import EventLog
-from vgpud.model import CreateRequest, Limits
-from vgpud.placement import Rules
-from vgpud.registry import Registry
-from vgpud.state import StateStore
+from vgpud.policy.placement import Rules
+from vgpud.surface.events import EventLog
 from vgpud.units import parse_memory
+from vgpud.vgpus.atomics import Atomics
+from vgpud.vgpus.blocks import UsageBlock
+from vgpud.vgpus.model import CreateRequest, Limits
+from vgpud.vgpus.registry import Registry
+from vgpud.vgpus.state import StateStore
 
 
 def run_child(code: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
@@ -33,7 +33,7 @@ def run_child(code: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
         f"""
         import os
         from pathlib import Path
-        from vgpud.blocks import UsageBlock
+        from vgpud.vgpus.blocks import UsageBlock
         tmp = Path({str(tmp_path)!r})
         """
     )

@@ -22,13 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from vgpud import backstop, reaper
-from vgpud import events as ev
-from vgpud.events import EventLog
-from vgpud.procfs import ProcFS
-from vgpud.registry import Entry
-from vgpud.service import Service
-from vgpud.tracker import Tracker, TrackSnapshot, VgpuBlocks
+from vgpud.observe.procfs import ProcFS
+from vgpud.observe.tracker import Tracker, TrackSnapshot, VgpuBlocks
+from vgpud.policy import backstop, reaper
+from vgpud.surface import events as ev
+from vgpud.surface.events import EventLog
+from vgpud.surface.service import Service
+from vgpud.vgpus.registry import Entry
 
 T = TypeVar("T")
 

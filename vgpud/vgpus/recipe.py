@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vgpud.model import Vgpu
+from vgpud.vgpus.model import Vgpu
 
 CONTAINER_BLOCK_DIR = Path("/run/vgpud/vgpu")
 CONTAINER_LIBRARY = Path("/usr/lib/vgpud/libvgpu.so")

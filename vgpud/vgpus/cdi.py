@@ -9,7 +9,7 @@ each with the vGPU's injection recipe (the same env and mounts as
 Public interface (the daemon calls these on create, patch, delete, start):
 
 - ``build_spec(vgpu_id, name, recipe) -> dict``: pure; ``recipe`` is the
-  container recipe of vgpud/recipe.py (``{"env": {NAME: value}, "mounts":
+  container recipe of vgpud/vgpus/recipe.py (``{"env": {NAME: value}, "mounts":
   [{"host_path", "container_path", "read_only"}], ...}``), so the spec and
   ``vgpuctl env --docker`` cannot drift apart.
 - ``write_spec(cdi_dir, vgpu_id, spec) -> Path``: atomic (temp file in the
@@ -47,8 +47,8 @@ from typing import Any, Protocol
 
 import structlog
 
-from vgpud.model import Vgpu
-from vgpud.recipe import Paths, container_recipe
+from vgpud.vgpus.model import Vgpu
+from vgpud.vgpus.recipe import Paths, container_recipe
 
 KIND = "vgpud.io/vgpu"
 FILE_PREFIX = "vgpud.io-vgpu-"

@@ -1,6 +1,6 @@
 """The control tick: measurements in, quotas and heartbeats out.
 
-Builds the controller's snapshot (vgpud/controller.py, a pure function)
+Builds the controller's snapshot (vgpud/policy/controller.py, a pure function)
 from what the daemon knows, then writes each quota into its control block's
 throttle table (daemon-owned vGPUs) or the steering area of an adopted
 standalone usage block, and a heartbeat into each. The hook keeps the last
@@ -19,14 +19,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 
-from vgpud import controller as ctl
-from vgpud.atomics import Atomics
-from vgpud.blocks import ControlBlock, UsageBlock
-from vgpud.model import Vgpu
-from vgpud.nvml import NvmlSample
-from vgpud.registry import Entry
-from vgpud.tracker import TrackSnapshot, VgpuBlocks
+from vgpud.observe.nvml import NvmlSample
+from vgpud.observe.tracker import TrackSnapshot, VgpuBlocks
+from vgpud.policy import controller as ctl
 from vgpud.units import PPM_FULL, percent_to_ppm
+from vgpud.vgpus.atomics import Atomics
+from vgpud.vgpus.blocks import ControlBlock, UsageBlock
+from vgpud.vgpus.model import Vgpu
+from vgpud.vgpus.registry import Entry
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ so that a crash at any instant leaves either the old or the new file, never
 a torn one. The format is versioned: {"version": 1, "vgpus": [...]}.
 
 Read back as strictly as the API reads a request, with the API's own field
-rules (``vgpud.api.schemas``) and admission's sums (``placement.loads``):
+rules (``vgpud.surface.api.schemas``) and admission's sums (``placement.loads``):
 the file is the truth the limits are written from, so a field out of range
 (a memory of -1 would be a limit of 2^64-1), an id that is not ours (it
 names a directory), two vGPUs with one id or one name, or hard shares over
@@ -26,12 +26,12 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from vgpud.abi import MAX_DEVICES, UUID_LEN
-from vgpud.api import schemas
-from vgpud.blocks import ABSURD_BYTES
 from vgpud.errors import Unprocessable
-from vgpud.model import ID_PATTERN, ROOT_USER, Limits, Slice, Vgpu, valid_name
-from vgpud.placement import loads
+from vgpud.policy.placement import loads
+from vgpud.surface.api import schemas
+from vgpud.vgpus.abi import MAX_DEVICES, UUID_LEN
+from vgpud.vgpus.blocks import ABSURD_BYTES
+from vgpud.vgpus.model import ID_PATTERN, ROOT_USER, Limits, Slice, Vgpu, valid_name
 
 FORMAT_VERSION = 1
 STATE_FILE = "vgpus.json"

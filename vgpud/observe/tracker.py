@@ -75,13 +75,13 @@ from typing import Protocol
 
 import structlog
 
-from vgpud.abi import MAX_PROCS, SLOT_ACTIVE, SLOT_CLAIMING, BlockError, UsageC
-from vgpud.blocks import ControlBlock, SlotView, UsageBlock, UsageDevice
-from vgpud.cgroups import ContainerRef, Runtime, classify, parse_cgroup_file
-from vgpud.evidence import BlockFile, Evidence, FileKey, proves
-from vgpud.exitwatch import ExitWatch
-from vgpud.nvml import NvmlSample
-from vgpud.procfs import Identity, MappedFile, Process, ProcessTable, ProcFS
+from vgpud.observe.cgroups import ContainerRef, Runtime, classify, parse_cgroup_file
+from vgpud.observe.evidence import BlockFile, Evidence, FileKey, proves
+from vgpud.observe.exitwatch import ExitWatch
+from vgpud.observe.nvml import NvmlSample
+from vgpud.observe.procfs import Identity, MappedFile, Process, ProcessTable, ProcFS
+from vgpud.vgpus.abi import MAX_PROCS, SLOT_ACTIVE, SLOT_CLAIMING, BlockError, UsageC
+from vgpud.vgpus.blocks import ControlBlock, SlotView, UsageBlock, UsageDevice
 
 log = structlog.get_logger(__name__)
 

@@ -22,12 +22,12 @@ from typing import Any
 import structlog
 from aiohttp import web
 
-from vgpud.api import schemas
 from vgpud.errors import ApiError, BadRequest, PayloadTooLarge, RequestTimeout, Unprocessable
-from vgpud.events import Event, EventLog
-from vgpud.metrics import CONTENT_TYPE, Metrics
-from vgpud.model import Credentials
-from vgpud.service import Service
+from vgpud.surface.api import schemas
+from vgpud.surface.events import Event, EventLog
+from vgpud.surface.metrics import CONTENT_TYPE, Metrics
+from vgpud.surface.service import Service
+from vgpud.vgpus.model import Credentials
 
 log = structlog.get_logger(__name__)
 
@@ -73,7 +73,7 @@ def make_metrics_app(metrics: Metrics) -> web.Application:
 
 
 def openapi_document() -> dict[str, Any]:
-    text = resources.files("vgpud.api").joinpath("openapi.json").read_text()
+    text = resources.files("vgpud.surface.api").joinpath("openapi.json").read_text()
     doc: dict[str, Any] = json.loads(text)
     return doc
 

@@ -34,7 +34,7 @@ import weakref
 
 import structlog
 
-from vgpud.procfs import Identity, Process, ProcFS
+from vgpud.observe.procfs import Identity, Process, ProcFS
 
 log = structlog.get_logger(__name__)
 

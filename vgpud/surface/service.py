@@ -14,12 +14,16 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, TypeVar
 
-from vgpud import recipe
-from vgpud.blocks import UsageDevice
 from vgpud.config import Config
 from vgpud.errors import Conflict, Forbidden, Unprocessable
-from vgpud.events import EventLog
-from vgpud.model import (
+from vgpud.observe.nvml import NvmlSample
+from vgpud.observe.tracker import TrackedProcess, TrackSnapshot, VgpuUse
+from vgpud.policy.placement import Rules
+from vgpud.surface.events import EventLog
+from vgpud.units import parse_memory, percent_to_ppm, ppm_to_percent
+from vgpud.vgpus import recipe
+from vgpud.vgpus.blocks import UsageDevice
+from vgpud.vgpus.model import (
     BlockUser,
     CreateRequest,
     Credentials,
@@ -28,11 +32,7 @@ from vgpud.model import (
     UpdateRequest,
     Vgpu,
 )
-from vgpud.nvml import NvmlSample
-from vgpud.placement import Rules
-from vgpud.registry import Entry, Registry
-from vgpud.tracker import TrackedProcess, TrackSnapshot, VgpuUse
-from vgpud.units import parse_memory, percent_to_ppm, ppm_to_percent
+from vgpud.vgpus.registry import Entry, Registry
 
 T = TypeVar("T")
 

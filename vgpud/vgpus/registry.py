@@ -33,11 +33,6 @@ from pathlib import Path
 
 import structlog
 
-from vgpud import events as ev
-from vgpud.abi import FLAG_OVERSUBSCRIBE, BlockError
-from vgpud.atomics import Atomics
-from vgpud.blocks import Access, ControlBlock, DeviceSlice, TurnBroker, UsageBlock
-from vgpud.cdi import NullPublisher, SpecPublisher
 from vgpud.errors import (
     Conflict,
     InUse,
@@ -47,8 +42,15 @@ from vgpud.errors import (
     for_status,
     storage_error,
 )
-from vgpud.events import EventLog
-from vgpud.model import (
+from vgpud.policy.placement import Ask, Distance, PlacementError, Rules, check_update, place
+from vgpud.surface import events as ev
+from vgpud.surface.events import EventLog
+from vgpud.units import format_bytes, percent_to_ppm
+from vgpud.vgpus.abi import FLAG_OVERSUBSCRIBE, BlockError
+from vgpud.vgpus.atomics import Atomics
+from vgpud.vgpus.blocks import Access, ControlBlock, DeviceSlice, TurnBroker, UsageBlock
+from vgpud.vgpus.cdi import NullPublisher, SpecPublisher
+from vgpud.vgpus.model import (
     ID_PATTERN,
     ROOT_USER,
     BlockUser,
@@ -59,10 +61,8 @@ from vgpud.model import (
     Vgpu,
     valid_name,
 )
-from vgpud.placement import Ask, Distance, PlacementError, Rules, check_update, place
-from vgpud.recipe import Paths
-from vgpud.state import StateError, StateStore, remove_temps
-from vgpud.units import format_bytes, percent_to_ppm
+from vgpud.vgpus.recipe import Paths
+from vgpud.vgpus.state import StateError, StateStore, remove_temps
 
 log = structlog.get_logger(__name__)
 

@@ -12,7 +12,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from vgpud.errors import Unprocessable
-from vgpud.model import MODES, BlockUser, CreateRequest, UpdateRequest
 from vgpud.units import (
     MAX_VGPU_MEMORY,
     MIN_VGPU_MEMORY,
@@ -20,6 +19,7 @@ from vgpud.units import (
     format_bytes,
     parse_memory,
 )
+from vgpud.vgpus.model import MODES, BlockUser, CreateRequest, UpdateRequest
 
 MAX_GPUS = 16
 MAX_LABELS = 64

@@ -25,8 +25,8 @@ from prometheus_client.utils import floatToGoString
 from vgpud.units import ppm_to_fraction
 
 if TYPE_CHECKING:
-    from vgpud.registry import Entry
-    from vgpud.service import Service, VgpuFigures
+    from vgpud.surface.service import Service, VgpuFigures
+    from vgpud.vgpus.registry import Entry
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 LABEL_TEXTS_MAX = 1024  # histogram label sets kept as text

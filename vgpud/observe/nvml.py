@@ -55,7 +55,7 @@ from typing import Any, Protocol, TypeVar
 import pynvml
 import structlog
 
-from vgpud import cudainfo
+from vgpud.observe import cudainfo
 
 log = structlog.get_logger(__name__)
 

@@ -17,8 +17,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from vgpud.abi import BlockError, ThrottleC, u32, u64
 from vgpud.libpaths import find_library
+from vgpud.vgpus.abi import BlockError, ThrottleC, u32, u64
 
 ATOMICS_LIBRARY = "libvgpu-atomics.so"
 # Tries of a seqlock read before it counts as unreadable: far more than a live

@@ -54,7 +54,8 @@ from typing import ClassVar
 
 import structlog
 
-from vgpud.abi import (
+from vgpud.units import PPM_FULL  # vgpu_abi.h's VGPU_PPM_FULL, kept with its conversions
+from vgpud.vgpus.abi import (
     ABI_VERSION,
     CONTROL_MAGIC,
     DEV_SOFT,
@@ -78,8 +79,7 @@ from vgpud.abi import (
     UsageC,
     UsageDeviceC,
 )
-from vgpud.atomics import Atomics, Throttle, bind, seqlock_read, seqlock_write
-from vgpud.units import PPM_FULL  # vgpu_abi.h's VGPU_PPM_FULL, kept with its conversions
+from vgpud.vgpus.atomics import Atomics, Throttle, bind, seqlock_read, seqlock_write
 
 log = structlog.get_logger(__name__)
 

@@ -44,7 +44,7 @@ import os
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from vgpud.procfs import Identity, MappedFile, Mount, Process, ProcFS
+from vgpud.observe.procfs import Identity, MappedFile, Mount, Process, ProcFS
 
 FileKey = tuple[int, int]  # (st_dev, st_ino)
 READS_PER_SCAN = 16

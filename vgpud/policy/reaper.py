@@ -53,9 +53,9 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from vgpud.abi import SLOT_ACTIVE, SLOT_CLAIMING, SLOT_RECLAIMING
-from vgpud.blocks import SlotView, UsageBlock
-from vgpud.tracker import SlotState, TrackSnapshot, VgpuView
+from vgpud.observe.tracker import SlotState, TrackSnapshot, VgpuView
+from vgpud.vgpus.abi import SLOT_ACTIVE, SLOT_CLAIMING, SLOT_RECLAIMING
+from vgpud.vgpus.blocks import SlotView, UsageBlock
 
 log = structlog.get_logger(__name__)
 

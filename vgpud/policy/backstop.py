@@ -39,8 +39,8 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from vgpud.procfs import ProcFS
-from vgpud.tracker import ProcessKind, TrackedProcess, TrackSnapshot
+from vgpud.observe.procfs import ProcFS
+from vgpud.observe.tracker import ProcessKind, TrackedProcess, TrackSnapshot
 
 log = structlog.get_logger(__name__)
 

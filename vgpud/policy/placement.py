@@ -24,8 +24,8 @@ import itertools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from vgpud.model import GpuLike, Slice, Vgpu
 from vgpud.units import MIN_VGPU_MEMORY, MemoryAmount, format_bytes
+from vgpud.vgpus.model import GpuLike, Slice, Vgpu
 
 # (uuid_a, uuid_b) -> NVML topology level (smaller = closer: NVLink/same
 # board first, across sockets last), None when unknown.

@@ -1,0 +1,3 @@
+"""the ticks: control (quotas and heartbeats out) and scan (tracker, events,
+reaper, backstop). Imports every stage below the daemon.
+"""
