@@ -45,6 +45,7 @@ from vgpud import log as logsetup
 from vgpud.config import RESTART_KEYS, Config, ConfigError, changed_keys, load_config
 from vgpud.errors import ApiError
 from vgpud.libpaths import LibraryNotFound, find_library
+from vgpud.loops import sample as sample_loop
 from vgpud.loops.control import Steering
 from vgpud.loops.scan import Watch
 from vgpud.observe import nvml
@@ -53,7 +54,7 @@ from vgpud.surface import events as ev
 from vgpud.surface.api.app import make_app, make_metrics_app
 from vgpud.surface.events import EventLog
 from vgpud.surface.metrics import Metrics
-from vgpud.surface.service import GpuFigures, Service
+from vgpud.surface.service import Service
 from vgpud.vgpus import cdi
 from vgpud.vgpus.abi import BlockError
 from vgpud.vgpus.atomics import Atomics
@@ -338,16 +339,7 @@ class Daemon:
 
     async def _sample(self, node: Node) -> None:
         assert self.gpus is not None
-        sample = await self.gpus.sample()
-        node.service.sample = sample
-        node.service.figures = {
-            uuid: GpuFigures(
-                memory_used=g.memory_used,
-                utilization=None if g.utilization_gpu is None else float(g.utilization_gpu),
-                process_util=dict(g.process_util),
-            )
-            for uuid, g in sample.gpus.items()
-        }
+        await sample_loop.sample(self.gpus, node.service)
 
     async def _scan(self, node: Node) -> None:
         await node.watch.scan()

@@ -1,3 +1,4 @@
-"""the ticks: control (quotas and heartbeats out) and scan (tracker, events,
-reaper, backstop). Imports every stage below the daemon.
+"""the ticks: sample (NVML's figures in), control (quotas and heartbeats
+out) and scan (tracker, events, reaper, backstop). Imports every stage
+below the daemon.
 """
