@@ -99,7 +99,7 @@ class Scanner:
         self.policy = BackstopPolicy(action, tolerance=64 << 20, confirm_scans=2)
 
     def scan(self) -> tuple[Any, list[Any]]:
-        from vgpud.policy.backstop import check
+        from vgpud.loops.repairs import check
 
         snap = self.tracker.scan(
             {"v1": self.vgpu.blocks}, self.loop.run_until_complete(self.gw.sample())

@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.memprobe import InteractiveProbe, MiB, hooked, probe
+from vgpud.loops.repairs import reap
 from vgpud.observe.tracker import Tracker, VgpuBlocks
-from vgpud.policy.reaper import ReaperState, reap
+from vgpud.policy.reaper import ReaperState
 from vgpud.vgpus.blocks import ControlBlock, DeviceSlice, UsageBlock
 
 GPU0 = "GPU-5117a000-0000-4000-8000-000000000000"

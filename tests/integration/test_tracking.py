@@ -17,11 +17,12 @@ import pytest
 from tests.conftest import BUILD, ROOT
 from tests.fixtures.cgroup import Cgroup
 from tests.fixtures.hook import GPU_UUIDS, FakeHook, FakeVgpu
+from vgpud.loops.repairs import check, reap
 from vgpud.observe.nvml import GpuSample, NvmlSample
 from vgpud.observe.procfs import ProcFS
 from vgpud.observe.tracker import USAGE_MAPPING_SIZE, ProcessKind, Tracker
-from vgpud.policy.backstop import BackstopPolicy, BackstopState, check
-from vgpud.policy.reaper import ReaperState, reap
+from vgpud.policy.backstop import BackstopPolicy, BackstopState
+from vgpud.policy.reaper import ReaperState
 from vgpud.vgpus.blocks import UsageBlock
 
 pytestmark = [

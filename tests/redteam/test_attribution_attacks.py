@@ -25,11 +25,12 @@ from tests.conftest import BUILD, ROOT
 from tests.fixtures.cgroup import Cgroup
 from tests.fixtures.hook import GPU_UUIDS, FakeHook, FakeVgpu, mapping_process
 from tests.fixtures.simgpu import BYPASS, SCAN, SIM_GPU0, run_json
+from vgpud.loops.repairs import check, reap
 from vgpud.observe.nvml import GpuSample, NvmlSample
 from vgpud.observe.procfs import ProcFS
 from vgpud.observe.tracker import ProcessKind, Tracker
-from vgpud.policy.backstop import BackstopPolicy, BackstopState, check, decide
-from vgpud.policy.reaper import ReaperState, reap
+from vgpud.policy.backstop import BackstopPolicy, BackstopState, decide
+from vgpud.policy.reaper import ReaperState
 from vgpud.vgpus.abi import SLOT_FREE, UsageC
 from vgpud.vgpus.blocks import UsageBlock
 

@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.hook import GPU_UUIDS, FakeVgpu
+from vgpud.loops.repairs import check, enforce
 from vgpud.observe.nvml import GpuSample, NvmlSample
 from vgpud.observe.procfs import ProcFS
 from vgpud.observe.tracker import Tracker
-from vgpud.policy.backstop import BackstopPolicy, BackstopState, Kill, check, decide, enforce
+from vgpud.policy.backstop import BackstopPolicy, BackstopState, Kill, decide
 
 GIB = 1 << 30
 MIB = 1 << 20

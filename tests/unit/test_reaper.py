@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.hook import GPU_UUIDS, FakeVgpu
+from vgpud.loops.repairs import apply, reap
 from vgpud.observe.tracker import Tracker
-from vgpud.policy.reaper import ReaperPolicy, ReaperState, Reclaim, Reset, apply, plan, reap
+from vgpud.policy.reaper import ReaperPolicy, ReaperState, Reclaim, Reset, plan
 from vgpud.vgpus.abi import SLOT_CLAIMING, SLOT_FREE, SLOT_RECLAIMING
 
 GIB = 1 << 30

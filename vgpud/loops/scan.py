@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from vgpud.loops import repairs
 from vgpud.observe.procfs import ProcFS
 from vgpud.observe.tracker import Tracker, TrackSnapshot, VgpuBlocks
 from vgpud.policy import backstop, reaper
@@ -98,7 +99,7 @@ class Watch:
     def _reap(self, snapshot: TrackSnapshot, views: dict[str, VgpuBlocks]) -> None:
         """Dead processes' bytes back to their vGPUs (within this scan)."""
         memory = {g.uuid: g.memory_total for g in self.service.devices()}
-        found, self.reaper_state = reaper.reap(
+        found, self.reaper_state = repairs.reap(
             snapshot,
             views,
             self.reaper_state,
@@ -122,7 +123,7 @@ class Watch:
         """NVML's figures against the limits; report or kill as configured."""
         config = self.service.config
         policy = backstop.BackstopPolicy(config.backstop, config.backstop_tolerance_bytes)
-        found, self.backstop_state = backstop.check(
+        found, self.backstop_state = repairs.check(
             snapshot, policy, self.backstop_state, config.proc_root
         )
         for e in found:

@@ -11,12 +11,8 @@ Public interface
 ``BackstopPolicy(action="report"|"kill", tolerance=bytes, confirm_scans=2)``
     (bad values raise ValueError with the reason).
 ``decide(snapshot, policy, state) -> (kills, events, state)``
-    Pure. Start with ``BackstopState()``.
-``enforce(kills, proc_root="/proc") -> events``
-    The effect: SIGKILL through a pidfd, after checking that the pid still
-    names the process judged (same start time), so PID reuse never kills
-    an innocent.
-``check(snapshot, policy, state) -> (events, state)``: both in a row.
+    Pure. Start with ``BackstopState()``. The scan carries the kills out
+    (``vgpud.loops.repairs``: ``enforce``, and ``check``, the two in a row).
 ``BackstopEvent``: frozen; ``kind`` is ``over_limit``, ``killed`` or
 ``kill_skipped``.
 
@@ -32,17 +28,10 @@ and the daemon itself are never killed.
 
 from __future__ import annotations
 
-import os
-import signal
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-import structlog
-
-from vgpud.observe.procfs import ProcFS
 from vgpud.observe.tracker import ProcessKind, TrackedProcess, TrackSnapshot
-
-log = structlog.get_logger(__name__)
 
 ACTIONS = ("report", "kill")
 
@@ -126,25 +115,6 @@ def decide(
     return _unique(kills), events, BackstopState(over=over)
 
 
-def enforce(kills: list[Kill], proc_root: str = "/proc") -> list[BackstopEvent]:
-    procfs = ProcFS(proc_root)
-    events = []
-    for kill in kills:
-        outcome = _kill(kill, procfs)
-        kind = "killed" if outcome is None else "kill_skipped"
-        detail = f"pid {kill.pid} ({kill.reason})" if outcome is None else outcome
-        log.warning("backstop acted", action=kind, vgpu=kill.vgpu_id, gpu=kill.uuid, detail=detail)
-        events.append(BackstopEvent(kind, kill.vgpu_id, kill.uuid, detail, kill.pid))
-    return events
-
-
-def check(
-    snapshot: TrackSnapshot, policy: BackstopPolicy, state: BackstopState, proc_root: str = "/proc"
-) -> tuple[list[BackstopEvent], BackstopState]:
-    kills, events, state = decide(snapshot, policy, state)
-    return events + enforce(kills, proc_root), state
-
-
 def _unaccounted(p: TrackedProcess, uuid: str) -> int:
     return p.memory.get(uuid, 0) - p.hooked.get(uuid, 0)
 
@@ -182,25 +152,3 @@ def _unique(kills: list[Kill]) -> list[Kill]:
             seen.add(kill.pid)
             out.append(kill)
     return out
-
-
-def _kill(kill: Kill, procfs: ProcFS) -> str | None:
-    """SIGKILL the judged process; a reason string when it was not done."""
-    if kill.pid <= 1 or kill.pid == os.getpid():
-        return f"pid {kill.pid} is never killed by the backstop"
-    try:
-        pidfd = os.pidfd_open(kill.pid)
-    except ProcessLookupError:
-        return f"pid {kill.pid} already gone"
-    try:
-        # The pidfd holds the process that had this pid when it was opened;
-        # /proc still showing the judged start time proves it is the one.
-        stat = procfs.stat(kill.pid)
-        if stat is None or stat.start_time != kill.start_time:
-            return f"pid {kill.pid} is another process now"
-        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-        return None
-    except ProcessLookupError:
-        return f"pid {kill.pid} exited first"
-    finally:
-        os.close(pidfd)

@@ -2,13 +2,10 @@
 
 Public interface
 ----------------
-``reap(snapshot, vgpus, state, policy=ReaperPolicy(), halted=...) -> (events, state)``
-    Called once per tick after ``Tracker.scan``; ``vgpus`` is what the
-    tracker was given (daemon-owned vGPUs); the standalone vGPUs the
-    tracker adopted come from the snapshot. Start with ``ReaperState()``.
 ``plan(snapshot, state, policy) -> (actions, events, state)``
-    The pure decision (no block touched); ``apply(actions, views) -> events``
-    carries it out. ``reap`` is the two in a row.
+    The pure decision (no block touched). Start with ``ReaperState()``.
+    The scan carries the actions out (``vgpud.loops.repairs``: ``apply``,
+    and ``reap``, the two in a row).
 ``ReaperEvent``: frozen; ``kind`` is one of ``slot_reclaimed``,
 ``usage_reset``, ``usage_drift``, ``slot_stuck``, ``counter_absurd``.
 
@@ -48,16 +45,12 @@ Rules
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-import structlog
-
-from vgpud.observe.tracker import SlotState, TrackSnapshot, VgpuView
+from vgpud.observe.tracker import SlotState, TrackSnapshot
 from vgpud.vgpus.abi import SLOT_ACTIVE, SLOT_CLAIMING, SLOT_RECLAIMING
-from vgpud.vgpus.blocks import SlotView, UsageBlock
-
-log = structlog.get_logger(__name__)
+from vgpud.vgpus.blocks import SlotView
 
 PHYSICAL_FACTOR = 16  # a total above 16 x the GPU's memory is no real use
 
@@ -165,50 +158,6 @@ def plan(
     return actions, events, ReaperState(stuck=stuck, absurd=frozenset(absurd), drift=drift)
 
 
-def _never(pid: int) -> bool:
-    return False
-
-
-def apply(
-    actions: list[Action],
-    views: Mapping[str, VgpuView],
-    halted: Callable[[int], bool] = _never,
-) -> list[ReaperEvent]:
-    """``halted(host_pid)``: is that process stopped or frozen now (a realign
-    waits for it)."""
-    events: list[ReaperEvent] = []
-    for action in actions:
-        view = views.get(action.vgpu_id)
-        if view is None:
-            continue  # deleted since the scan
-        if isinstance(action, Reclaim):
-            event = _reclaim(action, view.usage)
-        elif isinstance(action, Reset):
-            event = _reset(action, view.usage)
-        elif not any(halted(pid) for pid in action.holders):
-            event = _realign(action, view.usage)
-        else:
-            event = None
-        if event is not None:
-            log.info(
-                "reaper repaired a vGPU", action=event.kind, vgpu=event.vgpu_id, detail=event.detail
-            )
-            events.append(event)
-    return events
-
-
-def reap(
-    snapshot: TrackSnapshot,
-    vgpus: Mapping[str, VgpuView],
-    state: ReaperState,
-    policy: ReaperPolicy = ReaperPolicy(),
-    halted: Callable[[int], bool] = _never,
-) -> tuple[list[ReaperEvent], ReaperState]:
-    actions, events, state = plan(snapshot, state, policy)
-    views: dict[str, VgpuView] = {**vgpus, **snapshot.standalone}
-    return events + apply(actions, views, halted), state
-
-
 def _stuck_key(s: SlotState) -> tuple[str, int, int, int, int, int]:
     slot = s.slot
     return (s.vgpu_id, slot.index, slot.state, slot.pid, slot.pidns, slot.start_time)
@@ -274,58 +223,3 @@ def _absurd(snapshot: TrackSnapshot, policy: ReaperPolicy) -> dict[tuple[str, st
                     f"above {PHYSICAL_FACTOR} x its {physical} bytes"
                 )
     return found
-
-
-def _reclaim(action: Reclaim, usage: UsageBlock) -> ReaperEvent | None:
-    slot = action.slot
-    freed = usage.reclaim_slot(slot.index, slot)
-    if freed is None:
-        return None  # the slot changed hands since the scan: not ours to touch
-    return ReaperEvent(
-        "slot_reclaimed",
-        action.vgpu_id,
-        f"reclaimed slot {slot.index} of dead pid {slot.pid} (ns {slot.pidns}): {sum(freed)} bytes",
-        slot.index,
-        slot.pid,
-        freed,
-    )
-
-
-def _reset(action: Reset, usage: UsageBlock) -> ReaperEvent | None:
-    # Looked at again just before: a process that claimed a slot since the
-    # scan is alive (it cannot be in the scan's dead list), and a hook that
-    # began reclaiming a slot since is about to subtract: leave both be.
-    for s in usage.slots():
-        if s.state in (SLOT_ACTIVE, SLOT_CLAIMING):
-            return None
-        if s.state == SLOT_RECLAIMING and s.index not in action.stuck_reclaiming:
-            return None
-    held = [usage.reset_used(d) for d in range(usage.device_count)]
-    if not any(held):
-        return None
-    return ReaperEvent(
-        "usage_reset",
-        action.vgpu_id,
-        f"no live process: budgets reset ({sum(h or 0 for h in held)} bytes were held)",
-        freed=tuple(h or 0 for h in held),
-    )
-
-
-def _realign(action: Realign, usage: UsageBlock) -> ReaperEvent | None:
-    slots = tuple(usage.slots())
-    if slots != action.slots:
-        return None  # a slot moved since the scan: a hook is at work, not a leak
-    moved = []
-    for d, dev in enumerate(usage.devices()):
-        held = sum(s.devices[d].used for s in slots)
-        swapped = dev.used != held and usage.swap_used(d, dev.used, held)
-        moved.append(dev.used - held if swapped else 0)
-    if not any(moved):
-        return None
-    return ReaperEvent(
-        "usage_drift",
-        action.vgpu_id,
-        f"totals did not match the live slots for several scans: set to their sum "
-        f"({sum(moved)} bytes given back; a process killed between its two steps)",
-        freed=tuple(moved),
-    )
