@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from vgpud.units import MIN_VGPU_MEMORY, MemoryAmount, format_bytes
-from vgpud.vgpus.model import GpuLike, Slice, Vgpu
+from vgpud.vgpus.model import GpuLike, GpuLoad, Slice, Vgpu, loads
 
 # (uuid_a, uuid_b) -> NVML topology level (smaller = closer: NVLink/same
 # board first, across sockets last), None when unknown.
@@ -59,32 +59,6 @@ class Ask:
     mode: str
     oversubscribe: bool = False
     exclusive: bool = False
-
-
-@dataclass(frozen=True)
-class GpuLoad:
-    vgpus: int = 0
-    hard_share: int = 0
-    memory: int = 0
-    exclusive: bool = False
-
-
-def loads(vgpus: Iterable[Vgpu], skip: str | None = None) -> dict[str, GpuLoad]:
-    """What the placed vGPUs (except ``skip``) hold on each GPU."""
-    out: dict[str, GpuLoad] = {}
-    for v in vgpus:
-        if v.id == skip:
-            continue
-        hard = v.limits.share if v.limits.mode == "hard" else 0
-        for s in v.slices:
-            cur = out.get(s.gpu_uuid, GpuLoad())
-            out[s.gpu_uuid] = GpuLoad(
-                cur.vgpus + 1,
-                cur.hard_share + hard,
-                cur.memory + s.memory,
-                cur.exclusive or v.exclusive,
-            )
-    return out
 
 
 def check_rules(ask: Ask, rules: Rules) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -132,3 +132,31 @@ class UpdateRequest:
     share: int | None = None
     mode: str | None = None
     weight: int | None = None
+
+
+# What the placed vGPUs hold on each GPU: admission sums it (policy/placement.py),
+# and the state file checks a restored node against it (vgpus/state.py).
+@dataclass(frozen=True)
+class GpuLoad:
+    vgpus: int = 0
+    hard_share: int = 0
+    memory: int = 0
+    exclusive: bool = False
+
+
+def loads(vgpus: Iterable[Vgpu], skip: str | None = None) -> dict[str, GpuLoad]:
+    """What the placed vGPUs (except ``skip``) hold on each GPU."""
+    out: dict[str, GpuLoad] = {}
+    for v in vgpus:
+        if v.id == skip:
+            continue
+        hard = v.limits.share if v.limits.mode == "hard" else 0
+        for s in v.slices:
+            cur = out.get(s.gpu_uuid, GpuLoad())
+            out[s.gpu_uuid] = GpuLoad(
+                cur.vgpus + 1,
+                cur.hard_share + hard,
+                cur.memory + s.memory,
+                cur.exclusive or v.exclusive,
+            )
+    return out

@@ -5,7 +5,7 @@ so that a crash at any instant leaves either the old or the new file, never
 a torn one. The format is versioned: {"version": 1, "vgpus": [...]}.
 
 Read back as strictly as the API reads a request, with the API's own field
-rules (``vgpud.surface.api.schemas``) and admission's sums (``placement.loads``):
+rules (``vgpud.vgpus.fields``) and admission's sums (``model.loads``):
 the file is the truth the limits are written from, so a field out of range
 (a memory of -1 would be a limit of 2^64-1), an id that is not ours (it
 names a directory), two vGPUs with one id or one name, or hard shares over
@@ -27,11 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from vgpud.errors import Unprocessable
-from vgpud.policy.placement import loads
-from vgpud.surface.api import schemas
+from vgpud.vgpus import fields
 from vgpud.vgpus.abi import MAX_DEVICES, UUID_LEN
 from vgpud.vgpus.blocks import ABSURD_BYTES
-from vgpud.vgpus.model import ID_PATTERN, ROOT_USER, Limits, Slice, Vgpu, valid_name
+from vgpud.vgpus.model import ID_PATTERN, ROOT_USER, Limits, Slice, Vgpu, loads, valid_name
 
 FORMAT_VERSION = 1
 STATE_FILE = "vgpus.json"
@@ -131,19 +130,19 @@ def vgpu_from_json(d: object) -> Vgpu:
         name=name,
         slices=slices,
         limits=Limits(
-            memory=schemas._memory(obj["memory"]),
-            share=schemas._int(obj, "share", 1, 100, default=0),
-            mode=schemas._mode(obj["mode"]),
-            weight=schemas._int(obj, "weight", 1, 1000, default=0),
+            memory=fields.memory(obj["memory"]),
+            share=fields.integer(obj, "share", 1, 100, default=0),
+            mode=fields.mode(obj["mode"]),
+            weight=fields.integer(obj, "weight", 1, 1000, default=0),
         ),
-        oversubscribe=schemas._bool(obj, "oversubscribe"),
-        exclusive=schemas._bool(obj, "exclusive"),
+        oversubscribe=fields.boolean(obj, "oversubscribe"),
+        exclusive=fields.boolean(obj, "exclusive"),
         created_at=float(created),
-        labels=schemas._string_map(obj["labels"], "labels"),
-        owner=schemas._string_map(obj["owner"], "owner"),
+        labels=fields.string_map(obj["labels"], "labels"),
+        owner=fields.string_map(obj["owner"], "owner"),
         # A vGPU recorded before vGPUs had a user is root's (its usage block
         # was 0666: adoption now gives it to root alone).
-        user=ROOT_USER if obj.get("user") is None else schemas._user(obj["user"]),
+        user=ROOT_USER if obj.get("user") is None else fields.user(obj["user"]),
     )
 
 
@@ -152,7 +151,7 @@ def _fields(
 ) -> dict[str, Any]:
     """An object with these keys (the API's unknown-field rule, and none
     required missing: the file is written whole, never partly)."""
-    obj = schemas._object(d, required | optional)
+    obj = fields.object_with(d, required | optional)
     missing = sorted(required - set(obj))
     if missing:
         raise Unprocessable(f"missing field(s): {', '.join(missing)}")
@@ -162,12 +161,12 @@ def _fields(
 def _slice(d: object, i: int) -> Slice:
     try:
         obj = _fields(d, SLICE_FIELDS)
-        uuid = schemas._text("gpu_uuid")(obj["gpu_uuid"])
+        uuid = fields.text("gpu_uuid")(obj["gpu_uuid"])
         if len(uuid.encode()) >= UUID_LEN:
             raise Unprocessable(f"gpu_uuid: longer than a block holds ({UUID_LEN - 1} bytes)")
-        index = schemas._int(obj, "gpu_index", 0, MAX_GPU_INDEX, default=0)
+        index = fields.integer(obj, "gpu_index", 0, MAX_GPU_INDEX, default=0)
         # The limit the hooks obey: bounded like every byte figure of a block.
-        memory = schemas._int(obj, "memory", 1, ABSURD_BYTES, default=0)
+        memory = fields.integer(obj, "memory", 1, ABSURD_BYTES, default=0)
     except Unprocessable as exc:
         raise Unprocessable(f"slices[{i}]: {exc.detail}") from None
     return Slice(uuid, index, memory)
