@@ -158,12 +158,13 @@ struct gt_batch *gt_open_batch(struct gt_stream *s, struct gt_dev *d, bool graph
                                    bool *turn)
 {
     uint64_t deadline = 0;
+    bool gate = gt_gate_wanted(s, graph, paced);
+    /* Gated batches are short: let as much work queue as ungated. */
+    unsigned limit = gate ? GT_GATE_INFLIGHT : GT_INFLIGHT;
     for (;;) {
         if (s->open != NULL)
             return s->open;
         bool capturing = atomic_load_explicit(&gt.captures, memory_order_acquire) > 0;
-        /* Gated batches are short: let as much work queue as ungated. */
-        unsigned limit = gt_gate_wanted(s, graph, paced) ? GT_GATE_INFLIGHT : GT_INFLIGHT;
         struct gt_batch *oldest = capturing ? NULL : inflight_limit(s, limit);
         if (oldest != NULL) {
             /* Bound the queue: a deep queue would let the stream run far
@@ -195,7 +196,7 @@ struct gt_batch *gt_open_batch(struct gt_stream *s, struct gt_dev *d, bool graph
             return NULL;
         b->gated = false;
         atomic_store_explicit(&b->gate_shut, false, memory_order_relaxed);
-        if (gt_gate_wanted(s, graph, paced))
+        if (gate)
             gt_gate_shut(s, b);
         if (vgpu_real_cuda.cuEventRecord(b->start, s->record_on) != CUDA_SUCCESS) {
             gt_gate_open(s, b);
