@@ -12,8 +12,14 @@ The target: at share s a workload alone is busy min(s, native
 busy) within 3 points, mean and every 1 s window.
 
   python benchmarks/bench_inference.py OUTDIR [--seconds S] [--workloads a,b]
-                                       [--shares 30,60] [--coloc 30:60]
+                                       [--shares 30,60] [--coloc 30:60,n:n]
                                        [--neighbour-kernel-us 20000]
+                                       [--separate-turns]
+
+In a --coloc pair, "n" runs that side natively (no hook). With
+--separate-turns the two hooked sides get arbiter files of their own, so
+they do not take turns: the GPU time-slices between them as between
+unhooked processes, and each measures spans the other may share.
 """
 
 from __future__ import annotations
@@ -103,9 +109,19 @@ def hook_counters(usage: Path) -> tuple[int, int, int] | None:
         block.close()
 
 
-def hooked_env(base: dict[str, str], share: int, usage: Path) -> dict[str, str]:
+def hooked_env(
+    base: dict[str, str], share: int | None, usage: Path, arbiter: Path | None = None
+) -> dict[str, str]:
+    """The environment of one side of a case: `base` unchanged when it runs
+    natively (share None), else the hook at a standalone share; `arbiter`,
+    a directory of its own, keeps it out of the other side's turns."""
+    if share is None:
+        return base
     env = dict(base, LD_PRELOAD=str(HOOK), VGPU_USAGE=str(usage), LOGGER_LEVEL="2")
     env["CUDA_CORE_LIMIT"] = str(share)
+    if arbiter is not None:
+        arbiter.mkdir(mode=0o700, exist_ok=True)
+        env["VGPU_ARBITER_DIR"] = str(arbiter)
     return env
 
 
@@ -117,17 +133,23 @@ def run_case(
     sampler: Sampler,
     workdir: Path,
     neighbour_kernel_us: int = NEIGHBOUR_KERNEL_US,
+    separate_turns: bool = False,
 ) -> dict[str, Any]:
+    """One case; `neighbour` is the GPU-bound tenant's share, None for no
+    neighbour, 0 for a native (unhooked) one."""
     base = dict(os.environ)
     base.pop("LD_PRELOAD", None)
-    env = base if share is None else hooked_env(base, share, workdir / f"{name}-{share}.usage")
+    arbiter = workdir / "arbiter-workload" if separate_turns else None
+    env = hooked_env(base, share, workdir / f"{name}-{share}.usage", arbiter)
     work = Workload.start(name, env)
     burn = None
     try:
         first = work.wait_started()
         start = first + WARMUP_S
         if neighbour is not None:
-            benv = hooked_env(base, neighbour, workdir / f"burn-{name}-{share}.usage")
+            barbiter = workdir / "arbiter-neighbour" if separate_turns else None
+            bshare = neighbour or None
+            benv = hooked_env(base, bshare, workdir / f"burn-{name}-{share}.usage", barbiter)
             cmd = [str(BURN), "--seconds", str(seconds + WARMUP_S + 1), "--json"]
             cmd += ["--kernel-us", str(neighbour_kernel_us)]
             burn = Burn.start(cmd, benv, neighbour_kernel_us)
@@ -142,6 +164,8 @@ def run_case(
     finally:
         work.stop()
     case: dict[str, Any] = {"workload": name, "share": share, "neighbour": neighbour}
+    if neighbour is not None:
+        case["separate_turns"] = separate_turns
     if before is not None and after is not None:
         # The hook's own view: the GPU time it charged, its launches, its waits.
         gpu, launches, throttled = (a - b for a, b in zip(after, before, strict=True))
@@ -164,13 +188,16 @@ def row(case: dict[str, Any], native: dict[str, Any] | None) -> str:
     win = case["busy_windows"]
     span = f"{min(win):.1f} to {max(win):.1f}" if win else ""
     neighbour = f"{case['neighbour_work']:.1f}" if "neighbour_work" in case else ""
-    cells = [case["workload"], case["share"] or "native", case["neighbour"] or "", vs]
+    beside = {None: "", 0: "native"}.get(case["neighbour"], case["neighbour"])
+    if case.get("separate_turns"):
+        beside = f"{beside}, no turns"
+    cells = [case["workload"], case["share"] or "native", beside, vs]
     cells += [f"{case['busy']:.1f}", span, target, neighbour]
     return "| " + " | ".join(str(c) for c in cells) + " |"
 
 
 def report(cases: list[dict[str, Any]], out: Path) -> str:
-    native = {c["workload"]: c for c in cases if c["share"] is None}
+    native = {c["workload"]: c for c in cases if c["share"] is None and c["neighbour"] is None}
     lines = [
         "| workload | share | neighbour | work vs native | NVML busy (mean) | 1 s windows | "
         "target | neighbour work |",
@@ -189,10 +216,20 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--seconds", type=float, default=8.0)
     p.add_argument("--workloads", default="chain,adds,chain-graph,hf-b1,hf-b8")
     p.add_argument("--shares", default="30,60")
-    p.add_argument("--coloc", default="", help="SHARE:NEIGHBOUR pairs, e.g. 30:60")
+    p.add_argument("--coloc", default="", help="SHARE:NEIGHBOUR pairs, e.g. 30:60,n:60 (n: native)")
+    p.add_argument(
+        "--separate-turns", action="store_true", help="co-located sides take no turns together"
+    )
     p.add_argument("--neighbour-kernel-us", type=int, default=NEIGHBOUR_KERNEL_US)
     p.add_argument("--device", type=int, default=0)
     return p.parse_args(argv)
+
+
+def parse_pair(text: str) -> tuple[int | None, int]:
+    """A --coloc pair: "30:60" -> (30, 60); "n" for a native side (the
+    workload's share None, the neighbour's 0: the burn with no hook)."""
+    share, neighbour = text.split(":")
+    return (None if share == "n" else int(share)), (0 if neighbour == "n" else int(neighbour))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -202,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     sampler.wait_ready()
     cases: list[dict[str, Any]] = []
     shares = [int(s) for s in args.shares.split(",") if s]
-    pairs = [tuple(int(x) for x in p.split(":")) for p in args.coloc.split(",") if p]
+    pairs = [parse_pair(p) for p in args.coloc.split(",") if p]
     try:
         with tempfile.TemporaryDirectory() as tmp:
             for name in args.workloads.split(","):
@@ -217,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
                         sampler,
                         Path(tmp),
                         args.neighbour_kernel_us,
+                        args.separate_turns,
                     )
                     print(json.dumps(case), flush=True)
                     cases.append(case)
