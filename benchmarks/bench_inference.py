@@ -14,12 +14,17 @@ busy) within 3 points, mean and every 1 s window.
   python benchmarks/bench_inference.py OUTDIR [--seconds S] [--workloads a,b]
                                        [--shares 30,60] [--coloc 30:60,n:n]
                                        [--neighbour-kernel-us 20000]
-                                       [--separate-turns]
+                                       [--separate-turns] [--neighbour gemm]
 
 In a --coloc pair, "n" runs that side natively (no hook). With
 --separate-turns the two hooked sides get arbiter files of their own, so
 they do not take turns: the GPU time-slices between them as between
-unhooked processes, and each measures spans the other may share.
+unhooked processes, and each measures spans the other may share. The
+neighbour is vgpu-burn (20 ms kernels that spin on the GPU's clock) or,
+with --neighbour gemm, inference_workload.py's matmul loop, whose work is
+counted in matmuls: a spin kernel that the GPU time-slices still ends on
+time, so vgpu-burn's work overstates what it got next to a context that
+takes no turns with it.
 """
 
 from __future__ import annotations
@@ -134,15 +139,18 @@ def run_case(
     workdir: Path,
     neighbour_kernel_us: int = NEIGHBOUR_KERNEL_US,
     separate_turns: bool = False,
+    gemm_native: float | None = None,
 ) -> dict[str, Any]:
     """One case; `neighbour` is the GPU-bound tenant's share, None for no
-    neighbour, 0 for a native (unhooked) one."""
+    neighbour, 0 for a native (unhooked) one. The neighbour is vgpu-burn,
+    or the gemm workload where its native rate `gemm_native` is given."""
     base = dict(os.environ)
     base.pop("LD_PRELOAD", None)
     arbiter = workdir / "arbiter-workload" if separate_turns else None
     env = hooked_env(base, share, workdir / f"{name}-{share}.usage", arbiter)
     work = Workload.start(name, env)
-    burn = None
+    burn: Burn | None = None
+    gemm: Workload | None = None
     try:
         first = work.wait_started()
         start = first + WARMUP_S
@@ -150,9 +158,13 @@ def run_case(
             barbiter = workdir / "arbiter-neighbour" if separate_turns else None
             bshare = neighbour or None
             benv = hooked_env(base, bshare, workdir / f"burn-{name}-{share}.usage", barbiter)
-            cmd = [str(BURN), "--seconds", str(seconds + WARMUP_S + 1), "--json"]
-            cmd += ["--kernel-us", str(neighbour_kernel_us)]
-            burn = Burn.start(cmd, benv, neighbour_kernel_us)
+            if gemm_native is not None:
+                gemm = Workload.start("gemm", benv)
+                gemm.wait_started()
+            else:
+                cmd = [str(BURN), "--seconds", str(seconds + WARMUP_S + 1), "--json"]
+                cmd += ["--kernel-us", str(neighbour_kernel_us)]
+                burn = Burn.start(cmd, benv, neighbour_kernel_us)
             start = time.time() + WARMUP_S
         end = start + seconds
         time.sleep(max(0.0, start - time.time()))
@@ -161,8 +173,12 @@ def run_case(
         after = hook_counters(workdir / f"{name}-{share}.usage")
         sampler.wait_past(end)
         rate = work.rate(start, end)
+        if gemm is not None and gemm_native is not None:
+            neighbour_work = gemm.rate(start, end) / gemm_native * 100
     finally:
         work.stop()
+        if gemm is not None:
+            gemm.stop()
     case: dict[str, Any] = {"workload": name, "share": share, "neighbour": neighbour}
     if neighbour is not None:
         case["separate_turns"] = separate_turns
@@ -176,6 +192,8 @@ def run_case(
     if burn is not None:
         burn.finish(timeout=seconds + 60)
         case["neighbour_work"] = burn.work * 100
+    if gemm is not None:
+        case["neighbour_work"] = neighbour_work
     return case
 
 
@@ -220,6 +238,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--separate-turns", action="store_true", help="co-located sides take no turns together"
     )
+    p.add_argument("--neighbour", choices=("burn", "gemm"), default="burn")
     p.add_argument("--neighbour-kernel-us", type=int, default=NEIGHBOUR_KERNEL_US)
     p.add_argument("--device", type=int, default=0)
     return p.parse_args(argv)
@@ -242,6 +261,12 @@ def main(argv: list[str] | None = None) -> int:
     pairs = [parse_pair(p) for p in args.coloc.split(",") if p]
     try:
         with tempfile.TemporaryDirectory() as tmp:
+            gemm_native = None
+            if args.neighbour == "gemm" and pairs:
+                alone = run_case("gemm", None, None, args.seconds, sampler, Path(tmp))
+                print(json.dumps(alone), flush=True)
+                cases.append(alone)
+                gemm_native = alone["rate"]
             for name in args.workloads.split(","):
                 plan: list[tuple[int | None, int | None]] = [(None, None)]
                 plan += [(s, None) for s in shares] + [(s, n) for s, n in pairs]
@@ -255,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
                         Path(tmp),
                         args.neighbour_kernel_us,
                         args.separate_turns,
+                        gemm_native,
                     )
                     print(json.dumps(case), flush=True)
                     cases.append(case)

@@ -11,7 +11,11 @@ Workloads (launch-bound inference shapes; PyTorch, random weights, nothing downl
                is one add;
 - hf-b1, hf-b8: a Hugging Face transformers Llama decoder built from a
                config (random weights), greedy generation in eager mode at
-               batch 1 or 8; a unit is a generated token (per sequence).
+               batch 1 or 8; a unit is a generated token (per sequence);
+- gemm:        the GPU-bound neighbour: 8192x8192 bf16 matmuls, 8 per
+               synchronisation; a unit is one matmul. Unlike vgpu-burn's
+               clock-timed spin kernels, its units are work done, so they
+               stay true when the GPU time-slices it with another context.
 
   python benchmarks/inference_workload.py WORKLOAD
 """
@@ -105,14 +109,29 @@ def hf(batch: int) -> Callable[[], int]:
     return generate
 
 
+def gemm() -> Callable[[], int]:
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    c = torch.empty_like(a)
+
+    def eight() -> int:
+        for _ in range(8):
+            torch.matmul(a, b, out=c)
+        torch.cuda.synchronize()
+        return 8
+
+    return eight
+
+
 WORKLOADS: dict[str, Callable[[], Callable[[], int]]] = {
     "chain": lambda: chain(graph=False),
     "chain-graph": lambda: chain(graph=True),
     "adds": adds,
     "hf-b1": lambda: hf(1),
     "hf-b8": lambda: hf(8),
+    "gemm": gemm,
 }
-UNITS = {name: "add" if name == "adds" else "token" for name in WORKLOADS}
+UNITS = {name: "token" for name in WORKLOADS} | {"adds": "add", "gemm": "matmul"}
 
 
 def main(argv: list[str]) -> int:
