@@ -157,7 +157,8 @@ def run_case(
         if neighbour is not None:
             barbiter = workdir / "arbiter-neighbour" if separate_turns else None
             bshare = neighbour or None
-            benv = hooked_env(base, bshare, workdir / f"burn-{name}-{share}.usage", barbiter)
+            busage = workdir / f"neighbour-{name}-{share}.usage"
+            benv = hooked_env(base, bshare, busage, barbiter)
             if gemm_native is not None:
                 gemm = Workload.start("gemm", benv)
                 gemm.wait_started()
@@ -168,9 +169,11 @@ def run_case(
             start = time.time() + WARMUP_S
         end = start + seconds
         time.sleep(max(0.0, start - time.time()))
-        before = hook_counters(workdir / f"{name}-{share}.usage")
+        usage = workdir / f"{name}-{share}.usage"
+        busage = workdir / f"neighbour-{name}-{share}.usage"
+        before, nbefore = hook_counters(usage), hook_counters(busage)
         time.sleep(max(0.0, end - time.time()))
-        after = hook_counters(workdir / f"{name}-{share}.usage")
+        after, nafter = hook_counters(usage), hook_counters(busage)
         sampler.wait_past(end)
         rate = work.rate(start, end)
         if gemm is not None and gemm_native is not None:
@@ -187,6 +190,9 @@ def run_case(
         gpu, launches, throttled = (a - b for a, b in zip(after, before, strict=True))
         case.update(hook_busy=gpu / 1e7 / seconds, hook_launches=launches / seconds)
         case.update(hook_throttled=throttled / 1e7 / seconds)
+    if nbefore is not None and nafter is not None:
+        # What the neighbour's hook charged itself, against its work done.
+        case["neighbour_hook_busy"] = (nafter[0] - nbefore[0]) / 1e7 / seconds
     steps = device_series(sampler.samples, start, end)
     case.update(rate=rate, busy=sum(steps) / len(steps), busy_windows=windows(steps))
     if burn is not None:
