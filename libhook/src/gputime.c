@@ -185,7 +185,8 @@ bool gt_before(struct gt_launch *l, CUstream h, bool ptsz, bool graph)
     if (s == NULL)
         return false;
     struct gt_dev *d = &gt.devs[s->dev];
-    struct pacer_quota q = pacer_quota_now(&d->pacer, now_ns());
+    uint64_t now = now_ns();
+    struct pacer_quota q = pacer_quota_now(&d->pacer, now);
     bool paced = !pacer_quota_full(&q);
     bool capturing = atomic_load_explicit(&gt.captures, memory_order_acquire) > 0 &&
                      devmap_stream_capturing(h, ptsz);
@@ -211,16 +212,22 @@ bool gt_before(struct gt_launch *l, CUstream h, bool ptsz, bool graph)
      * the GPU turn, so that the batch runs alone and measures only itself.
      * The pacing is announced on the GPU first, for as long as the pacer
      * may hold us back (the balance before its refill: never too short),
-     * so that the unpaced processes there keep taking turns meanwhile. */
+     * so that the unpaced processes there keep taking turns meanwhile. A
+     * paced process whose share does not bind and that keeps the GPU
+     * little busy goes without the turn, and so announces nothing
+     * (turnless.h). */
     bool turn = false;
     if (graph || s->open == NULL) {
+        bool needed = true;
         if (paced) {
             int64_t balance =
                 atomic_load_explicit(&d->pacer.bucket->pacer_balance_ns, memory_order_relaxed);
-            turn_pacing(s->dev, pacer_deficit_ns(balance, q.ppm));
+            needed = turnless_turn_needed(&d->turnless, d->pacer.bucket, balance, now);
+            if (needed)
+                turn_pacing(s->dev, pacer_deficit_ns(balance, q.ppm));
             pacer_admit(&d->pacer, &pacer_monotonic);
         }
-        turn = turn_enter(s->dev);
+        turn = needed && turn_enter(s->dev);
     }
     pthread_mutex_lock(&s->lock);
     if (graph)

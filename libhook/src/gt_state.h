@@ -29,6 +29,7 @@
 
 #include "gputime.h"
 #include "pacer.h"
+#include "turnless.h"
 #include "vgpu.h"
 
 #define GT_STREAMS 1024 /* stream states per process */
@@ -86,6 +87,7 @@ struct gt_stream {
 struct gt_dev {
     struct pacer_dev pacer;
     _Atomic uint64_t launch_cost_ns; /* running average GPU time per launch */
+    struct turnless turnless;        /* may its paced batches go without the turn */
 };
 
 struct gt_state {

@@ -1,0 +1,52 @@
+/*
+ * turnless.c - which paced processes run without the GPU turn (see
+ * turnless.h).
+ */
+#include "turnless.h"
+
+static void restart(struct turnless *t, const struct vgpu_usage_device *bucket, uint64_t now)
+{
+    atomic_store_explicit(&t->gpu_ns,
+                          atomic_load_explicit(&bucket->gpu_time_ns, memory_order_relaxed),
+                          memory_order_relaxed);
+    atomic_store_explicit(&t->waited_ns,
+                          atomic_load_explicit(&bucket->throttled_ns, memory_order_relaxed),
+                          memory_order_relaxed);
+    atomic_store_explicit(&t->since_ns, now, memory_order_release);
+}
+
+bool turnless_turn_needed(struct turnless *t, const struct vgpu_usage_device *bucket,
+                          int64_t balance, uint64_t now)
+{
+    uint64_t since = atomic_load_explicit(&t->since_ns, memory_order_acquire);
+    if (balance < 0 || since == 0) {
+        /* The share binds (or nothing is known yet): turns from now, and a
+         * whole window without a wait before going without them. */
+        atomic_store_explicit(&t->on, false, memory_order_relaxed);
+        if (since == 0 || now - since >= TURNLESS_WINDOW_NS / 8)
+            restart(t, bucket, now); /* not on every batch: one store a few ms */
+        return true;
+    }
+    if (now - since >= 2 * TURNLESS_WINDOW_NS) {
+        /* A window that spans a pause says nothing of the work now (a
+         * GPU-bound process back from an idle minute): turns until a fresh
+         * one qualifies. */
+        atomic_store_explicit(&t->on, false, memory_order_relaxed);
+        restart(t, bucket, now);
+        return true;
+    }
+    /* One thread closes the window: the one whose CAS moves its start. */
+    if (now - since >= TURNLESS_WINDOW_NS &&
+        atomic_compare_exchange_strong(&t->since_ns, &since, now)) {
+        uint64_t gpu = atomic_load_explicit(&bucket->gpu_time_ns, memory_order_relaxed);
+        uint64_t waited = atomic_load_explicit(&bucket->throttled_ns, memory_order_relaxed);
+        uint64_t used = gpu - atomic_load_explicit(&t->gpu_ns, memory_order_relaxed);
+        bool idle_pacer = waited == atomic_load_explicit(&t->waited_ns, memory_order_relaxed);
+        /* used / span < ppm / 1e6, in microseconds (the span is under 2 windows) */
+        bool light = used / 1000u < (now - since) / 1000u * TURNLESS_MAX_USE_PPM / 1000000u;
+        atomic_store_explicit(&t->gpu_ns, gpu, memory_order_relaxed);
+        atomic_store_explicit(&t->waited_ns, waited, memory_order_relaxed);
+        atomic_store_explicit(&t->on, idle_pacer && light, memory_order_relaxed);
+    }
+    return !atomic_load_explicit(&t->on, memory_order_relaxed);
+}

@@ -1,0 +1,55 @@
+/*
+ * turnless.h - which paced processes run without the GPU turn.
+ *
+ * The turn keeps a paced process's event spans to its own work (turn.h),
+ * but a launch-bound process (eager inference: a few microseconds of
+ * kernels between CPU steps) keeps the GPU idle for most of its turn, and
+ * passes the turn at every pause: next to a GPU-bound tenant it then waits
+ * out that tenant's hold for each step. Measured on an H100 next to a GEMM
+ * tenant at 60, a transformers decoder at 30 did 0.36-0.57 of its native
+ * work with turns and 0.63-0.65 without, and the GEMM tenant 61-62 % of
+ * its native work with turns against 69-70 % without (70 % alone at 60)
+ * (docs/compute.md, "Launch-bound work next to a GPU-bound tenant").
+ *
+ * So a paced process goes without the turn on a device while its share
+ * does not bind there and its vGPU keeps the device little busy: no
+ * launch of its vGPU waited in the pacer over the last window, and the
+ * GPU time it was charged is under TURNLESS_MAX_USE_PPM of the window.
+ * Its batches then share the GPU's time-slicing with the turn holder's,
+ * which may stretch its own spans (it is charged more, never less) and a
+ * little of the holder's. As soon as the pacer must hold one of its
+ * launches back, or it uses more, it takes turns again from its next
+ * batch, and its spans are exact while its share binds.
+ */
+#ifndef VGPU_TURNLESS_H
+#define VGPU_TURNLESS_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "vgpu_abi.h"
+
+/* The window over which use and waits are looked at: several decode steps. */
+#define TURNLESS_WINDOW_NS 100000000ull
+/* The most GPU time a turnless vGPU may use on the device, of the window:
+ * what it adds to a turn holder's spans when their work interleaves. */
+#define TURNLESS_MAX_USE_PPM 300000u
+
+/* Per device, in the process (zero-initialised: turns are taken until a
+ * first whole window qualifies). */
+struct turnless {
+    _Atomic uint64_t since_ns;  /* the window's start; 0 before the first */
+    _Atomic uint64_t gpu_ns;    /* the bucket's gpu_time_ns then */
+    _Atomic uint64_t waited_ns; /* the bucket's throttled_ns then */
+    _Atomic bool on;            /* the last whole window qualified */
+};
+
+/* Must a paced process take the turn for its next batch on the device?
+ * `bucket`: its vGPU's counters there; `balance`: the bucket's balance
+ * before the pacer admits the batch (below zero, the pacer will hold it
+ * back: the share binds now). */
+bool turnless_turn_needed(struct turnless *t, const struct vgpu_usage_device *bucket,
+                          int64_t balance, uint64_t now);
+
+#endif
