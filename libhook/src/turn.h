@@ -7,7 +7,8 @@
  * to TURN_HOLD_NS when others queue), and passes it on when its last batch
  * there has been measured. Without a turn every call is a no-op.
  *
- * Who takes turns: paced processes always, and they stamp their own turn
+ * Who takes turns: paced processes (but those whose share does not bind and
+ * that use little of the GPU: turnless.h), and they stamp their own turn
  * (turn_pacing; the broker publishes the GPU's stamp to every vGPU on it);
  * unpaced hooked processes only while the stamp they see is fresh
  * (turn_wanted), so that their work does not run inside a paced process's

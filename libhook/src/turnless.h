@@ -9,7 +9,8 @@
  * tenant at 60, a transformers decoder at 30 did 0.36-0.57 of its native
  * work with turns and 0.63-0.65 without, and the GEMM tenant 61-62 % of
  * its native work with turns against 69-70 % without (70 % alone at 60)
- * (docs/compute.md, "Launch-bound work next to a GPU-bound tenant").
+ * (docs/compute.md, "Next to a GPU-bound tenant: no turn while the share
+ * does not bind").
  *
  * So a paced process goes without the turn on a device while its share
  * does not bind there and its vGPU keeps the device little busy: no
