@@ -14,17 +14,18 @@ busy) within 3 points, mean and every 1 s window.
   python benchmarks/bench_inference.py OUTDIR [--seconds S] [--workloads a,b]
                                        [--shares 30,60] [--coloc 30:60,n:n]
                                        [--neighbour-kernel-us 20000]
-                                       [--separate-turns] [--neighbour gemm]
+                                       [--separate-turns] [--neighbour NAME]
 
 In a --coloc pair, "n" runs that side natively (no hook). With
 --separate-turns the two hooked sides get arbiter files of their own, so
 they do not take turns: the GPU time-slices between them as between
 unhooked processes, and each measures spans the other may share. The
 neighbour is vgpu-burn (20 ms kernels that spin on the GPU's clock) or,
-with --neighbour gemm, inference_workload.py's matmul loop, whose work is
-counted in matmuls: a spin kernel that the GPU time-slices still ends on
-time, so vgpu-burn's work overstates what it got next to a context that
-takes no turns with it.
+with --neighbour NAME, one of inference_workload.py's workloads (gemm: a
+GPU-bound matmul loop; or a second inference tenant), whose work is
+counted in its own units against its native rate: a spin kernel that the
+GPU time-slices still ends on time, so vgpu-burn's work overstates what it
+got next to a context that takes no turns with it.
 """
 
 from __future__ import annotations
@@ -139,18 +140,19 @@ def run_case(
     workdir: Path,
     neighbour_kernel_us: int = NEIGHBOUR_KERNEL_US,
     separate_turns: bool = False,
-    gemm_native: float | None = None,
+    neighbour_workload: tuple[str, float] | None = None,
 ) -> dict[str, Any]:
     """One case; `neighbour` is the GPU-bound tenant's share, None for no
     neighbour, 0 for a native (unhooked) one. The neighbour is vgpu-burn,
-    or the gemm workload where its native rate `gemm_native` is given."""
+    or the inference_workload.py workload `neighbour_workload` names
+    (with its native rate)."""
     base = dict(os.environ)
     base.pop("LD_PRELOAD", None)
     arbiter = workdir / "arbiter-workload" if separate_turns else None
     env = hooked_env(base, share, workdir / f"{name}-{share}.usage", arbiter)
     work = Workload.start(name, env)
     burn: Burn | None = None
-    gemm: Workload | None = None
+    other: Workload | None = None
     try:
         first = work.wait_started()
         start = first + WARMUP_S
@@ -159,9 +161,9 @@ def run_case(
             bshare = neighbour or None
             busage = workdir / f"neighbour-{name}-{share}.usage"
             benv = hooked_env(base, bshare, busage, barbiter)
-            if gemm_native is not None:
-                gemm = Workload.start("gemm", benv)
-                gemm.wait_started()
+            if neighbour_workload is not None:
+                other = Workload.start(neighbour_workload[0], benv)
+                other.wait_started()
             else:
                 cmd = [str(BURN), "--seconds", str(seconds + WARMUP_S + 1), "--json"]
                 cmd += ["--kernel-us", str(neighbour_kernel_us)]
@@ -176,12 +178,12 @@ def run_case(
         after, nafter = hook_counters(usage), hook_counters(busage)
         sampler.wait_past(end)
         rate = work.rate(start, end)
-        if gemm is not None and gemm_native is not None:
-            neighbour_work = gemm.rate(start, end) / gemm_native * 100
+        if other is not None and neighbour_workload is not None:
+            neighbour_work = other.rate(start, end) / neighbour_workload[1] * 100
     finally:
         work.stop()
-        if gemm is not None:
-            gemm.stop()
+        if other is not None:
+            other.stop()
     case: dict[str, Any] = {"workload": name, "share": share, "neighbour": neighbour}
     if neighbour is not None:
         case["separate_turns"] = separate_turns
@@ -198,7 +200,8 @@ def run_case(
     if burn is not None:
         burn.finish(timeout=seconds + 60)
         case["neighbour_work"] = burn.work * 100
-    if gemm is not None:
+    if other is not None and neighbour_workload is not None:
+        case["neighbour_workload"] = neighbour_workload[0]
         case["neighbour_work"] = neighbour_work
     return case
 
@@ -213,6 +216,8 @@ def row(case: dict[str, Any], native: dict[str, Any] | None) -> str:
     span = f"{min(win):.1f} to {max(win):.1f}" if win else ""
     neighbour = f"{case['neighbour_work']:.1f}" if "neighbour_work" in case else ""
     beside = {None: "", 0: "native"}.get(case["neighbour"], case["neighbour"])
+    if "neighbour_workload" in case:
+        beside = f"{case['neighbour_workload']} {beside}"
     if case.get("separate_turns"):
         beside = f"{beside}, no turns"
     cells = [case["workload"], case["share"] or "native", beside, vs]
@@ -244,7 +249,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--separate-turns", action="store_true", help="co-located sides take no turns together"
     )
-    p.add_argument("--neighbour", choices=("burn", "gemm"), default="burn")
+    p.add_argument(
+        "--neighbour",
+        default="burn",
+        help="burn (vgpu-burn), or an inference_workload.py workload: gemm, hf-b1, ...",
+    )
     p.add_argument("--neighbour-kernel-us", type=int, default=NEIGHBOUR_KERNEL_US)
     p.add_argument("--device", type=int, default=0)
     return p.parse_args(argv)
@@ -267,12 +276,12 @@ def main(argv: list[str] | None = None) -> int:
     pairs = [parse_pair(p) for p in args.coloc.split(",") if p]
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            gemm_native = None
-            if args.neighbour == "gemm" and pairs:
-                alone = run_case("gemm", None, None, args.seconds, sampler, Path(tmp))
+            neighbour_workload = None
+            if args.neighbour != "burn" and pairs:
+                alone = run_case(args.neighbour, None, None, args.seconds, sampler, Path(tmp))
                 print(json.dumps(alone), flush=True)
                 cases.append(alone)
-                gemm_native = alone["rate"]
+                neighbour_workload = (args.neighbour, alone["rate"])
             for name in args.workloads.split(","):
                 plan: list[tuple[int | None, int | None]] = [(None, None)]
                 plan += [(s, None) for s in shares] + [(s, n) for s, n in pairs]
@@ -286,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
                         Path(tmp),
                         args.neighbour_kernel_us,
                         args.separate_turns,
-                        gemm_native,
+                        neighbour_workload,
                     )
                     print(json.dumps(case), flush=True)
                     cases.append(case)

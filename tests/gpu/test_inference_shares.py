@@ -72,7 +72,15 @@ def test_a_decoder_next_to_a_gemm_tenant_keeps_its_pace_and_the_gemm_its_share(
     gemm_native = run_case("gemm", None, None, SECONDS, sampler, tmp_path)
     gemm_alone = run_case("gemm", 60, None, SECONDS, sampler, tmp_path)
     native = run_case("hf-b1", None, None, SECONDS, sampler, tmp_path)
-    case = run_case("hf-b1", 30, 60, SECONDS, sampler, tmp_path, gemm_native=gemm_native["rate"])
+    case = run_case(
+        "hf-b1",
+        30,
+        60,
+        SECONDS,
+        sampler,
+        tmp_path,
+        neighbour_workload=("gemm", gemm_native["rate"]),
+    )
     alone_work = gemm_alone["rate"] / gemm_native["rate"] * 100
     pace = case["rate"] / native["rate"]
     demand = 60 + min(30, native["busy"])
