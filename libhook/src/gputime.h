@@ -39,8 +39,8 @@
  * [GT_GATE_MIN_LAUNCHES, GT_GATE_MAX_LAUNCHES] launches (the wait and two
  * events cost the CPU ~2.4 us a batch on an H100). A gated batch the
  * application stops feeding without a sync point we see (a host wait we do
- * not wrap) is opened by the monitor after GT_GATE_QUIET_NS: a stall that
- * long, never a deadlock.
+ * not wrap) is opened by the gate watcher after GT_GATE_QUIET_NS, with no
+ * driver call (gt_gates.c): a stall that long, never a deadlock.
  */
 #ifndef GT_GATE_BATCH_NS /* overridable at build time (CFLAGS=-D...) to compare */
 #define GT_GATE_BATCH_NS 100000ull

@@ -100,9 +100,17 @@ void gt_gate_open(struct gt_stream *s, struct gt_batch *b)
 {
     if (!atomic_exchange_explicit(&b->gate_shut, false, memory_order_acq_rel))
         return;
-    atomic_store_explicit(&gt.gate_words[s - gt.streams],
-                          atomic_load_explicit(&b->gate, memory_order_relaxed),
-                          memory_order_release);
+    /* The word only moves forward (cyclically, as the wait compares): the
+     * watcher opens a gate without the stream's lock, and may store after
+     * the stream's next batch has shut and opened its own gate; storing
+     * this older value then would shut that one again, for good. */
+    _Atomic uint32_t *word = &gt.gate_words[s - gt.streams];
+    uint32_t value = atomic_load_explicit(&b->gate, memory_order_relaxed);
+    uint32_t seen = atomic_load_explicit(word, memory_order_relaxed);
+    while ((int32_t)(value - seen) > 0 &&
+           !atomic_compare_exchange_weak_explicit(word, &seen, value, memory_order_release,
+                                                  memory_order_relaxed))
+        ;
     atomic_fetch_sub_explicit(&gt.shut_gates, 1, memory_order_relaxed);
 }
 
@@ -119,23 +127,26 @@ uint32_t gt_gate_target(const struct gt_stream *s)
 
 /*
  * The gate watcher: opens the gates of gated batches the application
- * stopped feeding (GT_GATE_QUIET_NS without a launch). While every shut
- * gate is fed it makes no driver call, so it never contends with the
- * launches; the monitor meanwhile sleeps in its events, which a shut gate
- * may hold back (the legacy stream waits for every blocking stream) only
- * until this thread opens it. For a quiet batch it records the end event
- * first when it can take the stream's lock. When a launcher holds the lock
- * (its launch may itself wait behind the gate: lazy module loading can
- * wait for the whole context), or a capture is on, it only stores the
- * word, and that batch's span includes the stall. Records live as long as
- * the process, so a batch read here unlocked is always a valid record; at
- * worst a newer batch of the stream, opened a little early.
- * Returns the next time a shut gate may go quiet; 0 if none is shut.
+ * stopped feeding (GT_GATE_QUIET_NS without a launch), and wakes the
+ * monitor, which closes those batches (their end events). It makes no
+ * driver call at all: a thread of the application may sit in a driver call
+ * we do not wrap (creating a stream, loading a module) that holds a driver
+ * lock and waits for the GPU, which waits behind the gate. A driver call
+ * here would wait for that lock, and the gate would never open: on an H100
+ * that hung a PyTorch process in torch.cuda.Stream() about once in five
+ * starts, when the watcher still recorded the end event before opening.
+ * The monitor's calls may wait on the lock too, but only once the gate is
+ * open. Opening before the end event is recorded lets the batch's span run
+ * on to the monitor's record (its wake-up: tens of microseconds) when the
+ * stream idles. Records live as long as the process, so a batch read here
+ * unlocked is always a valid record; at worst a newer batch of the stream,
+ * opened a little early. Returns the next time a shut gate may go quiet; 0
+ * if none is shut.
  */
 static uint64_t watch_gates(uint64_t now)
 {
     uint64_t next = 0;
-    bool capturing = atomic_load_explicit(&gt.captures, memory_order_acquire) > 0;
+    bool opened = false;
     unsigned high = atomic_load_explicit(&gt.table_high, memory_order_acquire);
     for (unsigned i = 0; i < high; i++) {
         struct gt_stream *s = &gt.streams[i];
@@ -148,18 +159,13 @@ static uint64_t watch_gates(uint64_t now)
                 next = quiet_at;
             continue;
         }
-        bool handled = false;
-        if (!capturing && pthread_mutex_trylock(&s->lock) == 0) {
-            if (s->open != b) {
-                handled = true; /* closed meanwhile */
-            } else if (gt_use_ctx(s->ctx)) {
-                gt_close_open(s);
-                handled = true;
-            }
-            pthread_mutex_unlock(&s->lock);
-        }
-        if (!handled)
-            gt_gate_open(s, b);
+        gt_gate_open(s, b);
+        opened = true;
+    }
+    if (opened) {
+        pthread_mutex_lock(&gt.queue_lock);
+        pthread_cond_broadcast(&gt.queue_cond);
+        pthread_mutex_unlock(&gt.queue_lock);
     }
     return next;
 }

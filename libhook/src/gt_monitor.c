@@ -99,10 +99,16 @@ void gt_close_picked(bool (*pick)(const struct gt_stream *s, const void *arg),
 }
 
 /* The application stopped launching on the stream without a sync point we
- * see. */
+ * see: for GT_QUIET_NS, or for GT_GATE_QUIET_NS once the gate watcher has
+ * opened the batch's gate (its kernels run: its end event should follow). */
 static bool quiet(const struct gt_stream *s, const void *now)
 {
-    return *(const uint64_t *)now - s->last_launch_ns >= GT_QUIET_NS;
+    const struct gt_batch *b = s->open;
+    uint64_t after = b != NULL && b->gated && !atomic_load_explicit(&b->gate_shut,
+                                                                   memory_order_acquire)
+                         ? GT_GATE_QUIET_NS
+                         : GT_QUIET_NS;
+    return *(const uint64_t *)now - s->last_launch_ns >= after;
 }
 
 static void *monitor_main(void *arg)

@@ -372,7 +372,11 @@ static void test_empty_kernels_do_not_hang(void)
  * application that then waits for them in a call the hook does not see
  * (here a synchronous memset behind the legacy stream) must be let through
  * by the gate watcher after GT_GATE_QUIET_NS: not hang (the worker's alarm
- * turns a hang into a failure), nor wait for the monitor's GT_QUIET_NS. */
+ * turns a hang into a failure), nor wait for the monitor's GT_QUIET_NS. The
+ * simulated memset holds the driver's API lock while it waits, as real
+ * synchronous calls do, so a watcher that recorded the batch's end event
+ * before opening its gate hangs here (it did on an H100, in PyTorch's
+ * stream creation). */
 static void test_a_wait_the_hook_does_not_see_stalls_but_never_hangs(void)
 {
     fresh_machine("unseen");

@@ -29,7 +29,9 @@ static CUresult enter(CUstream h, enum mode mode, CUstream *s)
     CUcontext ctx;
     CUresult r = cu_current(&ctx);
     if (r == CUDA_SUCCESS) {
+        pthread_mutex_lock(&cu_api_lock);
         cu_ctx_wait_released(ctx, true);
+        pthread_mutex_unlock(&cu_api_lock);
         cu_wait_until(atomic_load(&ctx->last_end));
     }
     return r;

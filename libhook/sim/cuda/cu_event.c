@@ -69,7 +69,10 @@ static CUresult event_record(CUevent e, CUstream h, bool per_thread)
         return CUDA_ERROR_INVALID_HANDLE;
     if (s->capture != NULL)
         return CUDA_SUCCESS; /* an event node: nothing to time in a graph here */
-    return cu_stream_submit(s, &(struct cu_work){.kind = CU_WORK_RECORD, .event = {.event = e}});
+    pthread_mutex_lock(&cu_api_lock);
+    r = cu_stream_submit(s, &(struct cu_work){.kind = CU_WORK_RECORD, .event = {.event = e}});
+    pthread_mutex_unlock(&cu_api_lock);
+    return r;
 }
 
 CUresult cuEventRecord(CUevent hEvent, CUstream hStream)

@@ -12,6 +12,7 @@
 
 struct cu_process *cu_proc;
 pthread_mutex_t cu_lock = PTHREAD_MUTEX_INITIALIZER;
+pthread_mutex_t cu_api_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static struct cu_process g_proc;
 static pthread_mutex_t g_init_lock = PTHREAD_MUTEX_INITIALIZER;

@@ -116,6 +116,12 @@ struct cu_process {
 extern struct cu_process *cu_proc;
 /* One process-local lock for the tables (allocations, modules, pools). */
 extern pthread_mutex_t cu_lock;
+/* The API lock a real driver holds inside some calls: a synchronous copy or
+ * memset holds it while it waits for the context's queued work, and an
+ * event record takes it. So a thread that waits in the driver for work
+ * held behind a gate blocks another thread's event record meanwhile, as on
+ * a GPU (docs/simulator.md). */
+extern pthread_mutex_t cu_api_lock;
 
 /* ---- init and devices (cu_init.c) ---- */
 CUresult cu_ready(void); /* CUDA_SUCCESS once cuInit succeeded */
