@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import ROOT
 from tests.fixtures.cgroup import Cgroup
-from tests.fixtures.hook import FakeVgpu
+from tests.fixtures.hook import FakeVgpu, MappedSleepers
 from tests.fixtures.simgpu import BYPASS, SCAN, SIM_CUDA, SIM_GPU0, SIM_NVML, run_json
 
 GIB = 1 << 30
@@ -126,3 +126,35 @@ def test_process_bypassing_the_hook_is_caught_by_nvml(
             p.kill()
             p.wait()
         vgpu.close()
+
+
+# Samples the simulator twice and prints each sample's running processes
+# on the first GPU (pid -> bytes).
+LISTED = f"""
+import asyncio, json
+from vgpud.observe.nvml import open_nvml
+async def main():
+    gw = await open_nvml({str(SIM_NVML)!r})
+    for _ in range(2):
+        print(json.dumps((await gw.sample()).gpus[{SIM_GPU0!r}].processes), flush=True)
+    await gw.close()
+asyncio.run(main())
+"""
+
+
+def test_gateway_reads_every_process_the_simulator_lists(
+    sim_env: dict[str, str], tmp_path: Path
+) -> None:
+    """More processes than the gateway's first buffer holds (64): NVML's
+    "too small" answer grows it, and every pid and byte count comes through
+    the C array as the simulator wrote it."""
+    sim_env.update(VGPU_SIM_MEMORY="8g", VGPU_SIM_CTX_OVERHEAD="3m")
+    block = tmp_path / "block"
+    block.write_bytes(bytes(4096))  # MappedSleepers maps one; its content is not read here
+    sleepers = MappedSleepers([(block, 150)], gpus=[0], env=sim_env)
+    try:
+        samples = run_json(LISTED, sim_env)
+    finally:
+        sleepers.close()
+    expected = {str(pid): (1 + 3) << 20 for pid in sleepers.pids}  # 1 MiB and the context
+    assert samples == [expected, expected]

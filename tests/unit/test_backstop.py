@@ -12,9 +12,17 @@ import pytest
 
 from tests.fixtures.hook import GPU_UUIDS, FakeVgpu
 from vgpud.loops.repairs import check, enforce
+from vgpud.observe.cgroups import ContainerRef, Runtime
 from vgpud.observe.nvml import GpuSample, NvmlSample
 from vgpud.observe.procfs import ProcFS
-from vgpud.observe.tracker import Tracker
+from vgpud.observe.tracker import (
+    GpuUse,
+    ProcessKind,
+    TrackedProcess,
+    Tracker,
+    TrackSnapshot,
+    VgpuUse,
+)
 from vgpud.policy.backstop import BackstopPolicy, BackstopState, Kill, decide
 
 GIB = 1 << 30
@@ -159,3 +167,36 @@ def test_check_reports_and_kills_in_one_call(
     events, _ = check(snap, BackstopPolicy("kill", confirm_scans=1), BackstopState())
     assert [e.kind for e in events] == ["over_limit", "killed"]
     assert victim.wait(timeout=10) == -9
+
+
+def test_each_vgpu_over_its_limit_blames_its_own_process() -> None:
+    """Several vGPUs over their limits in one scan: each offender is found
+    among that vGPU's processes only, whatever the order they come in."""
+    container = ContainerRef(Runtime.DOCKER, "/docker/c1", container_id="c1")
+
+    def process(pid: int, vgpu_id: str, slot: int | None, nvml: int, hooked: int) -> TrackedProcess:
+        kind = ProcessKind.VGPU if slot is not None else ProcessKind.UNMANAGED
+        return TrackedProcess(
+            pid, pid, DOCKER_NS, 5000 + pid, "burn", 0, container, kind, vgpu_id, slot,
+            memory={GPU0: nvml}, hooked={GPU0: hooked} if slot is not None else {},
+        )  # fmt: skip
+
+    processes = [
+        process(10, "a", 0, 3 * GIB, GIB),  # 2 GiB the hook does not account for
+        process(20, "b", 0, GIB, GIB),
+        process(11, "a", 1, GIB, GIB),
+        process(21, "b", None, 2 * GIB, 0),  # no slot: bypassed the hook
+        process(12, "c", 0, 3 * GIB, 3 * GIB),  # "c" is within its limit
+    ]
+
+    def use(vgpu_id: str) -> VgpuUse:
+        mine = [p for p in processes if p.vgpu_id == vgpu_id]
+        nvml_used = sum(p.memory[GPU0] for p in mine)
+        gpu = GpuUse(GPU0, 2 * GIB if vgpu_id != "c" else 4 * GIB, 0, nvml_used, None, len(mine))
+        return VgpuUse(vgpu_id, False, {GPU0: gpu}, tuple(p.pid for p in mine), len(mine))
+
+    snap = TrackSnapshot(
+        0.0, {p.pid: p for p in processes}, {v: use(v) for v in "abc"}, (), {}, (), (), True
+    )
+    _, events, _ = decide(snap, BackstopPolicy("report", tolerance=0), BackstopState())
+    assert [(e.vgpu_id, e.pid) for e in events] == [("a", 10), ("b", 21)]

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from types import SimpleNamespace
 from typing import Any
 
@@ -31,6 +32,34 @@ def nvml_error(code: int) -> pynvml.NVMLError:
     return pynvml.NVMLError(code)
 
 
+# The C signatures of the array queries the gateway calls in place.
+_ProcessesFn = ctypes.CFUNCTYPE(
+    ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint), ctypes.c_void_p
+)
+_UtilizationFn = ctypes.CFUNCTYPE(
+    ctypes.c_int,
+    ctypes.c_void_p,
+    ctypes.c_void_p,
+    ctypes.POINTER(ctypes.c_uint),
+    ctypes.c_ulonglong,
+)
+
+
+def fill_array(records: Sequence[ctypes.Structure], count: Any, buffer: int | None) -> int:
+    """NVML's array protocol: too small a buffer (or none) is answered
+    INSUFFICIENT_SIZE with the count needed; an empty answer is a success."""
+    if records and (buffer is None or count[0] < len(records)):
+        count[0] = len(records)
+        return int(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
+    for i, record in enumerate(records):
+        assert buffer is not None
+        ctypes.memmove(
+            buffer + i * ctypes.sizeof(record), ctypes.addressof(record), ctypes.sizeof(record)
+        )
+    count[0] = len(records)
+    return int(pynvml.NVML_SUCCESS)
+
+
 class FakeNvml:
     """The subset of pynvml the gateway calls, with switches for failures."""
 
@@ -42,9 +71,17 @@ class FakeNvml:
         self.procs: dict[int, list[tuple[int, int | None]]] = {1: [], 2: []}
         self.util_samples: dict[int, list[tuple[int, int, int]]] = {1: [], 2: []}
         self.insufficient_once = False
+        self.lists_outgrow_buffers = False  # each answer: more processes than the buffer holds
         self.pending_events: list[SimpleNamespace] = []
         self.posted = threading.Event()
         self.registered: list[int] = []
+        self.array_capacities: list[int] = []  # the buffer sizes the array queries were given
+        # Kept referenced: ctypes frees a callback's thunk with its object.
+        self._c_functions = {
+            "nvmlDeviceGetComputeRunningProcesses_v3": _ProcessesFn(self._processes_v3),
+            "nvmlDeviceGetComputeRunningProcesses_v2": _ProcessesFn(self._processes_v2),
+            "nvmlDeviceGetProcessUtilization": _UtilizationFn(self._process_utilization),
+        }
 
     def _enter(self, name: str, handle: int | None = None) -> None:
         self.calls.append(name)
@@ -102,25 +139,62 @@ class FakeNvml:
         self._enter("nvmlDeviceGetUtilizationRates", handle)
         return SimpleNamespace(gpu=40 + handle, memory=0)
 
-    def _procs(self, name: str, handle: int) -> list[Any]:
-        self._enter(name, handle)
-        return [SimpleNamespace(pid=p, usedGpuMemory=b) for p, b in self.procs[handle]]
+    def _nvmlGetFunctionPointer(self, name: str) -> Any:
+        """pynvml's lookup of a C function (a symbol the driver lacks is
+        FUNCTION_NOT_FOUND): the gateway calls the array queries in place."""
+        if name in self.missing:
+            self.calls.append(name)
+            raise nvml_error(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        return self._c_functions[name]
 
-    def nvmlDeviceGetComputeRunningProcesses_v3(self, handle: int) -> list[Any]:
-        return self._procs("nvmlDeviceGetComputeRunningProcesses_v3", handle)
+    def _processes(self, name: str, handle: int, count: Any, buffer: int | None) -> int:
+        try:
+            self._enter(name, handle)
+        except pynvml.NVMLError as err:
+            return int(err.value)
+        self.array_capacities.append(count[0])
+        if self.lists_outgrow_buffers:
+            count[0] += 1
+            return int(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
+        # pynvml's own declaration of the header's struct, not the gateway's.
+        records = [
+            pynvml.c_nvmlProcessInfo_v3_t(
+                pid=p,
+                usedGpuMemory=pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value if b is None else b,
+                gpuInstanceId=0xFFFFFFFF,
+                computeInstanceId=0xFFFFFFFF,
+            )
+            for p, b in self.procs[handle]
+        ]
+        return fill_array(records, count, buffer)
 
-    def nvmlDeviceGetComputeRunningProcesses_v2(self, handle: int) -> list[Any]:
-        return self._procs("nvmlDeviceGetComputeRunningProcesses_v2", handle)
+    def _processes_v3(self, handle: int, count: Any, buffer: int | None) -> int:
+        return self._processes("nvmlDeviceGetComputeRunningProcesses_v3", handle, count, buffer)
 
-    def nvmlDeviceGetProcessUtilization(self, handle: int, last_seen: int) -> list[Any]:
-        self._enter(f"nvmlDeviceGetProcessUtilization({last_seen})", handle)
-        if self.insufficient_once:
-            self.insufficient_once = False
-            raise nvml_error(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
-        newer = [s for s in self.util_samples[handle] if s[1] > last_seen]
+    def _processes_v2(self, handle: int, count: Any, buffer: int | None) -> int:
+        return self._processes("nvmlDeviceGetComputeRunningProcesses_v2", handle, count, buffer)
+
+    def _process_utilization(
+        self, handle: int, buffer: int | None, count: Any, last_seen: int
+    ) -> int:
+        try:
+            self._enter(f"nvmlDeviceGetProcessUtilization({last_seen})", handle)
+        except pynvml.NVMLError as err:
+            return int(err.value)
+        newer = [
+            pynvml.c_nvmlProcessUtilizationSample_t(
+                pid=p, timeStamp=t, smUtil=u, memUtil=1, encUtil=2, decUtil=3
+            )
+            for p, t, u in self.util_samples[handle]
+            if t > last_seen
+        ]
         if not newer:
-            raise nvml_error(pynvml.NVML_ERROR_NOT_FOUND)
-        return [SimpleNamespace(pid=p, timeStamp=t, smUtil=u) for p, t, u in newer]
+            return int(pynvml.NVML_ERROR_NOT_FOUND)
+        if self.insufficient_once:  # a process appeared since the caller sized its buffer
+            self.insufficient_once = False
+            count[0] = max(count[0] + 1, len(newer))
+            return int(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
+        return fill_array(newer, count, buffer)
 
     def nvmlEventSetCreate(self) -> str:
         self._enter("nvmlEventSetCreate")
@@ -255,6 +329,40 @@ async def test_running_processes_probe_newest_first_once(fake: FakeNvml) -> None
     assert fake.calls.count("nvmlDeviceGetComputeRunningProcesses_v2") == 4  # 2 GPUs x 2
     assert first.memory_of(100) == {"GPU-aaaa": 2 * GIB}
     assert first.pids() == {100, 101}
+
+
+async def test_a_long_process_list_grows_the_buffer_once(
+    gateway: NvmlGateway, fake: FakeNvml
+) -> None:
+    fake.procs[1] = [(1000 + i, i << 20) for i in range(300)]
+    fake.procs[2] = [(7, None), (8, 5)]
+    first = await gateway.sample()
+    assert first.gpus["GPU-aaaa"].processes == {1000 + i: i << 20 for i in range(300)}
+    assert first.gpus["GPU-bbbb"].processes == {7: None, 8: 5}
+    query = "nvmlDeviceGetComputeRunningProcesses_v3"
+    assert fake.calls.count(query) == 3  # GPU 0 told "too small" once
+    grown = fake.array_capacities[-1]
+    assert grown >= 300
+    fake.procs[1].pop()  # a shorter answer leaves nothing of the longer one behind
+    second = await gateway.sample()
+    assert second.gpus["GPU-aaaa"].processes == {1000 + i: i << 20 for i in range(299)}
+    assert fake.calls.count(query) == 5  # one call per GPU: the buffer was kept
+    assert fake.array_capacities[-2:] == [grown, grown]
+
+
+async def test_a_list_that_outgrows_every_buffer_is_not_available(
+    gateway: NvmlGateway, fake: FakeNvml
+) -> None:
+    fake.procs[1] = [(5, GIB)]
+    fake.lists_outgrow_buffers = True
+    with structlog.testing.capture_logs() as logs:
+        sample = await gateway.sample()
+    assert sample.gpus["GPU-aaaa"].processes == {}
+    assert sample.gpus["GPU-aaaa"].memory_total == 80 * GIB  # the rest of the sample stands
+    assert all(d.healthy for d in gateway.devices())
+    assert [e["call"] for e in logs if e["log_level"] == "warning"] == ["running processes"]
+    fake.lists_outgrow_buffers = False
+    assert (await gateway.sample()).gpus["GPU-aaaa"].processes == {5: GIB}
 
 
 async def test_memory_info_falls_back_to_v1(fake: FakeNvml) -> None:

@@ -32,10 +32,12 @@ Degrading, never failing: a function the driver lacks or does not support
 is logged once and its figure is ``None``; running-process queries are
 probed once (v3, then v2) and the answer kept; a device that reports "GPU is
 lost" is marked unhealthy and emits a HealthEvent, the other devices go on.
-Per-process utilization follows NVML's protocol (buffer sized by the
-driver's INSUFFICIENT_SIZE answer, pynvml does the two calls; NOT_FOUND = no
-new sample), asked from a little before the newest sample seen and
-deduplicated per process (see ``_UtilCursor``).
+The running processes and per-process utilization are array queries, read
+through the C functions pynvml loaded into reusable buffers
+(nvml_arrays.py: pynvml would build an object per process per sample),
+grown on the driver's INSUFFICIENT_SIZE answer; utilization's NOT_FOUND
+means no new sample. Utilization is asked from a little before the newest
+sample seen and deduplicated per process (see ``_UtilCursor``).
 """
 
 from __future__ import annotations
@@ -56,6 +58,13 @@ import pynvml
 import structlog
 
 from vgpud.observe import cudainfo
+from vgpud.observe.nvml_arrays import (
+    PROCESS_INFO,
+    PROCESS_UTILIZATION_SAMPLE,
+    SUCCESS,
+    VALUE_NOT_AVAILABLE,
+    ArrayReader,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -68,6 +77,10 @@ HEALTH_WAIT_MS = 1000
 # How far apart the newest samples of different processes may be stamped.
 UTIL_LOOKBACK_US = 1_000_000
 _SAMPLE_RETRIES = 3  # a process may appear between NVML's size and data calls
+_RUNNING_PROCESSES = (
+    "nvmlDeviceGetComputeRunningProcesses_v3",
+    "nvmlDeviceGetComputeRunningProcesses_v2",
+)
 
 
 class TopologyLevel(IntEnum):
@@ -263,6 +276,9 @@ class NvmlGateway:
         self._handles: dict[str, Any] = {}
         self._topology: dict[frozenset[str], TopologyLevel] = {}
         self._util_cursors: dict[str, _UtilCursor] = {}
+        # One buffer per query, shared by the GPUs: NVML runs on one thread.
+        self._process_array = ArrayReader(PROCESS_INFO)
+        self._util_array = ArrayReader(PROCESS_UTILIZATION_SAMPLE)
         self._logged_missing: set[str] = set()
         self._logged_failures: set[tuple[str, int | None]] = set()
         self._choices: dict[str, str | None] = {}  # probed variant per query, None: none
@@ -431,41 +447,44 @@ class NvmlGateway:
         )
 
     def _processes(self, handle: Any) -> dict[int, int | None]:
-        nv = self._nvml
-        infos = self._versioned(
+        procs = self._versioned(
             "running processes",
-            [
-                (
-                    "nvmlDeviceGetComputeRunningProcesses_v3",
-                    lambda: nv.nvmlDeviceGetComputeRunningProcesses_v3(handle),
-                ),
-                (
-                    "nvmlDeviceGetComputeRunningProcesses_v2",
-                    lambda: nv.nvmlDeviceGetComputeRunningProcesses_v2(handle),
-                ),
-            ],
+            [(name, self._process_query(name, handle)) for name in _RUNNING_PROCESSES],
         )
-        if infos is None:
-            return {}
-        return {
-            int(p.pid): None if p.usedGpuMemory is None else int(p.usedGpuMemory) for p in infos
-        }
+        return {} if procs is None else procs
+
+    def _process_query(self, name: str, handle: Any) -> Callable[[], dict[int, int | None]]:
+        def query() -> dict[int, int | None]:
+            # Looked up at each call (pynvml caches it): FUNCTION_NOT_FOUND
+            # then reaches _versioned as the driver's own answer would.
+            fn = self._nvml._nvmlGetFunctionPointer(name)
+            code, records = self._process_array.read(
+                lambda count, buffer: fn(handle, count, buffer), _SAMPLE_RETRIES
+            )
+            if code != SUCCESS:
+                raise pynvml.NVMLError(code)
+            procs: dict[int, int | None] = dict(records)
+            if VALUE_NOT_AVAILABLE in procs.values():  # Windows WDDM: not the driver's to say
+                procs = {
+                    pid: None if used == VALUE_NOT_AVAILABLE else used
+                    for pid, used in procs.items()
+                }
+            return procs
+
+        return query
 
     def _util(self, uuid: str, handle: Any) -> tuple[UtilSample, ...]:
         cursor = self._util_cursors.setdefault(uuid, _UtilCursor(0))
-        since = cursor.since()
-        for _ in range(_SAMPLE_RETRIES):
-            try:
-                raw = self._nvml.nvmlDeviceGetProcessUtilization(handle, since)
-                break
-            except pynvml.NVMLError as err:
-                if _code(err) == pynvml.NVML_ERROR_NOT_FOUND:
-                    return ()  # no sample newer than since
-                if _code(err) != pynvml.NVML_ERROR_INSUFFICIENT_SIZE:
-                    raise
-        else:
-            return ()
-        return cursor.take(UtilSample(int(s.pid), int(s.timeStamp), int(s.smUtil)) for s in raw)
+        since = ctypes.c_ulonglong(cursor.since())
+        fn = self._nvml._nvmlGetFunctionPointer("nvmlDeviceGetProcessUtilization")
+        code, records = self._util_array.read(
+            lambda count, buffer: fn(handle, buffer, count, since), _SAMPLE_RETRIES
+        )
+        if code in (pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_ERROR_INSUFFICIENT_SIZE):
+            return ()  # no sample newer than since; or the list kept growing
+        if code != SUCCESS:
+            raise pynvml.NVMLError(code)
+        return cursor.take(UtilSample(pid, stamp, sm) for pid, stamp, sm in records)
 
     # error mapping: the one place NVML errors become values
 

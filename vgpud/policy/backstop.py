@@ -82,12 +82,15 @@ def decide(
     kills: list[Kill] = []
     events: list[BackstopEvent] = []
     over: dict[tuple[str, str], int] = {}
+    by_vgpu: dict[str, list[TrackedProcess]] | None = None  # grouped once, if any is over
     for vgpu_id, use in snapshot.vgpus.items():
         for uuid, gpu in use.gpus.items():
             if gpu.limit is None or gpu.nvml_used <= gpu.limit + policy.tolerance:
                 continue
             scans = over[(vgpu_id, uuid)] = state.over.get((vgpu_id, uuid), 0) + 1
-            offender = _offender(snapshot.processes.values(), vgpu_id, uuid)
+            if by_vgpu is None:
+                by_vgpu = _by_vgpu(snapshot.processes.values())
+            offender = _offender(by_vgpu.get(vgpu_id, []), uuid)
             if scans == 1:
                 events.append(
                     BackstopEvent(
@@ -119,14 +122,19 @@ def _unaccounted(p: TrackedProcess, uuid: str) -> int:
     return p.memory.get(uuid, 0) - p.hooked.get(uuid, 0)
 
 
-def _offender(
-    processes: Iterable[TrackedProcess], vgpu_id: str, uuid: str
-) -> TrackedProcess | None:
-    mine = [
-        p
-        for p in processes
-        if p.vgpu_id == vgpu_id and p.memory.get(uuid, 0) > 0 and p.kind is not ProcessKind.EXITED
-    ]
+def _by_vgpu(processes: Iterable[TrackedProcess]) -> dict[str, list[TrackedProcess]]:
+    """Each vGPU's processes, in the snapshot's order (an offender is looked
+    for on every GPU over its limit: not a pass over all processes each)."""
+    out: dict[str, list[TrackedProcess]] = {}
+    for p in processes:
+        if p.vgpu_id is not None:
+            out.setdefault(p.vgpu_id, []).append(p)
+    return out
+
+
+def _offender(processes: Iterable[TrackedProcess], uuid: str) -> TrackedProcess | None:
+    """Among one vGPU's processes, the one to blame on ``uuid`` (see above)."""
+    mine = [p for p in processes if p.memory.get(uuid, 0) > 0 and p.kind is not ProcessKind.EXITED]
     # Whoever holds no slot the host confirms bypassed the hook's budget,
     # whatever its environment says (no hook, a stripped one, a forged slot).
     unslotted = [p for p in mine if p.slot is None]
