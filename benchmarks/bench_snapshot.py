@@ -3,21 +3,22 @@
     .venv/bin/python benchmarks/bench_snapshot.py [--vgpus 100] [--rounds 200]
 
 A real Service and registry (blocks in a temporary directory) on four fake
-GPUs; each round a control tick moves the daemon's state on (``ticked``,
-with the snapshot's age limit set to 0 so that every tick counts), then the
-handler of ``GET /v1/vgpus`` or of ``/metrics`` (by turns) is awaited
-directly with a mocked request, twice: the first answer of the new state,
-then a second from the same state (what the other clients of that state
-get). "Idle":
-no counter moved between rounds; "busy": every vGPU's GPU time moved (a
-process ran in each), so every vGPU's figures are new. The tick itself is
-timed too: with the snapshot it is where the blocks are read.
+GPUs. Each round a control tick (the real steering) moves the daemon's
+state on and the service is told (``ticked``, with the age limit set to 0
+so that every tick counts; timed: with the snapshot it is where the blocks
+are read), then the handler of ``GET /v1/vgpus`` or of ``/metrics`` (by
+turns) is awaited directly with a mocked request, twice: the first answer
+of the new state, then a second from the same state (what the other
+clients of that state get). "Idle": no counter moved between rounds;
+"busy": every vGPU's GPU time moved (a process ran in each), so every
+vGPU's figures are new.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import inspect
 import platform
 import sys
 import tempfile
@@ -35,7 +36,9 @@ import vgpud.surface.service as service_module
 from tests.unit.apiclient import running_api
 from vgpud import __version__
 from vgpud.config import Config
+from vgpud.loops.control import Steering
 from vgpud.surface.api.app import list_vgpus, metrics_handler
+from vgpud.vgpus.atomics import Atomics
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -73,13 +76,21 @@ async def measure(vgpus: int, rounds: int, busy: bool) -> dict[str, list[float]]
                 r = await api.client.post("/v1/vgpus", json={"memory": "256m", "share": 1})
                 assert r.status == 201, await r.text()
             app: Any = api.client.server.app
-            usages = [e.usage for e in api.service.registry.all()]
+            service, steering = api.service, Steering(Atomics.load())
+            usages = [e.usage for e in service.registry.all()]
+            # The service is handed the quotas the tick gave (the code before
+            # the snapshot took none).
+            hands_quotas = "quotas" in inspect.signature(service.ticked).parameters
             for n in range(rounds):
                 if busy:
                     for usage in usages:
                         usage._c.devices[0].gpu_time_ns = n + 1
+                quotas = steering.tick(service.registry.all(), {}, None, None, time.monotonic_ns())
                 start = time.perf_counter()
-                api.service.ticked()
+                if hands_quotas:
+                    service.ticked(quotas)
+                else:
+                    service.ticked()
                 out.setdefault("tick", []).append(time.perf_counter() - start)
                 name, handler, path = ROUTES[n % len(ROUTES)]  # one route per state
                 out.setdefault(f"{name}, first", []).append(await timed(handler, app, path))

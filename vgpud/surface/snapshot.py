@@ -307,10 +307,14 @@ def fold(
             vgpus[v.id] = _managed(entry, before.definition, before, sources.quotas, utilization)
         else:
             vgpus[v.id] = before
-    by_gpu: dict[str, list[str]] = {}
-    for vgpu_id, m in vgpus.items():
-        for s in m.vgpu.slices:
-            by_gpu.setdefault(s.gpu_uuid, []).append(vgpu_id)
+    if previous is not None and _same_objects(vgpus, previous.vgpus):
+        # The same vGPUs as last time (most folds): their index is the same.
+        kept, names = previous.vgpus, previous.names
+        by_gpu = {g.uuid: g.vgpus for g in previous.gpus}
+    else:
+        kept = MappingProxyType(vgpus)
+        names = MappingProxyType({m.vgpu.name: i for i, m in vgpus.items() if m.vgpu.name})
+        by_gpu = _by_gpu(vgpus)
     gpus = tuple(_gpu(g, sample, by_gpu.get(g.uuid, ())) for g in sources.devices)
     return NodeSnapshot(
         version=version,
@@ -318,8 +322,8 @@ def fold(
         sample=sample,
         track=track,
         gpus=gpus,
-        vgpus=MappingProxyType(vgpus),
-        names=MappingProxyType({m.vgpu.name: i for i, m in vgpus.items() if m.vgpu.name}),
+        vgpus=kept,
+        names=names,
         standalone=_standalone(track, gpus, previous, utilization),
         processes=track.processes if track is not None else _EMPTY,
         nvml=sources.nvml,
@@ -327,6 +331,21 @@ def fold(
         drift_repairs=sources.drift_repairs,
         drift_bytes=sources.drift_bytes,
     )
+
+
+def _same_objects(now: Mapping[str, object], before: Mapping[str, object]) -> bool:
+    return len(now) == len(before) and all(
+        a is b for a, b in zip(now.values(), before.values(), strict=True)
+    )
+
+
+def _by_gpu(vgpus: Mapping[str, ManagedVgpu]) -> dict[str, tuple[str, ...]]:
+    """The vGPUs on each GPU, by its uuid."""
+    out: dict[str, list[str]] = {}
+    for vgpu_id, m in vgpus.items():
+        for s in m.vgpu.slices:
+            out.setdefault(s.gpu_uuid, []).append(vgpu_id)
+    return {uuid: tuple(ids) for uuid, ids in out.items()}
 
 
 class _Utilization:
@@ -476,7 +495,7 @@ def _standalone(
     return MappingProxyType(out)
 
 
-def _gpu(g: GpuLike, sample: NvmlSample | None, vgpus: Sequence[str]) -> GpuState:
+def _gpu(g: GpuLike, sample: NvmlSample | None, vgpus: tuple[str, ...]) -> GpuState:
     s = sample.gpus.get(g.uuid) if sample is not None else None
     return GpuState(
         index=g.index,
@@ -492,7 +511,7 @@ def _gpu(g: GpuLike, sample: NvmlSample | None, vgpus: Sequence[str]) -> GpuStat
         mig_mode=bool(g.mig_mode),
         healthy=g.healthy,
         health_reason=getattr(g, "health_reason", None),
-        vgpus=tuple(vgpus),
+        vgpus=vgpus,
     )
 
 
