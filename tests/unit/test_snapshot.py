@@ -206,3 +206,33 @@ def by_vgpu_gpu(metrics: Metrics, name: str) -> dict[tuple[str, str], float]:
 def labelled(metrics: Metrics, name: str, labels: dict[str, str]) -> float:
     (value,) = [v for n, got, v in samples(metrics) if n == name and got == labels]
     return value
+
+
+async def test_a_sample_that_came_between_two_folds_is_shown_by_the_next_tick(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fold for a change through the API keeps the other vGPUs' figures;
+    a sample that came meanwhile is not lost to them."""
+    uuid = api.inventory.devices()[0].uuid
+    vg = await create(api, {"gpus": [0], "memory": "1g"})
+    use = GpuUse(uuid, GIB, 0, 0, None, 1)
+    api.service.track = TrackSnapshot(
+        1.0, {}, {vg: VgpuUse(vg, False, {uuid: use}, (11,), 1)}, (), {}, (), (), True
+    )
+
+    def sample(util: float) -> NvmlSample:
+        return NvmlSample(1.0, {uuid: GpuSample(uuid, 0, 50, GIB, 80 * GIB, {}, {11: util})})
+
+    async def utilization() -> float:
+        return float((await get(api, f"/v1/vgpus/{vg}"))["gpus"][0]["utilization"])
+
+    monkeypatch.setattr(service_module, "RENDER_MAX_AGE", 0.0)
+    api.service.sample = sample(10.0)
+    assert await utilization() == 10.0
+    monkeypatch.setattr(service_module, "RENDER_MAX_AGE", 3600.0)
+    api.service.sample = sample(40.0)  # not folded yet: the snapshot is young
+    await create(api, {"gpus": [0], "memory": "1g"})  # folded: only the new vGPU read
+    monkeypatch.setattr(service_module, "RENDER_MAX_AGE", 0.0)
+    api.service.ticked()
+    assert await utilization() == 40.0
+    assert series(Metrics(api.service), "vgpud_vgpu_utilization_percent")[vg] == 40.0

@@ -292,8 +292,12 @@ def fold(
     """The snapshot of ``sources``. With ``reread`` every vGPU's blocks are
     read again (a tick, a sample, a scan); without (a change through the
     API), a vGPU whose definition did not change keeps its figures from
-    ``previous``: only what changed is read."""
+    ``previous``: only what changed is read, and NVML's figures and the
+    scan are those of ``previous`` (what the figures kept were worked out
+    from; a newer sample is shown from the next tick's fold)."""
     sample, track = sources.sample, sources.track
+    if previous is not None and not reread:
+        sample, track = previous.sample, previous.track
     known = previous.vgpus if previous is not None else _EMPTY
     utilization = _Utilization(sample, track, previous)
     vgpus: dict[str, ManagedVgpu] = {}
@@ -358,10 +362,12 @@ class _Utilization:
     ) -> None:
         self._gpus = sample.gpus if sample is not None else _EMPTY
         self._vgpus = track.vgpus if track is not None else _EMPTY
-        # The GPUs whose per-process figures moved (None: a new scan, or no
-        # previous snapshot: every vGPU's may have).
+        # The GPUs whose per-process figures moved (None: no previous
+        # snapshot, every vGPU's may have), and the last scan's vGPUs (a
+        # scan makes every VgpuUse anew, the same or not).
         self._moved: frozenset[str] | None = None
-        if previous is not None and previous.track is track:
+        self._was: Mapping[str, VgpuUse] = self._vgpus
+        if previous is not None:
             was = previous.sample.gpus if previous.sample is not None else _EMPTY
             now = self._gpus
             self._moved = frozenset(
@@ -371,11 +377,23 @@ class _Utilization:
                 or uuid not in now
                 or was[uuid].process_util != now[uuid].process_util
             )
+            if previous.track is not track:
+                self._was = previous.track.vgpus if previous.track is not None else _EMPTY
 
     def unchanged(self, v: Vgpu) -> bool:
         """Whether the vGPU's figures here are those of the previous snapshot."""
         moved = self._moved
-        return moved is not None and not any(s.gpu_uuid in moved for s in v.slices)
+        if moved is None or any(s.gpu_uuid in moved for s in v.slices):
+            return False
+        now, was = self._vgpus.get(v.id), self._was.get(v.id)
+        if now is was:
+            return True
+        return (
+            now is not None
+            and was is not None
+            and now.pids == was.pids
+            and all(_listed(now, s.gpu_uuid) == _listed(was, s.gpu_uuid) for s in v.slices)
+        )
 
     def of(self, vgpu_id: str, uuid: str) -> float | None:
         gpu = self._gpus.get(uuid)
@@ -389,8 +407,12 @@ class _Utilization:
     def processes(self, vgpu_id: str, uuid: str) -> int:
         """The vGPU's processes NVML listed on one of its GPUs at the last scan."""
         use: VgpuUse | None = self._vgpus.get(vgpu_id)
-        gpu = use.gpus.get(uuid) if use is not None else None
-        return gpu.processes if gpu is not None else 0
+        return _listed(use, uuid) if use is not None else 0
+
+
+def _listed(use: VgpuUse, uuid: str) -> int:
+    gpu = use.gpus.get(uuid)
+    return gpu.processes if gpu is not None else 0
 
 
 def _managed(
