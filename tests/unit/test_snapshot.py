@@ -95,6 +95,7 @@ async def test_the_quotas_a_tick_gave_are_shown_without_reading_them_back(
     vg = await create(api, {"memory": "1g", "share": 20})
     uuid = api.inventory.devices()[0].uuid
     monkeypatch.setattr(service_module, "RENDER_MAX_AGE", 0.0)
+    await get(api, "/v1/vgpus")  # read: the ticks keep it fresh
     api.service.ticked({(vg, uuid): 345_000})
     assert (await get(api, f"/v1/vgpus/{vg}"))["gpus"][0]["quota_ppm"] == 345_000
     assert series(Metrics(api.service), "vgpud_vgpu_quota_ratio")[vg] == 0.345
@@ -223,10 +224,12 @@ async def test_a_sample_that_came_between_two_folds_is_shown_by_the_next_tick(
     def sample(util: float) -> NvmlSample:
         return NvmlSample(1.0, {uuid: GpuSample(uuid, 0, 50, GIB, 80 * GIB, {}, {11: util})})
 
-    async def utilization() -> float:
-        return float((await get(api, f"/v1/vgpus/{vg}"))["gpus"][0]["utilization"])
+    async def utilization() -> float | None:
+        answer: float | None = (await get(api, f"/v1/vgpus/{vg}"))["gpus"][0]["utilization"]
+        return answer
 
     monkeypatch.setattr(service_module, "RENDER_MAX_AGE", 0.0)
+    assert await utilization() is None  # no sample yet; and read: the ticks keep it fresh
     api.service.sample = sample(10.0)
     assert await utilization() == 10.0
     monkeypatch.setattr(service_module, "RENDER_MAX_AGE", 3600.0)
@@ -236,3 +239,24 @@ async def test_a_sample_that_came_between_two_folds_is_shown_by_the_next_tick(
     api.service.ticked()
     assert await utilization() == 40.0
     assert series(Metrics(api.service), "vgpud_vgpu_utilization_percent")[vg] == 40.0
+
+
+async def test_the_ticks_keep_it_fresh_while_it_is_read_and_leave_it_to_the_scans_else(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    vg = await create(api, {"memory": "1g"})
+    monkeypatch.setattr(service_module, "RENDER_MAX_AGE", 0.0)
+    monkeypatch.setattr(service_module, "WATCHED_FOR", 3600.0)
+    await get(api, "/v1/vgpus")
+    before = api.service.snapshot
+    api.service.ticked()
+    assert api.service.snapshot is not before  # read lately: a tick folds
+    monkeypatch.setattr(service_module, "WATCHED_FOR", 0.0)
+    before = api.service.snapshot
+    api.service.registry.get(vg).usage._c.devices[0].used = GIB
+    api.service.ticked()
+    api.service.sample = NvmlSample(2.0, {})
+    assert api.service.snapshot is before  # nobody reads: no fold
+    api.service.track = None  # a scan folds, read or not
+    assert (await get(api, f"/v1/vgpus/{vg}"))["gpus"][0]["memory_used"] == GIB
+    assert [v["gpus"][0]["memory_used"] for v in await get(api, "/v1/vgpus")] == [GIB]

@@ -121,7 +121,7 @@ class Metrics:
     def render(self) -> bytes:
         """The exposition, generated once per snapshot of the daemon (many
         scrapers need not multiply it)."""
-        snap = self._service.snapshot
+        snap = self._service.shown()
         if self._rendered[0] is not snap:
             self._rendered = (snap, (self._histograms() + self._state(snap)).encode())
         return self._rendered[1]
