@@ -311,8 +311,13 @@ def fold(
             vgpus[v.id] = _managed(entry, before.definition, before, sources.quotas, utilization)
         else:
             vgpus[v.id] = before
-    if previous is not None and _same_objects(vgpus, previous.vgpus):
-        # The same vGPUs as last time (most folds): their index is the same.
+    if (
+        previous is not None
+        and _same_objects(vgpus, previous.vgpus)
+        and [g.uuid for g in previous.gpus] == [g.uuid for g in sources.devices]
+    ):
+        # The same vGPUs on the same GPUs as last time (most folds): their
+        # index is the same.
         kept, names = previous.vgpus, previous.names
         by_gpu = {g.uuid: g.vgpus for g in previous.gpus}
     else:
