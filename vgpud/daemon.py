@@ -11,6 +11,8 @@ Running: three periodic loops, each timed into a histogram:
           the watchdog ping rides on it;
   sample  (sample_interval):  NVML figures, off the event loop (NVML's thread);
   scan    (scan_interval):    host processes, reaping, the backstop, events.
+Each hands the service what it found (quotas, a sample, a scan), which
+folds the node's snapshot that the API and /metrics render from.
 
 Stop (SIGTERM/SIGINT), in this order: STOPPING=1; stop accepting; end event
 streams; wait for running requests up to shutdown_timeout, then cancel the
@@ -328,10 +330,10 @@ class Daemon:
         # Standalone blocks belong to the tracker, which may unmap one while
         # its scan runs: steer them only between scans.
         standalone = track.standalone if track and not service.blocks_lock.locked() else {}
-        node.steering.tick(
+        quotas = node.steering.tick(
             service.registry.all(), standalone, track, service.sample, time.monotonic_ns()
         )
-        service.ticked()  # new quotas and counters: the API renders them anew
+        service.ticked(quotas)  # new quotas and counters: a new snapshot once the last is old
         interval = self.notifier.watchdog_interval
         if interval is not None and time.monotonic() - self.last_watchdog >= interval:
             self.notifier.watchdog()

@@ -321,5 +321,6 @@ async def test_a_read_is_rendered_once_per_state_and_a_change_is_seen_at_once(
     await api.client.get("/v1/vgpus")
     assert len(builds) == 2
     monkeypatch.setattr(service_module, "RENDER_MAX_AGE", 0.0)  # ... and then they are read again
+    api.service.ticked()
     await api.client.get("/v1/vgpus")
     assert len(builds) == 3

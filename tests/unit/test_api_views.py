@@ -1,8 +1,8 @@
-"""The read routes answer from one view per state of the daemon, with
-pieces serialised once (a vGPU's definition, its figures, each tracked
-process, each vGPU's metric lines): whatever is reused, every route shows a
-change through the API at once, a counter moved by a tick once the view is
-RENDER_MAX_AGE old, and nothing of a deleted vGPU."""
+"""The read routes answer from one snapshot of the daemon per change of its
+sources, with pieces serialised once (a vGPU's definition, its figures,
+each tracked process, each vGPU's metric lines): whatever is reused, every
+route shows a change through the API at once, a counter moved by a tick
+once the snapshot is RENDER_MAX_AGE old, and nothing of a deleted vGPU."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ async def shown(api: Api, vgpu_id: str, field: str) -> tuple[Any, Any]:
     return listed["gpus"][0][field], own["gpus"][0][field]
 
 
-async def test_a_counter_moved_by_a_tick_is_shown_everywhere_once_the_view_is_old(
+async def test_a_counter_moved_by_a_tick_is_shown_everywhere_once_the_snapshot_is_old(
     api: Api, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     vg = await get_created(api, {"memory": "4g", "share": 20})
@@ -59,15 +59,15 @@ async def test_a_counter_moved_by_a_tick_is_shown_everywhere_once_the_view_is_ol
     assert (await metric(api, "vgpud_vgpu_memory_used_bytes"))[vg] == 0
     api.service.registry.get(vg).usage._c.devices[0].used = 3 * GIB  # a process took 3 GiB
     api.service.registry.get(vg).usage._c.devices[0].oom_count = 2
-    api.service.ticked()
-    monkeypatch.setattr(service_module, "RENDER_MAX_AGE", 0.0)
+    monkeypatch.setattr(service_module, "RENDER_MAX_AGE", 0.0)  # the snapshot is old: ...
+    api.service.ticked()  # ... a tick folds a new one
     assert await shown(api, vg, "memory_used") == (3 * GIB, 3 * GIB)
     assert await shown(api, vg, "oom_count") == (2, 2)
     assert (await metric(api, "vgpud_vgpu_memory_used_bytes"))[vg] == 3 * GIB
     assert (await metric(api, "vgpud_vgpu_oom_total"))[vg] == 2
 
 
-async def test_one_vgpus_answer_shows_its_latest_counters_even_in_a_fresh_view(
+async def test_one_vgpus_answer_shows_its_latest_counters_even_in_a_fresh_snapshot(
     api: Api, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A process that hit the limit and exited: its peak and OOM must show in

@@ -6,8 +6,8 @@ A vGPU deleted and processes that exited must leave nothing behind there,
 or the daemon grows with every vGPU and process it has ever seen. Here
 vGPUs come and go, each with real processes that hold slots and then die;
 afterwards no cache of those objects has a key that names a gone vGPU or
-pid, but for the two caches of serialised answers, which are pruned in
-bulk (``service._pruned``) and so hold at most their bound.
+pid (a vGPU's serialised answer is kept on its snapshot's objects, and goes
+with them).
 """
 
 from __future__ import annotations
@@ -31,9 +31,6 @@ from vgpud.vgpus.atomics import Atomics
 ROUNDS = 24  # more than the bound of the answers' caches with nothing live
 PROCESSES = 3
 MIB = 1 << 20
-# Caches pruned in bulk once they hold twice the live vGPUs plus this many.
-BULK_PRUNED = {"_static", "_bodies"}
-BULK_BOUND = 16
 
 
 def names(key: object, gone: set[object]) -> bool:
@@ -112,9 +109,6 @@ async def test_a_deleted_vgpu_and_exited_processes_leave_nothing_behind(tmp_path
             ):
                 for name, cache in caches(owner):
                     left = [key for key in cache if names(key, gone)]
-                    bound = BULK_BOUND if name in BULK_PRUNED else 0
-                    assert len(left) <= bound, (
-                        f"{type(owner).__name__}.{name} keeps {len(left)}: {left[:3]}"
-                    )
+                    assert not left, f"{type(owner).__name__}.{name} keeps {len(left)}: {left[:3]}"
         finally:
             tracker.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import jsonschema
 
@@ -19,7 +20,8 @@ HTTP_METHODS = {"get", "post", "put", "patch", "delete", "head", "options"}
 
 
 def router_operations(tmp_path: Path) -> set[tuple[str, str]]:
-    service = Service(Config(), None, FakeInventory([]), EventLog(10))  # type: ignore[arg-type]
+    no_vgpus = SimpleNamespace(all=list, entries={})  # the routes, not a registry, are looked at
+    service = Service(Config(), no_vgpus, FakeInventory([]), EventLog(10))  # type: ignore[arg-type]
     app = make_app(service, Metrics(service))
     out = set()
     for route in app.router.routes():

@@ -1,9 +1,10 @@
 """The scan tick: who runs in each vGPU, and the events that follow from it.
 
-Each scan runs the tracker (off the event loop: it reads /proc), keeps its
-snapshot for the API and the controller, publishes arrivals and exits, OOMs
-(growth of a device's oom_count) and throttling (a vGPU that starts or
-stops waiting in the pacer), then runs the reaper and the backstop hook.
+Each scan runs the tracker (off the event loop: it reads /proc), hands its
+snapshot to the service (for the controller, and folded into the node's
+snapshot for the answers), publishes arrivals and exits, OOMs (growth of a
+device's oom_count) and throttling (a vGPU that starts or stops waiting in
+the pacer), then runs the reaper and the backstop hook.
 The counters' news is also read once more just before a vGPU is deleted.
 
 The tracker's thread reads the blocks, and the loop reads them again after
@@ -90,14 +91,17 @@ class Watch:
         for gone in set(self.counters) - set(self.service.registry.entries):
             del self.counters[gone]
             self.throttled.discard(gone)
-        self._reap(snapshot, views)
+        drifted = self._reap(snapshot, views)
         self._backstop(snapshot)
         async with self.service.blocks_lock:  # no scan thread reads what we unmap
-            self.service.registry.repair_lost_usage()
+            repaired = self.service.registry.repair_lost_usage()
+        if drifted or repaired:  # the drift counters moved, or a vGPU has a new usage block
+            self.service.refresh()
         return snapshot
 
-    def _reap(self, snapshot: TrackSnapshot, views: dict[str, VgpuBlocks]) -> None:
-        """Dead processes' bytes back to their vGPUs (within this scan)."""
+    def _reap(self, snapshot: TrackSnapshot, views: dict[str, VgpuBlocks]) -> bool:
+        """Dead processes' bytes back to their vGPUs (within this scan);
+        whether a budget was realigned (usage.drift)."""
         memory = {g.uuid: g.memory_total for g in self.service.devices()}
         found, self.reaper_state = repairs.reap(
             snapshot,
@@ -118,6 +122,7 @@ class Watch:
                 freed=list(e.freed),
                 message=e.detail,
             )
+        return any(e.kind == "usage_drift" for e in found)
 
     def _backstop(self, snapshot: TrackSnapshot) -> None:
         """NVML's figures against the limits; report or kill as configured."""

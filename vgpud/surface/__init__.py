@@ -1,3 +1,4 @@
-"""the answers: the service, the HTTP API, Prometheus metrics and the event
-log. Imports the base, vgpus, observe and policy.
+"""the answers: the node's snapshot (what every answer renders from), the
+service, the HTTP API, Prometheus metrics and the event log. Imports the
+base, vgpus, observe and policy.
 """

@@ -1,16 +1,17 @@
 """Prometheus metrics, in a registry of our own (no globals).
 
 The daemon's own loop timings and API request durations are histograms in
-a prometheus_client registry. GPU and vGPU figures are written at scrape
-time from the service's current view (the figures the API answers from),
-so the label sets of a deleted vGPU or a vanished GPU disappear with it;
-nothing has to be removed by hand.
+a prometheus_client registry. GPU and vGPU figures are written from the
+service's snapshot (snapshot.py: the figures the API answers from, worked
+out once there), so the label sets of a deleted vGPU or a vanished GPU
+disappear with it; nothing has to be removed by hand.
 
 The exposition (text format 0.0.4, what prometheus_client's
-generate_latest writes) is written here: a vGPU's lines once per change of
-its figures, a label set's text once, not once per sample and scrape
-(prometheus_client validates and escapes every label of every sample:
-about 6 microseconds a sample, and 100 vGPUs are 800 samples).
+generate_latest writes) is written here, once per snapshot: a vGPU's lines
+once per change of its figures (the snapshot hands back the same object
+while they are the same), a label set's text once, not once per sample and
+scrape (prometheus_client validates and escapes every label of every
+sample: about 6 microseconds a sample, and 100 vGPUs are 800 samples).
 """
 
 from __future__ import annotations
@@ -22,11 +23,11 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.utils import floatToGoString
 
+from vgpud.surface.snapshot import NodeSnapshot, VgpuFigures
 from vgpud.units import ppm_to_fraction
 
 if TYPE_CHECKING:
-    from vgpud.surface.service import Service, VgpuFigures
-    from vgpud.vgpus.registry import Entry
+    from vgpud.surface.service import Service
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 LABEL_TEXTS_MAX = 1024  # histogram label sets kept as text
@@ -111,17 +112,19 @@ class Metrics:
             registry=self.registry,
         )
         self._service = service
-        # A vGPU's lines, kept while its definition and figures are the same.
-        self._lines: dict[str, tuple[object, VgpuFigures, Samples]] = {}
+        # A vGPU's lines, kept while the snapshot hands back the same object for it.
+        self._lines: dict[str, tuple[object, Samples]] = {}
         # The histograms' label sets as text (as many as their children).
         self._label_text: dict[tuple[tuple[str, str], ...], str] = {}
+        self._rendered: tuple[NodeSnapshot | None, bytes] = (None, b"")
 
     def render(self) -> bytes:
-        """The exposition, generated once per view of the daemon (many
+        """The exposition, generated once per snapshot of the daemon (many
         scrapers need not multiply it)."""
-        return self._service.rendered(
-            "metrics", lambda: (self._histograms() + self._state()).encode()
-        )
+        snap = self._service.shown()
+        if self._rendered[0] is not snap:
+            self._rendered = (snap, (self._histograms() + self._state(snap)).encode())
+        return self._rendered[1]
 
     def _histograms(self) -> str:
         """The registry's histograms, as generate_latest writes them: each
@@ -146,84 +149,60 @@ class Metrics:
                 out.extend(created)
         return "".join(out)
 
-    def _state(self) -> str:
-        service = self._service
+    def _state(self, snap: NodeSnapshot) -> str:
         out: list[str] = []
-        devices = service.devices_json()
         gpu_lines: Samples = {f: [] for f in GPU_FAMILIES}
-        for d in devices:
-            labels = _labels(gpu=str(d["index"]), uuid=d["uuid"])
-            add = _adder(gpu_lines, labels)
-            add(GPU_MEMORY_USED, d["memory_used"])
-            add(GPU_MEMORY_TOTAL, d["memory_total"])
-            add(GPU_UTILIZATION, d["utilization"])
-            add(GPU_HEALTHY, 1.0 if d["healthy"] else 0.0)
-            add(GPU_VGPUS, len(d["vgpus"]))
+        for g in snap.gpus:
+            add = _adder(gpu_lines, _labels(gpu=str(g.index), uuid=g.uuid))
+            add(GPU_MEMORY_USED, g.memory_used)
+            add(GPU_MEMORY_TOTAL, g.memory_total)
+            add(GPU_UTILIZATION, g.utilization)
+            add(GPU_HEALTHY, 1.0 if g.healthy else 0.0)
+            add(GPU_VGPUS, len(g.vgpus))
         out.extend(_families(GPU_FAMILIES, [gpu_lines]))
-        entries = service.registry.all()
-        live = {e.vgpu.id for e in entries}
-        self._lines = {i: hit for i, hit in self._lines.items() if i in live}
-        per_vgpu = [self._vgpu_lines(e) for e in entries] + list(self._standalone_lines())
-        out.extend(_families(VGPU_FAMILIES, per_vgpu))
+        known, lines = self._lines, {}
+        for vgpu_id, managed in snap.vgpus.items():
+            hit = known.get(vgpu_id)
+            if hit is None or hit[0] is not managed:
+                hit = (managed, _vgpu_lines(vgpu_id, managed.vgpu.name, managed.figures, False))
+            lines[vgpu_id] = hit
+        for vgpu_id, standalone in snap.standalone.items():
+            hit = known.get(vgpu_id)
+            if hit is None or hit[0] is not standalone:
+                hit = (standalone, _vgpu_lines(vgpu_id, None, standalone.figures, True))
+            lines[vgpu_id] = hit
+        self._lines = lines
+        out.extend(_families(VGPU_FAMILIES, [hit[1] for hit in lines.values()]))
         drift: Samples = {DRIFT_REPAIRS: [], DRIFT_BYTES: []}
         add = _adder(drift, "")
-        add(DRIFT_REPAIRS, service.drift_repairs)
-        add(DRIFT_BYTES, service.drift_bytes)
+        add(DRIFT_REPAIRS, snap.drift_repairs)
+        add(DRIFT_BYTES, snap.drift_bytes)
         out.extend(_families((DRIFT_REPAIRS, DRIFT_BYTES), [drift]))
         return "".join(out)
 
-    def _vgpu_lines(self, entry: Entry) -> Samples:
-        v = entry.vgpu
-        figures = self._service.vgpu_figures(entry)
-        hit = self._lines.get(v.id)
-        if hit is not None and hit[0] is v and hit[1] == figures:
-            return hit[2]
-        lines: Samples = {f: [] for f in VGPU_FAMILIES}
-        for g in figures.gpus:
-            add = _adder(
-                lines, _labels(vgpu=v.id, name=v.name or "", gpu=str(g.gpu_index), uuid=g.uuid)
-            )
-            add(VGPU_MEMORY_USED, g.memory_used)
-            add(VGPU_MEMORY_LIMIT, g.memory_limit)
-            add(VGPU_UTILIZATION, g.utilization)
-            add(VGPU_QUOTA, ppm_to_fraction(g.quota_ppm))
-            add(VGPU_SHARE, ppm_to_fraction(g.share_ppm))
-            add(VGPU_THROTTLED, g.throttled_ns / 1e9)
-            add(VGPU_OOM, g.oom_count)
-            add(VGPU_PROCESSES, figures.processes)
-            add(VGPU_GPU_PROCESSES, g.processes)
-        self._lines[v.id] = (v, figures, lines)
-        return lines
 
-    def _standalone_lines(self) -> Iterator[Samples]:
-        """Adopted standalone vGPUs (env-limited containers): their limits
-        are the environment's, their quota the steer area's."""
-        service = self._service
-        track = service.track
-        index = {g.uuid: str(g.index) for g in service.devices()}
-        # The tracker may unmap an adopted block while its scan thread runs:
-        # those figures wait for the next scrape then.
-        if track is None or service.blocks_lock.locked():
-            return
-        for vgpu_id, blocks in track.standalone.items():
-            own = blocks.usage.standalone_limits()
-            use = track.vgpus.get(vgpu_id)
-            lines: Samples = {f: [] for f in VGPU_FAMILIES}
-            for i, (uuid, u) in enumerate(zip(own.uuids, blocks.usage.devices(), strict=False)):
-                add = _adder(
-                    lines, _labels(vgpu=vgpu_id, name="", gpu=index.get(uuid, ""), uuid=uuid)
-                )
-                add(VGPU_MEMORY_USED, u.used)
-                add(VGPU_MEMORY_LIMIT, own.mem_limit[i] or None)  # 0: the environment set none
-                add(VGPU_UTILIZATION, service.vgpu_utilization(vgpu_id, uuid))
-                steered = blocks.usage.read_steer(i).quota_ppm  # 0: never steered
-                add(VGPU_QUOTA, ppm_to_fraction(steered) if steered else None)
-                add(VGPU_SHARE, ppm_to_fraction(own.share_ppm[i]) if own.share_ppm[i] else None)
-                add(VGPU_THROTTLED, u.throttled_ns / 1e9)
-                add(VGPU_OOM, u.oom_count)
-                add(VGPU_PROCESSES, use.live_slots if use is not None else 0)
-                add(VGPU_GPU_PROCESSES, service.vgpu_gpu_processes(vgpu_id, uuid))
-            yield lines
+def _vgpu_lines(vgpu_id: str, name: str | None, figures: VgpuFigures, standalone: bool) -> Samples:
+    """A vGPU's samples, a series per GPU. A standalone vGPU's limit, share
+    and quota may be unset (0: its environment set none, never steered):
+    those have no sample."""
+    lines: Samples = {f: [] for f in VGPU_FAMILIES}
+    for g in figures.gpus:
+        index = "" if g.gpu_index is None else str(g.gpu_index)
+        add = _adder(lines, _labels(vgpu=vgpu_id, name=name or "", gpu=index, uuid=g.uuid))
+        add(VGPU_MEMORY_USED, g.memory_used)
+        add(VGPU_MEMORY_LIMIT, (g.memory_limit or None) if standalone else g.memory_limit)
+        add(VGPU_UTILIZATION, g.utilization)
+        add(VGPU_QUOTA, _ratio(g.quota_ppm, standalone))
+        add(VGPU_SHARE, _ratio(g.share_ppm, standalone))
+        add(VGPU_THROTTLED, g.throttled_ns / 1e9)
+        add(VGPU_OOM, g.oom_count)
+        add(VGPU_PROCESSES, figures.processes)
+        add(VGPU_GPU_PROCESSES, g.processes)
+    return lines
+
+
+def _ratio(ppm: int, standalone: bool) -> float | None:
+    return None if standalone and not ppm else ppm_to_fraction(ppm)
 
 
 def _families(families: Sequence[Family], parts: Iterable[Samples]) -> Iterator[str]:

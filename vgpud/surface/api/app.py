@@ -222,10 +222,10 @@ def caller(request: web.Request) -> Credentials:
 
 
 async def get_vgpu(request: web.Request) -> web.Response:
-    # Not rendered once per view: one vGPU's answer is cheap (its bytes are
-    # kept while its figures stay the same), and its usage counters must be
-    # the latest, so that a peak or an OOM written just before a process
-    # exits shows in the next GET (Service.vgpu_figures).
+    # Not rendered once per snapshot: one vGPU's answer is cheap (its bytes
+    # are kept on the snapshot's vGPU), and its usage counters must be the
+    # latest, so that a peak or an OOM written just before a process exits
+    # shows in the next GET (Service.find_body).
     service, key = request.app[SERVICE], request.match_info["id"]
     return web.Response(body=service.find_body(key), content_type="application/json")
 
@@ -254,7 +254,7 @@ async def processes(request: web.Request) -> web.Response:
 
 
 def _json(service: Service, key: Hashable, build: Callable[[], object]) -> web.Response:
-    """A read route's answer, rendered once per view of the daemon."""
+    """A read route's answer, rendered once per snapshot of the node."""
     return _rendered(service, key, lambda: json.dumps(build()).encode())
 
 
