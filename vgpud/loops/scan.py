@@ -93,7 +93,7 @@ class Watch:
         self._reap(snapshot, views)
         self._backstop(snapshot)
         async with self.service.blocks_lock:  # no scan thread reads what we unmap
-            self.service.registry.repair_lost_usage()
+            ev.publish_repairs(self.events, self.service.registry.repair_lost_usage())
         return snapshot
 
     def _reap(self, snapshot: TrackSnapshot, views: dict[str, VgpuBlocks]) -> None:
