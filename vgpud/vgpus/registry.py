@@ -108,17 +108,21 @@ class Deleted:
 @dataclass
 class _Pending:
     """A change decided and counted by admission, waiting for the state
-    file. ``record`` is the vGPU as the file will hold it (None: deleted);
-    ``apply`` makes the change seen, on the loop, in the instant the file
-    holds it; ``publish`` writes what follows it on disk (CDI, a deleted
-    vGPU's directory), on the writer's thread."""
+    file. ``record`` is the vGPU as the file will hold it (None: deleted).
+    On the writer's thread: ``prepare`` makes what must exist before the
+    file names it (a new vGPU's blocks; if it fails, the change alone
+    fails), ``publish`` what follows the saved file on disk (CDI, removing a
+    deleted vGPU's directory). On the loop: ``apply`` makes the change seen
+    in the instant the save ends, ``undo`` removes what ``prepare`` made
+    when the save fails."""
 
     vgpu_id: str
     record: Vgpu | None
     apply: Callable[[], None]
     publish: Callable[[], None]
     done: asyncio.Future[None]
-    queued: bool = False  # in the next save (a create's blocks come first)
+    prepare: Callable[[], None] | None = None
+    undo: Callable[[], None] | None = None
 
 
 @dataclass
@@ -424,18 +428,15 @@ class Registry:
             self.entries[vgpu.id] = made[0]
             self._enter(made[0])
 
+        def undo() -> None:
+            for entry in made:
+                entry.close()
+                shutil.rmtree(entry.paths.control.parent, ignore_errors=True)
+
         pending = self._reserve(vgpu.id, vgpu, apply, lambda: self.cdi.publish(vgpu, made[0].paths))
-        try:
-            made.append(await asyncio.to_thread(self._make_blocks, vgpu))
-        except BaseException:
-            self._release(pending)
-            raise
-        try:
-            await self._saved(pending, "cannot record the vGPU")
-        except Exception:  # not saved (a cancelled caller's vGPU is saved and served)
-            made[0].close()
-            shutil.rmtree(made[0].paths.control.parent, ignore_errors=True)
-            raise
+        pending.prepare = lambda: made.append(self._make_blocks(vgpu))
+        pending.undo = undo
+        await self._saved(pending, "cannot record the vGPU")
         log.info("vGPU created", vgpu=vgpu.id, name=vgpu.name, gpus=vgpu.uuids)
         return made[0]
 
@@ -512,9 +513,8 @@ class Registry:
             await asyncio.wait([pending.done])
 
     async def _saved(self, pending: _Pending, what: str) -> None:
-        """Queue the change for the next save and wait until it is durable
-        (it raises the save's error, after the change is undone)."""
-        pending.queued = True
+        """Wait until the change is durable; a failed save raises its error
+        (after the change is undone and counted no more)."""
         if self._writer is None:
             self._writer = asyncio.get_running_loop().create_task(self._write())
         try:
@@ -523,40 +523,58 @@ class Registry:
             raise storage_error(what, exc) from exc
 
     async def _write(self) -> None:
-        """Save until no change is queued: each save holds every change
-        queued when it starts. A failed save fails each of its changes,
-        undone (no longer counted) before the next save is encoded."""
+        """Save until no change waits: each save holds every change that
+        waits when it starts."""
         try:
-            while batch := [p for p in self._pending.values() if p.queued]:
+            while batch := list(self._pending.values()):
                 try:
                     await self._commit(batch)
-                except Exception as exc:
+                except Exception as exc:  # the save failed: each of its changes does
                     for p in batch:
-                        if self._pending.get(p.vgpu_id) is p:
+                        if self._pending.get(p.vgpu_id) is p:  # not applied
                             self._release(p)
+                            if p.undo is not None:
+                                p.undo()
                         if not p.done.done():
                             p.done.set_exception(exc)
         finally:
             self._writer = None
 
     async def _commit(self, batch: list[_Pending]) -> None:
-        """One save. Its changes are applied together in the instant it ends
-        (no await between the save and the applying, so no vGPU is ever
-        neither counted nor served), then their files are published, then
-        their callers are answered."""
-        data = self.store.encode(self._recorded())
-        await asyncio.to_thread(self.store.write, data)
+        """One save, on a thread (one hop for the whole batch). Its changes
+        are applied together in the instant it ends (no await between the
+        save and the applying, so no vGPU is ever neither counted nor
+        served), then their callers are answered."""
+        unmade = await asyncio.to_thread(self._save, batch, self._recorded())
         for p in batch:
-            p.apply()
             self._release(p)
-        await asyncio.to_thread(_publish_all, batch)
+            if p.vgpu_id in unmade:
+                p.done.set_exception(unmade[p.vgpu_id])
+            else:
+                p.apply()
+                p.done.set_result(None)
+
+    def _save(self, batch: list[_Pending], records: list[Vgpu]) -> dict[str, Exception]:
+        """The writer's thread: prepare, save what was prepared, publish.
+        Returns the changes that could not be prepared, by vGPU id."""
+        unmade: dict[str, Exception] = {}
         for p in batch:
-            p.done.set_result(None)
+            if p.prepare is not None:
+                try:
+                    p.prepare()
+                except Exception as exc:
+                    unmade[p.vgpu_id] = exc
+        if len(unmade) < len(batch):
+            self.store.write(self.store.encode(v for v in records if v.id not in unmade))
+        for p in batch:
+            if p.vgpu_id not in unmade:
+                p.publish()
+        return unmade
 
     def _recorded(self) -> list[Vgpu]:
-        """What the next save holds: the recorded vGPUs with the queued
+        """What the next save holds: the recorded vGPUs with the waiting
         changes made, oldest first, then the new ones."""
-        queued = {p.vgpu_id: p.record for p in self._pending.values() if p.queued}
+        queued = {p.vgpu_id: p.record for p in self._pending.values()}
         out = []
         for v in self._vgpus():
             record = queued.pop(v.id, v)
@@ -652,8 +670,3 @@ class Registry:
                     f"{format_bytes(dev.used)} in use; allocations fail until use drops"
                 )
         return out
-
-
-def _publish_all(batch: list[_Pending]) -> None:
-    for p in batch:
-        p.publish()
