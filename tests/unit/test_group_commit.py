@@ -17,7 +17,7 @@ from vgpud.policy import placement
 from vgpud.policy.placement import Rules
 from vgpud.units import parse_memory
 from vgpud.vgpus.atomics import Atomics
-from vgpud.vgpus.model import CreateRequest, Limits, UpdateRequest
+from vgpud.vgpus.model import CreateRequest, Limits, UpdateRequest, Vgpu
 from vgpud.vgpus.registry import Entry, Registry
 from vgpud.vgpus.state import StateStore
 
@@ -147,3 +147,25 @@ async def test_reads_are_answered_while_a_save_is_in_flight(tmp_path: Path) -> N
         assert health.status == 200 and not post.done()
         disk.go.set()
         assert (await post).status == 201
+
+
+async def test_a_create_whose_blocks_fail_fails_alone_in_its_save(
+    reg: Registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    disk = slow(reg, monkeypatch)
+    make_blocks = reg._make_blocks
+
+    def full_for_bad(v: Vgpu) -> Entry:
+        if v.name == "bad":
+            raise InsufficientStorage("cannot create the blocks: No space left on device")
+        return make_blocks(v)
+
+    monkeypatch.setattr(reg, "_make_blocks", full_for_bad)
+    tasks = [asyncio.create_task(create(reg, SOFT, name)) for name in ("good", "bad", "fine")]
+    await asyncio.sleep(0.05)
+    disk.go.set()
+    good, bad, fine = await asyncio.gather(*tasks, return_exceptions=True)
+    assert isinstance(bad, InsufficientStorage)
+    assert isinstance(good, Entry) and isinstance(fine, Entry)
+    assert sorted(v.name or "" for v in reg.store.load()) == ["fine", "good"]
+    assert sorted(e.vgpu.name or "" for e in reg.entries.values()) == ["fine", "good"]
