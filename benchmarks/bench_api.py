@@ -13,8 +13,15 @@ asyncio process. By default each client sends 10 GETs a second (64 clients:
 scrape send together); ``--rate 0`` sends them back to back instead, which
 measures throughput (latency is then clients / throughput). Latency is
 measured by the client, so it includes the client's own share of the
-machine's two cores (reported beside it). Writes (POST then DELETE of a
-vGPU) are measured back to back, separately.
+machine's two cores (reported beside it).
+
+Writes (POST /v1/vgpus then DELETE of it) are measured twice, after the
+reads. Paced: each client creates and deletes a vGPU every 1/``--write-rate``
+s (default 1: 64 clients send 128 writes a second), and the latency of each
+call is the figure the API's targets are about. Closed loops (each client
+sends its next call when the last is answered): a throughput figure
+(writes/s); the latency of a closed loop is mostly the wait behind the
+other clients, clients / throughput.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
@@ -78,32 +86,42 @@ async def reads(
     return latencies, errors
 
 
-async def writes(sock: str, clients: int, seconds: float) -> tuple[list[float], int]:
-    """POST a vGPU then DELETE it, in closed loops; latency of each call."""
-    out: list[float] = []
+async def writes(
+    sock: str, clients: int, seconds: float, rate: float
+) -> tuple[dict[str, list[float]], int]:
+    """Each client POSTs a vGPU then DELETEs it, one pair every 1/``rate`` s
+    (its next pair when due, or at once if the last came late; rate 0:
+    closed loops, back to back). The latency of each call, by method."""
+    out: dict[str, list[float]] = {"POST": [], "DELETE": []}
     errors = 0
-    deadline = time.perf_counter() + seconds
+    start = time.perf_counter()
+    deadline = start + seconds
+    body = {"memory": "64m", "share": 1, "mode": "soft"}
 
-    async def client() -> None:
+    async def timed(call: Any, method: str, expect: int) -> Any:
         nonlocal errors
+        t0 = time.perf_counter()
+        async with call as r:
+            answer = await r.json()
+            errors += r.status != expect
+        out[method].append(time.perf_counter() - t0)
+        return answer if r.status == expect else None
+
+    async def client(offset: int) -> None:
         connector = aiohttp.UnixConnector(path=sock, limit=1)
         async with aiohttp.ClientSession(connector=connector) as session:
+            # Paced clients start spread over one period, as independent ones would.
+            due = start + (offset / clients / rate if rate else 0.0)
             while time.perf_counter() < deadline:
-                t0 = time.perf_counter()
-                body = {"memory": "64m", "share": 1, "mode": "soft"}
-                async with session.post("http://vgpud/v1/vgpus", json=body) as r:
-                    made = await r.json()
-                    errors += r.status != 201
-                out.append(time.perf_counter() - t0)
-                if r.status != 201:
-                    continue
-                t0 = time.perf_counter()
-                async with session.delete(f"http://vgpud/v1/vgpus/{made['id']}") as r:
-                    await r.read()
-                    errors += r.status != 200
-                out.append(time.perf_counter() - t0)
+                if rate:
+                    await asyncio.sleep(max(0.0, due - time.perf_counter()))
+                    due += 1 / rate
+                made = await timed(session.post("http://vgpud/v1/vgpus", json=body), "POST", 201)
+                if made is not None:
+                    url = f"http://vgpud/v1/vgpus/{made['id']}"
+                    await timed(session.delete(url), "DELETE", 200)
 
-    await asyncio.gather(*(client() for _ in range(clients)))
+    await asyncio.gather(*(client(n) for n in range(clients)))
     return out, errors
 
 
@@ -116,19 +134,23 @@ def main() -> int:
     p.add_argument(
         "--rate", type=float, default=10, help="GETs per second per client (0: back to back)"
     )
+    p.add_argument(
+        "--write-rate", type=float, default=1, help="POST+DELETE pairs per second per client"
+    )
     p.add_argument("--markdown", type=Path)
     p.add_argument("--plot", type=Path, help="a PNG of p99 by clients and route")
     a = p.parse_args()
     counts = [int(c) for c in a.clients.split(",")]
 
+    load_before = os.getloadavg()[0]  # other work on the machine, beside the figures
     work = Path(tempfile.mkdtemp(prefix="vga", dir="/tmp"))
     daemon, client, _ = start_daemon(work, a.vgpus + max(counts))
     sleepers = None
     rows: list[tuple[int, str, int, float, float, float, float]] = []
     try:
         vgpus = make_vgpus(client, a.vgpus)
-        sleepers = give_slots(vgpus, a.procs)
-        tracked = wait_tracked(client, a.procs)
+        sleepers = give_slots(vgpus, a.procs, None)
+        tracked, _ = wait_tracked(client, a.procs, listed=False)
         routes = [
             "/v1/vgpus",
             f"/v1/vgpus/{vgpus[0]['id']}",
@@ -161,11 +183,21 @@ def main() -> int:
                 f"{n} clients: {sum(len(v) for v in latencies.values())} requests, "
                 f"{errors} errors, daemon {daemon_cpu:.0f} % / client {client_cpu:.0f} % of a core"
             )
-        write_rows = []
-        for n in counts:
-            values, errors = asyncio.run(writes(sock, n, a.seconds / 2))
-            ms = [v * 1000 for v in values]
-            write_rows.append((n, len(ms), errors, percentile(ms, 50), percentile(ms, 99)))
+        # (clients, paced or closed, method, calls, errors, p50, p99, writes/s, daemon CPU %)
+        write_rows: list[tuple[int, str, str, int, int, float, float, float, float]] = []
+        for rate, kind in ((a.write_rate, "paced"), (0.0, "closed")):
+            for n in counts:
+                before, t0 = cpu_seconds(daemon.pid), time.monotonic()
+                by_method, errors = asyncio.run(writes(sock, n, a.seconds, rate))
+                wall = time.monotonic() - t0
+                daemon_cpu = (cpu_seconds(daemon.pid) - before) / wall * 100
+                per_s = sum(len(v) for v in by_method.values()) / wall
+                for method, values in by_method.items():
+                    ms = [v * 1000 for v in values]
+                    p50, p99 = percentile(ms, 50), percentile(ms, 99)
+                    row = (n, kind, method, len(ms), errors, p50, p99, per_s, daemon_cpu)
+                    write_rows.append(row)
+                print(f"{n} clients, {kind} writes: {per_s:.0f} writes/s, {errors} errors")
     finally:
         if sleepers is not None:
             sleepers.close()
@@ -180,7 +212,8 @@ def main() -> int:
         f"Python {platform.python_version()}, aiohttp {aiohttp.__version__}, vgpud {__version__}.",
         f"GPU: SIMULATED (build/sim). {a.vgpus} vGPUs, {tracked} tracked processes. "
         f"Command: `.venv/bin/python benchmarks/bench_api.py --clients {a.clients} "
-        f"--seconds {a.seconds:g} --rate {a.rate:g}`.",
+        f"--seconds {a.seconds:g} --rate {a.rate:g} --write-rate {a.write_rate:g}`. "
+        f"Load average (1 min) before: {load_before:.2f}, after: {os.getloadavg()[0]:.2f}.",
         "",
         f"Reads: each client on a keep-alive connection of its own sends a GET every "
         f"{1 / a.rate * 1000:.0f} ms, cycling through the routes"
@@ -195,13 +228,16 @@ def main() -> int:
             for n, route, count, p50, p99, dcpu, ccpu in rows
         ),
         "",
-        "Writes: closed loops of POST /v1/vgpus then DELETE of it.",
+        f"Writes: POST /v1/vgpus then DELETE of it. Paced: each client sends one pair every "
+        f"{1 / a.write_rate * 1000:.0f} ms (the latency figure). Closed: back to back "
+        "(the throughput figure; its latency is mostly the wait behind the other clients).",
         "",
-        "| clients | calls | errors | p50 ms | p99 ms |",
-        "| --- | --- | --- | --- | --- |",
+        "| clients | loop | method | calls | errors | p50 ms | p99 ms | writes/s | daemon CPU % |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         *(
-            f"| {n} | {count} | {errors} | {p50:.2f} | {p99:.2f} |"
-            for n, count, errors, p50, p99 in write_rows
+            f"| {n} | {kind} | {method} | {count} | {errors} | {p50:.2f} | {p99:.2f} "
+            f"| {per_s:.0f} | {dcpu:.0f} |"
+            for n, kind, method, count, errors, p50, p99, per_s, dcpu in write_rows
         ),
         "",
     ]

@@ -168,9 +168,9 @@ class Daemon:
         store = StateStore(Path(c.state_dir))
         self.state_lock = _lock_state_dir(store.dir)
         self.registry = Registry(
-            Path(c.run_dir), store, library, atomics, self.events, cdi=cdi.publisher(c.cdi_spec_dir)
+            Path(c.run_dir), store, library, atomics, cdi=cdi.publisher(c.cdi_spec_dir)
         )
-        self.registry.adopt()
+        ev.publish_adoption(self.events, self.registry.adopt())
         _warn_absent_gpus(self.registry, self.gpus.devices())
         service = Service(c, self.registry, self.gpus, self.events, driver_env=driver_env)
         _raise_fd_limit()

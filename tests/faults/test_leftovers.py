@@ -8,10 +8,9 @@ from pathlib import Path
 import structlog
 
 from tests.integration.daemon_harness import Daemon, base_env
-from tests.unit.fakes import gpus
+from tests.unit.fakes import create, gpus
 from vgpud.daemon import EXIT_START_FAILED
 from vgpud.policy.placement import Rules
-from vgpud.surface.events import EventLog
 from vgpud.units import parse_memory
 from vgpud.vgpus.atomics import Atomics
 from vgpud.vgpus.model import CreateRequest, Limits
@@ -21,7 +20,10 @@ from vgpud.vgpus.state import StateStore
 
 def registry(tmp: Path) -> Registry:
     return Registry(
-        tmp / "run", StateStore(tmp / "state"), tmp / "lib.so", Atomics.load(), EventLog(100)
+        tmp / "run",
+        StateStore(tmp / "state"),
+        tmp / "lib.so",
+        Atomics.load(),
     )
 
 
@@ -30,7 +32,7 @@ def test_orphan_blocks_and_temp_files_are_removed_at_start_and_nothing_else(
 ) -> None:
     reg = registry(tmp_path)
     reg.adopt()
-    kept = reg.create(CreateRequest(), Limits(parse_memory("1g"), 10, "hard", 1), gpus(1), Rules())
+    kept = create(reg, CreateRequest(), Limits(parse_memory("1g"), 10, "hard", 1), gpus(1), Rules())
     reg.close()
     run, state = tmp_path / "run", tmp_path / "state"
     vdir = kept.paths.control.parent

@@ -59,9 +59,7 @@ def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     async def start() -> None:
         config = Config(run_dir=str(tmp / "run"), state_dir=str(tmp / "state"))
         events = EventLog(100)
-        registry = Registry(
-            tmp / "run", StateStore(tmp / "state"), tmp / "lib.so", Atomics.load(), events
-        )
+        registry = Registry(tmp / "run", StateStore(tmp / "state"), tmp / "lib.so", Atomics.load())
         registry.adopt()
         service = Service(config, registry, FakeInventory(gpus(2)), events)
         app_runner = web.AppRunner(make_app(service, Metrics(service)), access_log=None)

@@ -36,7 +36,7 @@ from tests.unit.apiclient import Api, running_api
 from tests.unit.fakes import FakeInventory, gpus
 from vgpud.config import Config
 from vgpud.surface.api.app import make_app
-from vgpud.surface.events import EventLog
+from vgpud.surface.events import EventLog, publish_adoption
 from vgpud.surface.metrics import Metrics
 from vgpud.surface.service import Service
 from vgpud.vgpus.abi import UsageC
@@ -125,8 +125,8 @@ async def create(api: Api, body: dict[str, Any]) -> dict[str, Any]:
 
 def registry_in(d: Path, events: EventLog) -> Registry:
     """A daemon's registry over run/ and state/ in ``d``, adopted."""
-    registry = Registry(d / "run", StateStore(d / "state"), d / "lib.so", Atomics.load(), events)
-    registry.adopt()
+    registry = Registry(d / "run", StateStore(d / "state"), d / "lib.so", Atomics.load())
+    publish_adoption(events, registry.adopt())
     return registry
 
 

@@ -15,7 +15,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from tests.unit.fakes import FakeInventory, gpus
 from vgpud.config import Config
 from vgpud.surface.api.app import make_app, openapi_document
-from vgpud.surface.events import EventLog
+from vgpud.surface.events import EventLog, publish_adoption
 from vgpud.surface.metrics import Metrics
 from vgpud.surface.service import Service
 from vgpud.vgpus.atomics import Atomics
@@ -42,9 +42,8 @@ async def running_api(
         StateStore(Path(config.state_dir)),
         tmp / "libvgpu.so",
         Atomics.load(),
-        events,
     )
-    registry.adopt()
+    publish_adoption(events, registry.adopt())
     inventory = FakeInventory(gpus(ngpus))
     service = Service(config, registry, inventory, events)
     app = make_app(service, Metrics(service))

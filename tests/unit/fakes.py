@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+from vgpud.policy import placement
+from vgpud.policy.placement import Rules
+from vgpud.vgpus.model import CreateRequest, GpuLike, Limits, UpdateRequest
+from vgpud.vgpus.registry import Deleted, Entry, Registry, Updated
 
 GIB = 1 << 30
 
@@ -42,3 +49,31 @@ class FakeInventory:
 
     def topology(self, uuid_a: str, uuid_b: str) -> int | None:
         return self.links.get(frozenset((uuid_a, uuid_b)))
+
+
+# --- the registry's changes, run to the end from a test without a loop ------
+
+
+def create(
+    reg: Registry,
+    req: CreateRequest,
+    limits: Limits,
+    devices: Sequence[GpuLike],
+    rules: Rules | None = None,
+) -> Entry:
+    where = placement.placer(req, devices, rules or Rules())
+    return asyncio.run(reg.create(req, limits, where))
+
+
+def update(
+    reg: Registry,
+    key: str,
+    req: UpdateRequest,
+    devices: Sequence[GpuLike],
+    rules: Rules | None = None,
+) -> Updated:
+    return asyncio.run(reg.update(key, req, placement.refitter(devices, rules or Rules())))
+
+
+def delete(reg: Registry, key: str, *, force: bool = False, processes: int = 0) -> Deleted:
+    return asyncio.run(reg.delete(key, force=force, processes=processes))

@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.fakes import gpus
+from tests.unit.fakes import create, delete, gpus, update
 from vgpud.policy.placement import Rules
-from vgpud.surface.events import EventLog
 from vgpud.units import parse_memory
 from vgpud.vgpus import cdi
 from vgpud.vgpus.atomics import Atomics
@@ -201,7 +200,6 @@ def _registry(tmp_path: Path, cdi_dir: Path) -> Registry:
         StateStore(tmp_path / "state"),
         tmp_path / "libvgpu.so",
         Atomics.load(),
-        EventLog(100),
         cdi=cdi.publisher(str(cdi_dir)),
     )
     registry.adopt()
@@ -210,7 +208,7 @@ def _registry(tmp_path: Path, cdi_dir: Path) -> Registry:
 
 def _create(registry: Registry, name: str | None) -> str:
     limits = Limits(memory=parse_memory("1g"), share=30, mode="hard", weight=100)
-    entry = registry.create(CreateRequest(name=name), limits, gpus(1), Rules())
+    entry = create(registry, CreateRequest(name=name), limits, gpus(1), Rules())
     return entry.vgpu.id
 
 
@@ -239,10 +237,10 @@ def test_a_vgpu_has_its_spec_from_create_to_delete(tmp_path: Path) -> None:
     assert devices["train"]["env"] == [f"{k}={v}" for k, v in sorted(want["env"].items())]
     assert devices["train"]["mounts"] == [m["host_path"] for m in want["mounts"]]
 
-    registry.update(vgpu_id, UpdateRequest(share=50), gpus(1), Rules())
+    update(registry, vgpu_id, UpdateRequest(share=50), gpus(1), Rules())
     assert path.exists()
 
-    registry.delete(vgpu_id, force=False, processes=0)
+    delete(registry, vgpu_id, force=False, processes=0)
     assert not path.exists()
     registry.close()
 

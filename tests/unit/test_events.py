@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+from collections import deque
+from collections.abc import Iterator
 
-from vgpud.surface.events import EventLog
+from vgpud.surface.events import Event, EventLog
 
 
 async def test_since_resumes_and_the_buffer_is_bounded() -> None:
@@ -58,3 +60,33 @@ async def test_event_json_has_every_field() -> None:
         "pid": None,
         "detail": {"refused": 2},
     }
+
+
+class CountingBuffer(deque[Event]):
+    """The log's ring, counting the events a read walks over."""
+
+    walked = 0
+
+    def __iter__(self) -> Iterator[Event]:
+        for event in super().__iter__():
+            self.walked += 1
+            yield event
+
+    def __reversed__(self) -> Iterator[Event]:
+        for event in super().__reversed__():
+            self.walked += 1
+            yield event
+
+
+async def test_a_follower_pays_for_new_events_not_for_the_buffer() -> None:
+    log = EventLog(capacity=10_000)
+    for i in range(10_000):
+        log.publish("e", pid=i)
+    ring = CountingBuffer(log._events, maxlen=10_000)
+    log._events = ring
+    last = log.last_seq
+    log.publish("new", pid=1)
+    log.publish("new", pid=2)
+    assert [e.pid for e in log.since(last)] == [1, 2]
+    assert ring.walked <= 2  # the 9,998 older events are not looked at
+    assert len(log.since(0)) == 10_000  # since=0: everything still kept

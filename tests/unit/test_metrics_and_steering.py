@@ -87,10 +87,10 @@ async def test_a_share_change_reaches_the_throttle_table_at_the_next_tick(tmp_pa
         steering.tick([entry], {}, None, None, now_ns=1_000_000_000)
         assert entry.control.read_throttle(0).quota_ppm == 300_000
         assert entry.control.heartbeat_ns == 1_000_000_000
-        api.service.update(answer["id"], UpdateRequest(share=70))
+        await api.service.update(answer["id"], UpdateRequest(share=70))
         steering.tick([entry], {}, None, None, now_ns=1_100_000_000)
         assert entry.control.read_throttle(0).quota_ppm == 700_000
-        api.service.update(answer["id"], UpdateRequest(share=100))
+        await api.service.update(answer["id"], UpdateRequest(share=100))
         steering.tick([entry], {}, None, None, now_ns=1_200_000_000)
         assert entry.control.read_throttle(0).quota_ppm == PPM_FULL
         assert entry.control.heartbeat_ns == 1_200_000_000

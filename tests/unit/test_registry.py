@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.fakes import GIB, gpus
+from tests.unit.fakes import GIB, create, delete, gpus
 from vgpud.errors import InsufficientStorage
 from vgpud.policy.placement import Rules
-from vgpud.surface.events import EventLog
 from vgpud.units import parse_memory
 from vgpud.vgpus.abi import TURN_WANT, TurnC
 from vgpud.vgpus.atomics import Atomics
@@ -25,17 +24,19 @@ from vgpud.vgpus.state import StateStore
 LIMITS = Limits(parse_memory("2g"), 30, "hard", 1)
 
 
+def unadopted(tmp: Path) -> Registry:
+    return Registry(tmp / "run", StateStore(tmp / "state"), tmp / "lib.so", Atomics.load())
+
+
 def make(tmp: Path) -> Registry:
-    reg = Registry(
-        tmp / "run", StateStore(tmp / "state"), tmp / "lib.so", Atomics.load(), EventLog(100)
-    )
+    reg = unadopted(tmp)
     reg.adopt()
     return reg
 
 
 def test_adoption_keeps_blocks_and_their_counters(tmp_path: Path) -> None:
     reg = make(tmp_path)
-    entry = reg.create(CreateRequest(), LIMITS, gpus(1), Rules())
+    entry = create(reg, CreateRequest(), LIMITS, gpus(1), Rules())
     entry.usage._c.devices[0].used = 123  # a running process's bytes
     inodes = [os.stat(p).st_ino for p in (entry.paths.control, entry.paths.usage)]
     reg.close()
@@ -50,15 +51,19 @@ def test_adoption_keeps_blocks_and_their_counters(tmp_path: Path) -> None:
 @pytest.mark.parametrize("damage", ["remove", "truncate"])
 def test_a_missing_or_corrupt_block_is_recreated_and_reported(tmp_path: Path, damage: str) -> None:
     reg = make(tmp_path)
-    entry = reg.create(CreateRequest(), LIMITS, gpus(1), Rules())
+    entry = create(reg, CreateRequest(), LIMITS, gpus(1), Rules())
     reg.close()
     if damage == "remove":
         entry.paths.usage.unlink()
     else:
         os.truncate(entry.paths.control, 100)
-    again = make(tmp_path)
-    events = [e.type for e in again.events.since(0)]
-    assert "block.repaired" in events
+    again = Registry(
+        tmp_path / "run", StateStore(tmp_path / "state"), tmp_path / "lib.so", Atomics.load()
+    )
+    repaired = again.adopt().repairs
+    assert [(r.vgpu, r.block) for r in repaired] == [
+        (entry.vgpu.id, "usage" if damage == "remove" else "control")
+    ]
     adopted = again.get(entry.vgpu.id)
     assert adopted.control.devices()[0].share_ppm == 300_000
     ControlBlock.open(entry.paths.control).close()
@@ -71,8 +76,8 @@ def test_vgpus_on_one_gpu_share_no_file(tmp_path: Path) -> None:
     vGPUs on one GPU have nothing on disk in common, and the run directory
     holds their two directories only."""
     reg = make(tmp_path)
-    a = reg.create(CreateRequest(), LIMITS, gpus(1), Rules())
-    b = reg.create(CreateRequest(), LIMITS, gpus(1), Rules())
+    a = create(reg, CreateRequest(), LIMITS, gpus(1), Rules())
+    b = create(reg, CreateRequest(), LIMITS, gpus(1), Rules())
     assert a.vgpu.uuids == b.vgpu.uuids
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == sorted([a.vgpu.id, b.vgpu.id])
     reg.close()
@@ -98,15 +103,15 @@ def test_the_broker_grants_the_gpu_to_one_vgpu_at_a_time(tmp_path: Path) -> None
     control block, beats there, and takes the grant back when the vGPU is
     deleted."""
     reg = make(tmp_path)
-    a = reg.create(CreateRequest(), LIMITS, gpus(1), Rules())
-    b = reg.create(CreateRequest(), LIMITS, gpus(1), Rules())
+    a = create(reg, CreateRequest(), LIMITS, gpus(1), Rules())
+    b = create(reg, CreateRequest(), LIMITS, gpus(1), Rules())
     assert a.control._c.turn_beat_ns > 0 and b.control._c.turn_beat_ns > 0
     ask(a.usage)
     granted = wait_for(lambda: a.control._c.devices[0].turn_grant, "grant")
     assert granted > TURN_WANT and b.control._c.devices[0].turn_grant == 0
     ask(b.usage)  # a holds it (asking still): b waits
     assert a.control._c.devices[0].turn_grant == granted
-    reg.delete(a.vgpu.id, force=True, processes=0)
+    delete(reg, a.vgpu.id, force=True, processes=0)
     assert wait_for(lambda: b.control._c.devices[0].turn_grant, "grant moving on") > TURN_WANT
     reg.close()
 
@@ -125,13 +130,16 @@ def test_a_create_that_cannot_be_recorded_leaves_nothing(
 ) -> None:
     reg = make(tmp_path)
 
-    def disk_full(vgpus: object) -> None:
+    def disk_full(data: bytes) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(reg.store, "save", disk_full)
+    monkeypatch.setattr(reg.store, "write", disk_full)
     with pytest.raises(InsufficientStorage, match="cannot record"):  # 507: the disk is full
-        reg.create(CreateRequest(), LIMITS, gpus(1), Rules())
+        create(reg, CreateRequest(), LIMITS, gpus(1), Rules())
     left = [p.name for p in (tmp_path / "run").iterdir()]
     assert reg.entries == {} and left == []
-    assert reg.events.since(0) == []
+    monkeypatch.undo()  # the disk has room again: the failed vGPU is counted nowhere
+    rules = Rules(max_vgpus_per_gpu=1)
+    assert create(reg, CreateRequest(name="next"), LIMITS, gpus(1), rules).vgpu.name == "next"
+    assert [v.name for v in reg.store.load()] == ["next"]
     reg.close()

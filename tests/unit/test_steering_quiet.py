@@ -14,13 +14,12 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.unit.fakes import gpus
+from tests.unit.fakes import create, gpus, update
 from vgpud.loops.control import Steering
 from vgpud.observe.nvml import GpuSample, NvmlSample
 from vgpud.observe.tracker import TrackSnapshot, VgpuUse
 from vgpud.policy import controller as ctl
 from vgpud.policy.placement import Rules
-from vgpud.surface.events import EventLog
 from vgpud.units import PPM_FULL, parse_memory, percent_to_ppm
 from vgpud.vgpus.atomics import Atomics
 from vgpud.vgpus.model import CreateRequest, Limits, UpdateRequest
@@ -43,12 +42,11 @@ def registry(vgpus: list[tuple[int, str, int, int]]) -> Iterator[Registry]:
             StateStore(Path(tmp) / "state"),
             Path(tmp) / "lib.so",
             Atomics.load(),
-            EventLog(100),
         )
         reg.adopt()
         for share, mode, weight, gpu in vgpus:
             limits = Limits(parse_memory("1g"), share, mode, weight)
-            reg.create(CreateRequest(gpus=(GPUS[gpu].uuid,)), limits, GPUS, Rules())
+            create(reg, CreateRequest(gpus=(GPUS[gpu].uuid,)), limits, GPUS, Rules())
         try:
             yield reg
         finally:
@@ -173,7 +171,7 @@ def test_quiet_ticks_give_what_computing_every_tick_gives(
                     sample = nvml(value if what == "device" else util, figures)
                     fresh = True
                 elif what == "update":
-                    reg.update(e.vgpu.id, UpdateRequest(share=1 + value % 99), GPUS, Rules())
+                    update(reg, e.vgpu.id, UpdateRequest(share=1 + value % 99), GPUS, Rules())
                     entries = reg.all()
                 else:  # a stalled loop
                     now += value * TICK_NS

@@ -17,9 +17,8 @@ import textwrap
 from pathlib import Path
 
 from tests.conftest import ROOT
-from tests.unit.fakes import gpus
+from tests.unit.fakes import create, gpus
 from vgpud.policy.placement import Rules
-from vgpud.surface.events import EventLog
 from vgpud.units import parse_memory
 from vgpud.vgpus.atomics import Atomics
 from vgpud.vgpus.blocks import UsageBlock
@@ -117,26 +116,24 @@ def test_a_removed_guard_frees_its_entry() -> None:
 
 
 def test_the_daemon_recreates_a_usage_block_cut_short(tmp_path: Path) -> None:
-    events = EventLog(100)
     registry = Registry(
         tmp_path / "run",
         StateStore(tmp_path / "state"),
         tmp_path / "lib.so",
         Atomics.load(),
-        events,
     )
     registry.adopt()
     limits = Limits(memory=parse_memory("1g"), share=30, mode="hard", weight=100)
-    entry = registry.create(CreateRequest(), limits, gpus(1), Rules())
+    entry = create(registry, CreateRequest(), limits, gpus(1), Rules())
     path = entry.paths.usage
 
     os.truncate(path, 100)
     assert registry.repair_lost_usage() == []  # nothing touched the lost pages yet
     entry.usage.slots()  # a scan does
-    assert registry.repair_lost_usage() == [entry.vgpu.id]
+    [repair] = registry.repair_lost_usage()
+    assert (repair.vgpu, repair.block) == (entry.vgpu.id, "usage")
 
     fresh = UsageBlock.open(path, device_count=1)  # a whole, valid block again
     fresh.close()
     assert not registry.get(entry.vgpu.id).usage.lost
-    assert [e.type for e in events.since(0)][-1] == "block.repaired"
     registry.close()

@@ -94,8 +94,9 @@ class Watch:
         drifted = self._reap(snapshot, views)
         self._backstop(snapshot)
         async with self.service.blocks_lock:  # no scan thread reads what we unmap
-            repaired = self.service.registry.repair_lost_usage()
-        if drifted or repaired:  # the drift counters moved, or a vGPU has a new usage block
+            repairs_done = self.service.registry.repair_lost_usage()
+        ev.publish_repairs(self.events, repairs_done)
+        if drifted or repairs_done:  # the drift counters moved, or a vGPU has a new usage block
             self.service.refresh()
         return snapshot
 

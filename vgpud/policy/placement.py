@@ -24,8 +24,10 @@ import itertools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from vgpud.errors import for_status
 from vgpud.units import MIN_VGPU_MEMORY, MemoryAmount, format_bytes
-from vgpud.vgpus.model import GpuLike, GpuLoad, Slice, Vgpu, loads
+from vgpud.vgpus.model import CreateRequest, GpuLike, GpuLoad, Limits, Slice, Vgpu, loads
+from vgpud.vgpus.registry import Placer, Refitter
 
 # (uuid_a, uuid_b) -> NVML topology level (smaller = closer: NVLink/same
 # board first, across sockets last), None when unknown.
@@ -149,6 +151,35 @@ def check_update(
             raise PlacementError(409, reason)
         out.append(Slice(s.gpu_uuid, s.gpu_index, memory))
     return tuple(out)
+
+
+def placer(
+    req: CreateRequest, gpus: Sequence[GpuLike], rules: Rules, distance: Distance | None = None
+) -> Placer:
+    """``place`` for the registry, which calls it with the final limits and
+    every vGPU counted, under its lock; refusals are the API's errors."""
+
+    def where(limits: Limits, placed: Sequence[Vgpu]) -> tuple[Slice, ...]:
+        ask = Ask(limits.memory, limits.share, limits.mode, req.oversubscribe, req.exclusive)
+        try:
+            return place(req.gpus, req.count, ask, gpus, placed, rules, distance)
+        except PlacementError as exc:
+            raise for_status(exc.status, str(exc)) from exc
+
+    return where
+
+
+def refitter(gpus: Sequence[GpuLike], rules: Rules) -> Refitter:
+    """``check_update`` for the registry, as ``placer`` is ``place``."""
+
+    def refit(vgpu: Vgpu, limits: Limits, placed: Sequence[Vgpu]) -> tuple[Slice, ...]:
+        ask = Ask(limits.memory, limits.share, limits.mode, vgpu.oversubscribe, vgpu.exclusive)
+        try:
+            return check_update(vgpu, ask, gpus, placed, rules)
+        except PlacementError as exc:
+            raise for_status(exc.status, str(exc)) from exc
+
+    return refit
 
 
 def _select(selector: str, gpus: Sequence[GpuLike]) -> GpuLike:

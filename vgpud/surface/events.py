@@ -10,10 +10,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
+
+from vgpud.vgpus.registry import Adoption, Repair
 
 # Event types (the API documents them in openapi.json).
 VGPU_CREATED = "vgpu.created"
@@ -107,3 +109,15 @@ class EventLog:
         """Ends every follow() (at shutdown)."""
         self._closed = True
         self._wake()
+
+
+def publish_repairs(log: EventLog, repairs: Iterable[Repair]) -> None:
+    for r in repairs:
+        log.publish(BLOCK_REPAIRED, vgpu=r.vgpu, block=r.block, reason=r.reason)
+
+
+def publish_adoption(log: EventLog, adoption: Adoption) -> None:
+    """What a start found: the blocks it remade, then the vGPUs it serves."""
+    publish_repairs(log, adoption.repairs)
+    for v in adoption.adopted:
+        log.publish(VGPU_ADOPTED, vgpu=v.id, name=v.name)

@@ -19,7 +19,9 @@ from vgpud.config import Config
 from vgpud.errors import Conflict, Forbidden, Unprocessable
 from vgpud.observe.nvml import NvmlSample
 from vgpud.observe.tracker import TrackedProcess, TrackSnapshot
+from vgpud.policy import placement
 from vgpud.policy.placement import Rules
+from vgpud.surface import events as ev
 from vgpud.surface.events import EventLog
 from vgpud.surface.snapshot import NodeSnapshot, Sources, fold
 from vgpud.units import parse_memory
@@ -203,26 +205,27 @@ class Service:
 
     # --- changes ----------------------------------------------------------------
 
-    def create(self, req: CreateRequest, caller: Credentials) -> Entry:
+    async def create(self, req: CreateRequest, caller: Credentials) -> Entry:
         if req.exclusive and (req.memory is not None or req.share not in (None, 100)):
             raise Unprocessable("exclusive: the vGPU gets whole GPUs; leave memory and share out")
-        entry = self.registry.create(
-            req,
-            self.limits_for(req),
-            self.devices(),
-            self.rules(),
-            self.gpus.topology,
-            user=user_for(req.user, caller),
+        where = placement.placer(req, self.devices(), self.rules(), self.gpus.topology)
+        entry = await self.registry.create(
+            req, self.limits_for(req), where, user=user_for(req.user, caller)
         )
         self.changed()
+        v = entry.vgpu
+        self.events.publish(ev.VGPU_CREATED, vgpu=v.id, name=v.name, gpus=v.uuids)
         return entry
 
-    def update(self, key: str, req: UpdateRequest) -> tuple[Entry, list[str]]:
+    async def update(self, key: str, req: UpdateRequest) -> tuple[Entry, list[str]]:
         self.refuse_standalone(key)
+        refit = placement.refitter(self.devices(), self.rules())
         try:
-            return self.registry.update(key, req, self.devices(), self.rules())
+            done = await self.registry.update(key, req, refit)
         finally:
             self.changed()
+        self.events.publish(ev.VGPU_UPDATED, vgpu=done.entry.vgpu.id, warnings=done.warnings)
+        return done.entry, done.warnings
 
     async def delete(self, key: str, force: bool) -> Vgpu:
         # No wait for a running scan: the registry keeps the blocks mapped
@@ -231,9 +234,11 @@ class Service:
         entry = self.registry.get(key)
         self._before_delete(entry)
         try:
-            return self.registry.delete(key, force=force, processes=self.process_count(entry))
+            done = await self.registry.delete(key, force=force, processes=self.process_count(entry))
         finally:
             self.changed()
+        self.events.publish(ev.VGPU_DELETED, vgpu=done.vgpu.id, forced=done.forced)
+        return done.vgpu
 
     # --- answers, rendered from the snapshot -----------------------------------
 

@@ -280,7 +280,11 @@ class _Mapping:
             c.hdr.version = ABI_VERSION
             c.hdr.magic = cls.magic
             del c
-            mm.flush()
+            # No msync: every mapping of the file shares these pages, so a
+            # reader sees the whole block from the rename on; only a power
+            # cut could lose them, and then adoption finds the block corrupt
+            # and remakes it, its limits from the state file (msync was
+            # half of a create's block time, on the API's write path).
             os.rename(tmp, path)
         except BaseException:
             os.unlink(tmp)

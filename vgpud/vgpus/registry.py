@@ -22,6 +22,7 @@ unfinished writes (a process that maps a removed file keeps its mapping).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import secrets
 import shutil
@@ -39,12 +40,8 @@ from vgpud.errors import (
     NotFound,
     ServerError,
     Unprocessable,
-    for_status,
     storage_error,
 )
-from vgpud.policy.placement import Ask, Distance, PlacementError, Rules, check_update, place
-from vgpud.surface import events as ev
-from vgpud.surface.events import EventLog
 from vgpud.units import format_bytes, percent_to_ppm
 from vgpud.vgpus.abi import FLAG_OVERSUBSCRIBE, BlockError
 from vgpud.vgpus.atomics import Atomics
@@ -55,8 +52,8 @@ from vgpud.vgpus.model import (
     ROOT_USER,
     BlockUser,
     CreateRequest,
-    GpuLike,
     Limits,
+    Slice,
     UpdateRequest,
     Vgpu,
     valid_name,
@@ -70,6 +67,62 @@ log = structlog.get_logger(__name__)
 # own mode lets them in (a host process opens its blocks by path), no one
 # but root may list or add.
 DIR_MODE = 0o711
+
+# Where a vGPU goes, decided by the caller's policy (policy/placement.py)
+# from every vGPU the registry counts, under the registry's lock: a new
+# vGPU's slices from its limits; an updated one's from its new limits.
+# Either raises the ApiError that refuses the change.
+Placer = Callable[[Limits, Sequence[Vgpu]], tuple[Slice, ...]]
+Refitter = Callable[[Vgpu, Limits, Sequence[Vgpu]], tuple[Slice, ...]]
+
+
+@dataclass(frozen=True)
+class Repair:
+    """A block found missing or corrupt and made again."""
+
+    vgpu: str
+    block: str  # "control" or "usage"
+    reason: str
+
+
+@dataclass(frozen=True)
+class Adoption:
+    """What a start found: the vGPUs served again, the blocks remade."""
+
+    adopted: list[Vgpu]
+    repairs: list[Repair]
+
+
+@dataclass(frozen=True)
+class Updated:
+    entry: Entry
+    warnings: list[str]  # a limit set below what is in use now
+
+
+@dataclass(frozen=True)
+class Deleted:
+    vgpu: Vgpu
+    forced: bool  # deleted with processes still in it
+
+
+@dataclass
+class _Pending:
+    """A change decided and counted by admission, waiting for the state
+    file. ``record`` is the vGPU as the file will hold it (None: deleted).
+    On the writer's thread: ``prepare`` makes what must exist before the
+    file names it (a new vGPU's blocks; if it fails, the change alone
+    fails), ``publish`` what follows the saved file on disk (CDI, removing a
+    deleted vGPU's directory). On the loop: ``apply`` makes the change seen
+    in the instant the save ends, ``undo`` removes what ``prepare`` made
+    when the save fails."""
+
+    vgpu_id: str
+    record: Vgpu | None
+    apply: Callable[[], None]
+    publish: Callable[[], None]
+    done: asyncio.Future[None]
+    prepare: Callable[[], None] | None = None
+    undo: Callable[[], None] | None = None
 
 
 @dataclass
@@ -108,13 +161,20 @@ def apply_limits(control: ControlBlock, v: Vgpu) -> None:
 
 
 class Registry:
+    """The vGPUs. Changes are made on the event loop, which is their lock:
+    each is decided (placement, names, ids) against every vGPU recorded
+    or pending, and counted from that instant. It is durable, and seen,
+    once a save of the state file that holds it has ended: the writer
+    (``_write``) saves on a thread, for every change that arrived while the
+    last save was in flight at once (group commit: one write and fsync for
+    many). A second change to a vGPU waits for the first to be saved."""
+
     def __init__(
         self,
         run_dir: Path,
         store: StateStore,
         library: Path,
         atomics: Atomics,
-        events: EventLog,
         clock: Callable[[], float] = time.time,
         cdi: SpecPublisher | None = None,
     ) -> None:
@@ -122,7 +182,6 @@ class Registry:
         self.store = store
         self.library = library
         self.atomics = atomics
-        self.events = events
         self.clock = clock
         self.entries: dict[str, Entry] = {}
         self._listed: tuple[tuple[Entry, ...], tuple[Entry, ...]] = ((), ())  # for all()
@@ -135,6 +194,10 @@ class Registry:
         # dir): kept in the state file and in admission's sums, not served.
         self.skipped: dict[str, Vgpu] = {}
         self.broker = TurnBroker(atomics)
+        self._pending: dict[str, _Pending] = {}
+        self._writer: asyncio.Task[None] | None = None
+        # Repairs made since the last ``adopt``/``repair_lost_usage`` answer.
+        self._repairs: list[Repair] = []
 
     # --- lookup ----------------------------------------------------------
 
@@ -189,7 +252,7 @@ class Registry:
 
     # --- start --------------------------------------------------------------
 
-    def adopt(self) -> None:
+    def adopt(self) -> Adoption:
         """Reload the recorded vGPUs and take over their blocks as they are."""
         self.run_dir.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
         os.chmod(self.run_dir, DIR_MODE)  # an older daemon made it 0755
@@ -211,9 +274,10 @@ class Registry:
                 continue
             self.entries[v.id] = entry
             self._enter(entry)
-            self.events.publish(ev.VGPU_ADOPTED, vgpu=v.id, name=v.name)
         self._clean_leftovers()
         self.cdi.sync((e.vgpu, e.paths) for e in self.all())
+        repairs, self._repairs = self._repairs, []
+        return Adoption([e.vgpu for e in self.all()], repairs)
 
     def _adopt_one(self, v: Vgpu) -> Entry:
         paths = self.paths(v.id)
@@ -269,12 +333,11 @@ class Registry:
             self.broker.remove(handle)
         entry.turns.clear()
 
-    def repair_lost_usage(self) -> list[str]:
+    def repair_lost_usage(self) -> list[Repair]:
         """Recreate the usage blocks a container cut short under our mapping
         (``UsageBlock.lost``): the new file serves the vGPU's next
         processes; those that mapped the old one broke it themselves. The
         caller makes sure no other thread reads the blocks meanwhile."""
-        repaired = []
         for entry in self.entries.values():
             if entry.usage.lost:
                 try:
@@ -295,12 +358,12 @@ class Registry:
                 entry.usage = usage
                 self._enter(entry)
                 self._repaired(entry.vgpu, "usage", "truncated under the daemon's mapping")
-                repaired.append(entry.vgpu.id)
-        return repaired
+        repairs, self._repairs = self._repairs, []
+        return repairs
 
     def _repaired(self, v: Vgpu, which: str, why: str) -> None:
         log.warning("block missing or corrupt: recreated", vgpu=v.id, block=which, reason=why)
-        self.events.publish(ev.BLOCK_REPAIRED, vgpu=v.id, block=which, reason=why)
+        self._repairs.append(Repair(v.id, which, why))
 
     def _clean_leftovers(self) -> None:
         """What a crash leaves: the blocks of a vGPU made but not recorded
@@ -337,14 +400,8 @@ class Registry:
 
     # --- changes --------------------------------------------------------------
 
-    def create(
-        self,
-        req: CreateRequest,
-        limits: Limits,
-        gpus: Sequence[GpuLike],
-        rules: Rules,
-        distance: Distance | None = None,
-        user: BlockUser = ROOT_USER,
+    async def create(
+        self, req: CreateRequest, limits: Limits, place: Placer, user: BlockUser = ROOT_USER
     ) -> Entry:
         """Admit, place, make the blocks, record. ``limits`` are the
         request's with the configured defaults filled in; ``user`` is who
@@ -353,15 +410,10 @@ class Registry:
             self._check_name(req.name)
         if req.exclusive:
             limits = replace(limits, share=100, mode="hard")
-        ask = Ask(limits.memory, limits.share, limits.mode, req.oversubscribe, req.exclusive)
-        try:
-            slices = place(req.gpus, req.count, ask, gpus, self._vgpus(), rules, distance)
-        except PlacementError as exc:
-            raise for_status(exc.status, str(exc)) from exc
         vgpu = Vgpu(
             id=self._new_id(),
             name=req.name,
-            slices=slices,
+            slices=place(limits, self._counted()),
             limits=limits,
             oversubscribe=req.oversubscribe,
             exclusive=req.exclusive,
@@ -370,26 +422,28 @@ class Registry:
             owner=dict(req.owner),
             user=user,
         )
-        entry = self._make_blocks(vgpu)
-        try:
-            self.store.save([*self._vgpus(), vgpu])
-        except OSError as exc:
-            entry.close()
-            shutil.rmtree(entry.paths.control.parent, ignore_errors=True)
-            raise storage_error("cannot record the vGPU", exc) from exc
-        self.entries[vgpu.id] = entry
-        self._enter(entry)
-        self.cdi.publish(vgpu, entry.paths)
-        self.events.publish(ev.VGPU_CREATED, vgpu=vgpu.id, name=vgpu.name, gpus=vgpu.uuids)
-        log.info("vGPU created", vgpu=vgpu.id, name=vgpu.name, gpus=vgpu.uuids)
-        return entry
+        made: list[Entry] = []
 
-    def update(
-        self, key: str, req: UpdateRequest, gpus: Sequence[GpuLike], rules: Rules
-    ) -> tuple[Entry, list[str]]:
+        def apply() -> None:
+            self.entries[vgpu.id] = made[0]
+            self._enter(made[0])
+
+        def undo() -> None:
+            for entry in made:
+                entry.close()
+                shutil.rmtree(entry.paths.control.parent, ignore_errors=True)
+
+        pending = self._reserve(vgpu.id, vgpu, apply, lambda: self.cdi.publish(vgpu, made[0].paths))
+        pending.prepare = lambda: made.append(self._make_blocks(vgpu))
+        pending.undo = undo
+        await self._saved(pending, "cannot record the vGPU")
+        log.info("vGPU created", vgpu=vgpu.id, name=vgpu.name, gpus=vgpu.uuids)
+        return made[0]
+
+    async def update(self, key: str, req: UpdateRequest, refit: Refitter) -> Updated:
         """New limits, live. Returns the entry and warnings (memory set
         below what is in use now: allowed, said)."""
-        entry = self.get(key)
+        entry = await self._settled(key)
         old = entry.vgpu
         if old.exclusive and (req.memory is not None or req.share is not None or req.mode):
             raise Unprocessable(
@@ -401,41 +455,139 @@ class Registry:
             mode=req.mode or old.limits.mode,
             weight=req.weight if req.weight is not None else old.limits.weight,
         )
-        ask = Ask(limits.memory, limits.share, limits.mode, old.oversubscribe, old.exclusive)
-        try:
-            slices = check_update(old, ask, gpus, self._vgpus(), rules)
-        except PlacementError as exc:
-            raise for_status(exc.status, str(exc)) from exc
-        new = replace(old, limits=limits, slices=slices)
-        try:
-            self.store.save([new if v.id == new.id else v for v in self._vgpus()])
-        except OSError as exc:
-            raise storage_error("cannot record the change", exc) from exc
-        apply_limits(entry.control, new)
-        entry.vgpu = new
-        self.cdi.publish(new, entry.paths)
-        warnings = self._below_use(entry)
-        self.events.publish(ev.VGPU_UPDATED, vgpu=new.id, warnings=warnings)
-        log.info("vGPU updated", vgpu=new.id, memory=str(limits.memory), share=limits.share)
-        return entry, warnings
+        new = replace(old, limits=limits, slices=refit(old, limits, self._counted()))
 
-    def delete(self, key: str, *, force: bool, processes: int) -> Vgpu:
-        entry = self.get(key)
+        def apply() -> None:
+            apply_limits(entry.control, new)
+            entry.vgpu = new
+
+        pending = self._reserve(old.id, new, apply, lambda: self.cdi.publish(new, entry.paths))
+        await self._saved(pending, "cannot record the change")
+        log.info("vGPU updated", vgpu=new.id, memory=str(limits.memory), share=limits.share)
+        return Updated(entry, self._below_use(entry))
+
+    async def delete(self, key: str, *, force: bool, processes: int) -> Deleted:
+        entry = await self._settled(key)
         if processes and not force:
             raise InUse(f"vGPU {entry.vgpu.id} is used by {processes} process(es)")
-        remaining = [v for v in self._vgpus() if v.id != entry.vgpu.id]
-        try:
-            self.store.save(remaining)
-        except OSError as exc:
-            raise storage_error("cannot record the deletion", exc) from exc
-        del self.entries[entry.vgpu.id]
-        self._leave(entry)
-        self._retire(entry.control, entry.usage)
-        shutil.rmtree(entry.paths.control.parent, ignore_errors=True)
-        self.cdi.withdraw(entry.vgpu.id)
-        self.events.publish(ev.VGPU_DELETED, vgpu=entry.vgpu.id, forced=bool(processes))
+
+        def apply() -> None:
+            del self.entries[entry.vgpu.id]
+            self._leave(entry)
+            self._retire(entry.control, entry.usage)
+
+        def publish() -> None:
+            shutil.rmtree(entry.paths.control.parent, ignore_errors=True)
+            self.cdi.withdraw(entry.vgpu.id)
+
+        pending = self._reserve(entry.vgpu.id, None, apply, publish)
+        await self._saved(pending, "cannot record the deletion")
         log.info("vGPU deleted", vgpu=entry.vgpu.id, processes=processes)
-        return entry.vgpu
+        return Deleted(entry.vgpu, bool(processes))
+
+    # --- the writer ---------------------------------------------------------------
+
+    def _reserve(
+        self,
+        vgpu_id: str,
+        record: Vgpu | None,
+        apply: Callable[[], None],
+        publish: Callable[[], None],
+    ) -> _Pending:
+        """Count a change from now on (admission sees it), before it is saved."""
+        done = asyncio.get_running_loop().create_future()
+        pending = _Pending(vgpu_id, record, apply, publish, done)
+        self._pending[vgpu_id] = pending
+        return pending
+
+    def _release(self, pending: _Pending) -> None:
+        del self._pending[pending.vgpu_id]
+
+    async def _settled(self, key: str) -> Entry:
+        """The entry, once no change to it waits for the state file."""
+        while True:
+            entry = self.get(key)
+            pending = self._pending.get(entry.vgpu.id)
+            if pending is None:
+                return entry
+            await asyncio.wait([pending.done])
+
+    async def _saved(self, pending: _Pending, what: str) -> None:
+        """Wait until the change is durable; a failed save raises its error
+        (after the change is undone and counted no more)."""
+        if self._writer is None:
+            self._writer = asyncio.get_running_loop().create_task(self._write())
+        try:
+            await asyncio.shield(pending.done)
+        except OSError as exc:
+            raise storage_error(what, exc) from exc
+
+    async def _write(self) -> None:
+        """Save until no change waits: each save holds every change that
+        waits when it starts."""
+        try:
+            while batch := list(self._pending.values()):
+                try:
+                    await self._commit(batch)
+                except Exception as exc:  # the save failed: each of its changes does
+                    for p in batch:
+                        if self._pending.get(p.vgpu_id) is p:  # not applied
+                            self._release(p)
+                            if p.undo is not None:
+                                p.undo()
+                        if not p.done.done():
+                            p.done.set_exception(exc)
+        finally:
+            self._writer = None
+
+    async def _commit(self, batch: list[_Pending]) -> None:
+        """One save, on a thread (one hop for the whole batch). Its changes
+        are applied together in the instant it ends (no await between the
+        save and the applying, so no vGPU is ever neither counted nor
+        served), then their callers are answered."""
+        unmade = await asyncio.to_thread(self._save, batch, self._recorded())
+        for p in batch:
+            self._release(p)
+            if p.vgpu_id in unmade:
+                p.done.set_exception(unmade[p.vgpu_id])
+            else:
+                p.apply()
+                p.done.set_result(None)
+
+    def _save(self, batch: list[_Pending], records: list[Vgpu]) -> dict[str, Exception]:
+        """The writer's thread: prepare, save what was prepared, publish.
+        Returns the changes that could not be prepared, by vGPU id."""
+        unmade: dict[str, Exception] = {}
+        for p in batch:
+            if p.prepare is not None:
+                try:
+                    p.prepare()
+                except Exception as exc:
+                    unmade[p.vgpu_id] = exc
+        if len(unmade) < len(batch):
+            self.store.write(self.store.encode(v for v in records if v.id not in unmade))
+        for p in batch:
+            if p.vgpu_id not in unmade:
+                p.publish()
+        return unmade
+
+    def _recorded(self) -> list[Vgpu]:
+        """What the next save holds: the recorded vGPUs with the waiting
+        changes made, oldest first, then the new ones."""
+        queued = {p.vgpu_id: p.record for p in self._pending.values()}
+        out = []
+        for v in self._vgpus():
+            record = queued.pop(v.id, v)
+            if record is not None:
+                out.append(record)
+        return out + [v for v in queued.values() if v is not None]
+
+    def _counted(self) -> list[Vgpu]:
+        """What admission counts: the recorded vGPUs and every pending
+        change's vGPU. An update counts both its old and its new limits until
+        it is saved, a delete its vGPU: whatever a failed save leaves, no
+        GPU holds more than admission allowed."""
+        return self._vgpus() + [p.record for p in self._pending.values() if p.record is not None]
 
     def close(self) -> None:
         """At shutdown, after every reader has stopped."""
@@ -467,6 +619,7 @@ class Registry:
             vid = f"vg-{secrets.token_hex(4)}"
             if (
                 vid not in self.entries
+                and vid not in self._pending
                 and vid not in self.skipped
                 and not (self.run_dir / vid).exists()
             ):
@@ -478,7 +631,7 @@ class Registry:
                 f"name {name!r}: use 1-63 lower-case letters, digits, '-' or '.', "
                 "starting and ending with a letter or digit, not shaped like an id (vg-xxxxxxxx)"
             )
-        if any(v.name == name for v in self._vgpus()):
+        if any(v.name == name for v in self._counted()):
             raise Conflict(f"a vGPU named {name!r} exists")
 
     def _make_blocks(self, v: Vgpu) -> Entry:

@@ -203,7 +203,7 @@ async def list_vgpus(request: web.Request) -> web.Response:
 async def create_vgpu(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
     req = schemas.parse_create(await _json_body(request))
-    entry = service.create(req, caller(request))
+    entry = await service.create(req, caller(request))
     return web.Response(body=service.vgpu_body(entry), status=201, content_type="application/json")
 
 
@@ -237,7 +237,7 @@ async def update_vgpu(request: web.Request) -> web.Response:
     service.refuse_standalone(key)
     service.registry.get(key)
     req = schemas.parse_update(await _json_body(request))
-    entry, warnings = service.update(key, req)
+    entry, warnings = await service.update(key, req)
     return web.json_response({**service.vgpu_json(entry), "warnings": warnings})
 
 
