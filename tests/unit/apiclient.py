@@ -31,6 +31,14 @@ class Api:
     tmp: Path
 
 
+async def get_ok(api: Api, path: str) -> Any:
+    """GET path, which must answer 200; its JSON body."""
+    r = await api.client.get(path)
+    body = await r.json()
+    assert r.status == 200, body
+    return body
+
+
 @asynccontextmanager
 async def running_api(
     tmp: Path, config: Config | None = None, ngpus: int = 2

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.unit.apiclient import Api, running_api, validate
+from tests.unit.apiclient import Api, get_ok, running_api, validate
 from tests.unit.fakes import GIB
 from vgpud.ctl.table import show
 from vgpud.observe.tracker import GpuUse, TrackSnapshot, VgpuUse
@@ -58,17 +57,10 @@ async def api(tmp_path: Path) -> AsyncIterator[Api]:
         yield a
 
 
-async def get(api: Api, path: str) -> Any:
-    r = await api.client.get(path)
-    body = await r.json()
-    assert r.status == 200, body
-    return body
-
-
 async def test_listed_beside_the_daemons_own_with_the_environments_limits(api: Api) -> None:
     r = await api.client.post("/v1/vgpus", json={"gpus": [1], "memory": "1g"})
     managed = await r.json()
-    listed = await get(api, "/v1/vgpus")
+    listed = await get_ok(api, "/v1/vgpus")
     validate(listed, "/v1/vgpus", "get", 200)
     assert [(v["id"], v["kind"]) for v in listed] == [
         (managed["id"], "managed"),
@@ -100,7 +92,7 @@ async def test_listed_beside_the_daemons_own_with_the_environments_limits(api: A
         "processes": 2,
         "pids": [101, 102],
     }
-    one = await get(api, f"/v1/vgpus/{SA}")
+    one = await get_ok(api, f"/v1/vgpus/{SA}")
     validate(one, VG, "get", 200)
     assert one == listed[1]
 
@@ -108,11 +100,11 @@ async def test_listed_beside_the_daemons_own_with_the_environments_limits(api: A
 async def test_filters(api: Api) -> None:
     gpu0 = api.inventory.devices()[0].uuid
     for gpu in ("0", gpu0):
-        assert [v["id"] for v in await get(api, f"/v1/vgpus?gpu={gpu}")] == [SA]
-    assert await get(api, "/v1/vgpus?gpu=1") == []
+        assert [v["id"] for v in await get_ok(api, f"/v1/vgpus?gpu={gpu}")] == [SA]
+    assert await get_ok(api, "/v1/vgpus?gpu=1") == []
     # It has neither labels nor an owner.
-    assert await get(api, "/v1/vgpus?label=team=a") == []
-    assert await get(api, "/v1/vgpus?owner_pod=p") == []
+    assert await get_ok(api, "/v1/vgpus?label=team=a") == []
+    assert await get_ok(api, "/v1/vgpus?owner_pod=p") == []
 
 
 async def test_no_limit_in_the_environment_is_shown_as_such(api: Api) -> None:
@@ -121,7 +113,7 @@ async def test_no_limit_in_the_environment_is_shown_as_such(api: Api) -> None:
     api.service.track = TrackSnapshot(
         0.0, {}, {SA: VgpuUse(SA, True, {uuid: unlimited}, (7,), 1)}, (), {}, (), (), True
     )
-    body = await get(api, f"/v1/vgpus/{SA}")
+    body = await get_ok(api, f"/v1/vgpus/{SA}")
     validate(body, VG, "get", 200)
     assert (body["share"], body["gpus"][0]["memory_limit"], body["gpus"][0]["share"]) == (
         100,
@@ -137,19 +129,19 @@ async def test_patch_and_delete_are_refused(api: Api) -> None:
         assert r.status == 409, answer
         validate(answer, VG, method, 409)
         assert answer == {"error": "conflict", "detail": READ_ONLY}
-    assert (await get(api, f"/v1/vgpus/{SA}"))["id"] == SA  # still there
+    assert (await get_ok(api, f"/v1/vgpus/{SA}"))["id"] == SA  # still there
 
 
 async def test_gone_from_the_snapshot_is_not_found(api: Api) -> None:
     api.service.track = None
-    assert await get(api, "/v1/vgpus") == []
+    assert await get_ok(api, "/v1/vgpus") == []
     for method in ("get", "patch", "delete"):
         r = await api.client.request(method, f"/v1/vgpus/{SA}", json={"share": 10})
         assert r.status == 404
 
 
 async def test_vgpuctl_shows_it(api: Api) -> None:
-    text = show(await get(api, f"/v1/vgpus/{SA}"), await get(api, "/v1/processes"))
+    text = show(await get_ok(api, f"/v1/vgpus/{SA}"), await get_ok(api, "/v1/processes"))
     assert "standalone" in text and "read-only" in text
     assert "none found by the last scan" in text  # the scan saw its pids, not their processes
     row = next(line for line in text.splitlines() if line.startswith(SA)).split()

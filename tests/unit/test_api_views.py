@@ -15,7 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import vgpud.surface.service as service_module
-from tests.unit.apiclient import Api, running_api, validate
+from tests.unit.apiclient import Api, get_ok, running_api, validate
 from tests.unit.fakes import GIB
 from vgpud.observe.cgroups import ContainerRef, Runtime
 from vgpud.observe.tracker import ProcessKind, TrackedProcess, TrackSnapshot
@@ -25,12 +25,6 @@ from vgpud.observe.tracker import ProcessKind, TrackedProcess, TrackSnapshot
 async def api(tmp_path: Path) -> AsyncIterator[Api]:
     async with running_api(tmp_path) as a:
         yield a
-
-
-async def get(api: Api, path: str) -> Any:
-    r = await api.client.get(path)
-    assert r.status == 200, await r.text()
-    return await r.json()
 
 
 async def metric(api: Api, name: str) -> dict[str, float]:
@@ -46,8 +40,8 @@ async def metric(api: Api, name: str) -> dict[str, float]:
 
 async def shown(api: Api, vgpu_id: str, field: str) -> tuple[Any, Any]:
     """A GPU figure of a vGPU as the list and its own answer show it."""
-    listed = {v["id"]: v for v in await get(api, "/v1/vgpus")}[vgpu_id]
-    own = await get(api, f"/v1/vgpus/{vgpu_id}")
+    listed = {v["id"]: v for v in await get_ok(api, "/v1/vgpus")}[vgpu_id]
+    own = await get_ok(api, f"/v1/vgpus/{vgpu_id}")
     return listed["gpus"][0][field], own["gpus"][0][field]
 
 
@@ -74,11 +68,11 @@ async def test_one_vgpus_answer_shows_its_latest_counters_even_in_a_fresh_snapsh
     # the very next GET of its vGPU, not a view's age later.
     monkeypatch.setattr(service_module, "RENDER_MAX_AGE", 3600.0)
     vg = await get_created(api, {"memory": "4g", "share": 20})
-    assert (await get(api, f"/v1/vgpus/{vg}"))["gpus"][0]["memory_peak"] == 0
+    assert (await get_ok(api, f"/v1/vgpus/{vg}"))["gpus"][0]["memory_peak"] == 0
     api.service.registry.get(vg).usage._c.devices[0].peak = 3 * GIB
     api.service.registry.get(vg).usage._c.devices[0].oom_count = 1
     api.service.ticked()
-    gpu = (await get(api, f"/v1/vgpus/{vg}"))["gpus"][0]
+    gpu = (await get_ok(api, f"/v1/vgpus/{vg}"))["gpus"][0]
     assert (gpu["memory_peak"], gpu["oom_count"]) == (3 * GIB, 1)
 
 
@@ -88,8 +82,8 @@ async def test_a_change_through_the_api_is_shown_everywhere_at_once(api: Api) ->
     assert (await metric(api, "vgpud_vgpu_share_ratio"))[vg] == 0.2
     r = await api.client.patch(f"/v1/vgpus/{vg}", json={"share": 30, "memory": "2g"})
     assert r.status == 200
-    listed = {v["id"]: v for v in await get(api, "/v1/vgpus")}
-    own = await get(api, "/v1/vgpus/a")
+    listed = {v["id"]: v for v in await get_ok(api, "/v1/vgpus")}
+    own = await get_ok(api, "/v1/vgpus/a")
     validate(own, "/v1/vgpus/{id}", "get", 200)
     assert (listed[vg]["share"], own["share"]) == (30, 30)
     assert await shown(api, vg, "memory_limit") == (2 * GIB, 2 * GIB)
@@ -102,16 +96,16 @@ async def test_a_deleted_vgpu_is_gone_from_every_route_and_a_new_one_of_its_name
     api: Api,
 ) -> None:
     vg = await get_created(api, {"name": "a", "memory": "4g"})
-    await get(api, "/v1/vgpus/a")
-    assert [v["id"] for v in await get(api, "/v1/vgpus")] == [vg]
+    await get_ok(api, "/v1/vgpus/a")
+    assert [v["id"] for v in await get_ok(api, "/v1/vgpus")] == [vg]
     assert set(await metric(api, "vgpud_vgpu_memory_limit_bytes")) == {vg}
     assert (await api.client.delete(f"/v1/vgpus/{vg}")).status == 200
-    assert await get(api, "/v1/vgpus") == []
+    assert await get_ok(api, "/v1/vgpus") == []
     for path in (f"/v1/vgpus/{vg}", "/v1/vgpus/a"):
         assert (await api.client.get(path)).status == 404
     assert await metric(api, "vgpud_vgpu_memory_limit_bytes") == {}
     again = await get_created(api, {"name": "a", "memory": "2g"})
-    own = await get(api, "/v1/vgpus/a")
+    own = await get_ok(api, "/v1/vgpus/a")
     assert (own["id"], own["gpus"][0]["memory_limit"]) == (again, 2 * GIB)
 
 
@@ -121,7 +115,7 @@ async def test_a_listed_vgpu_is_its_own_answer_byte_for_byte(api: Api) -> None:
     listed = await (await api.client.get("/v1/vgpus")).read()
     own = [
         await (await api.client.get(f"/v1/vgpus/{v['id']}")).read()
-        for v in await get(api, "/v1/vgpus")
+        for v in await get_ok(api, "/v1/vgpus")
     ]
     assert listed == b"[" + b", ".join(own) + b"]"
 
@@ -149,7 +143,7 @@ def scan(*processes: TrackedProcess) -> TrackSnapshot:
 async def test_processes_show_each_scan_whatever_was_serialised_before(api: Api) -> None:
     first, second = process(10, "train"), process(11, "serve")
     api.service.track = scan(first, second)
-    body = await get(api, "/v1/processes")
+    body = await get_ok(api, "/v1/processes")
     validate(body, "/v1/processes", "get", 200)
     assert [(p["host_pid"], p["comm"], p["memory"]) for p in body] == [
         (10, "train", {}),
@@ -157,13 +151,13 @@ async def test_processes_show_each_scan_whatever_was_serialised_before(api: Api)
     ]
     # The same pid with new figures (a new object), one process gone, one new.
     api.service.track = scan(replace(first, memory={"GPU-x": GIB}), process(12, "eval"))
-    body = await get(api, "/v1/processes")
+    body = await get_ok(api, "/v1/processes")
     assert [(p["host_pid"], p["comm"], p["memory"]) for p in body] == [
         (10, "train", {"GPU-x": GIB}),
         (12, "eval", {}),
     ]
     api.service.track = None
-    assert await get(api, "/v1/processes") == []
+    assert await get_ok(api, "/v1/processes") == []
 
 
 async def get_created(api: Api, body: dict[str, Any]) -> str:

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import vgpud.surface.service as service_module
-from tests.unit.apiclient import Api, running_api
+from tests.unit.apiclient import Api, get_ok, running_api
 from tests.unit.fakes import GIB
 from tests.unit.test_api_standalone import counters
 from vgpud.observe.nvml import GpuSample, NvmlSample
@@ -27,12 +27,6 @@ SA = "sa-803-4242"
 async def api(tmp_path: Path) -> AsyncIterator[Api]:
     async with running_api(tmp_path) as a:
         yield a
-
-
-async def get(api: Api, path: str) -> Any:
-    r = await api.client.get(path)
-    assert r.status == 200, await r.text()
-    return await r.json()
 
 
 async def create(api: Api, body: dict[str, Any]) -> str:
@@ -74,17 +68,18 @@ async def test_reads_never_fold_and_each_route_is_rendered_once_per_snapshot(api
 async def test_a_change_through_the_api_is_in_the_very_next_answer(api: Api) -> None:
     metrics = Metrics(api.service)
     a = await create(api, {"name": "a", "memory": "1g"})
-    assert [v["id"] for v in await get(api, "/v1/vgpus")] == [a]  # rendered: kept for its snapshot
+    listed = await get_ok(api, "/v1/vgpus")  # rendered: kept for its snapshot
+    assert [v["id"] for v in listed] == [a]
     metrics.render()
     b = await create(api, {"name": "b", "memory": "2g"})
-    assert [v["id"] for v in await get(api, "/v1/vgpus")] == [a, b]
-    assert (await get(api, "/v1/vgpus/b"))["gpus"][0]["memory_limit"] == 2 * GIB
+    assert [v["id"] for v in await get_ok(api, "/v1/vgpus")] == [a, b]
+    assert (await get_ok(api, "/v1/vgpus/b"))["gpus"][0]["memory_limit"] == 2 * GIB
     assert set(series(metrics, "vgpud_vgpu_memory_limit_bytes")) == {a, b}
     assert (await api.client.patch("/v1/vgpus/b", json={"memory": "3g"})).status == 200
-    assert [v["gpus"][0]["memory_limit"] for v in await get(api, "/v1/vgpus")] == [GIB, 3 * GIB]
+    assert [v["gpus"][0]["memory_limit"] for v in await get_ok(api, "/v1/vgpus")] == [GIB, 3 * GIB]
     assert series(metrics, "vgpud_vgpu_memory_limit_bytes")[b] == 3 * GIB
     assert (await api.client.delete(f"/v1/vgpus/{a}")).status == 200
-    assert [v["id"] for v in await get(api, "/v1/vgpus")] == [b]
+    assert [v["id"] for v in await get_ok(api, "/v1/vgpus")] == [b]
     assert (await api.client.get("/v1/vgpus/a")).status == 404
     assert set(series(metrics, "vgpud_vgpu_memory_limit_bytes")) == {b}
 
@@ -95,9 +90,9 @@ async def test_the_quotas_a_tick_gave_are_shown_without_reading_them_back(
     vg = await create(api, {"memory": "1g", "share": 20})
     uuid = api.inventory.devices()[0].uuid
     monkeypatch.setattr(service_module, "RENDER_MAX_AGE", 0.0)
-    await get(api, "/v1/vgpus")  # read: the ticks keep it fresh
+    await get_ok(api, "/v1/vgpus")  # read: the ticks keep it fresh
     api.service.ticked({(vg, uuid): 345_000})
-    assert (await get(api, f"/v1/vgpus/{vg}"))["gpus"][0]["quota_ppm"] == 345_000
+    assert (await get_ok(api, f"/v1/vgpus/{vg}"))["gpus"][0]["quota_ppm"] == 345_000
     assert series(Metrics(api.service), "vgpud_vgpu_quota_ratio")[vg] == 0.345
 
 
@@ -145,7 +140,7 @@ async def test_metrics_and_the_api_show_the_same_figures(api: Api) -> None:
         (),
         True,
     )
-    listed = {v["id"]: v for v in await get(api, "/v1/vgpus")}
+    listed = {v["id"]: v for v in await get_ok(api, "/v1/vgpus")}
     assert set(listed) == {vg, SA}
     metrics = Metrics(api.service)
     shown = 0
@@ -173,7 +168,7 @@ async def test_metrics_and_the_api_show_the_same_figures(api: Api) -> None:
     assert [g["processes"] for g in listed[vg]["gpus"]] == [1, 2]
     assert listed[SA]["gpus"][0]["utilization"] == 7.5
     assert listed[vg]["gpus"][0]["oom_count"] == 2
-    for d in await get(api, "/v1/devices"):
+    for d in await get_ok(api, "/v1/devices"):
         gpu = {"uuid": d["uuid"], "gpu": str(d["index"])}
         for name, value in (
             ("vgpud_gpu_memory_used_bytes", d["memory_used"]),
@@ -225,7 +220,7 @@ async def test_a_sample_that_came_between_two_folds_is_shown_by_the_next_tick(
         return NvmlSample(1.0, {uuid: GpuSample(uuid, 0, 50, GIB, 80 * GIB, {}, {11: util})})
 
     async def utilization() -> float | None:
-        answer: float | None = (await get(api, f"/v1/vgpus/{vg}"))["gpus"][0]["utilization"]
+        answer: float | None = (await get_ok(api, f"/v1/vgpus/{vg}"))["gpus"][0]["utilization"]
         return answer
 
     monkeypatch.setattr(service_module, "RENDER_MAX_AGE", 0.0)
@@ -247,7 +242,7 @@ async def test_the_ticks_keep_it_fresh_while_it_is_read_and_leave_it_to_the_scan
     vg = await create(api, {"memory": "1g"})
     monkeypatch.setattr(service_module, "RENDER_MAX_AGE", 0.0)
     monkeypatch.setattr(service_module, "WATCHED_FOR", 3600.0)
-    await get(api, "/v1/vgpus")
+    await get_ok(api, "/v1/vgpus")
     before = api.service.snapshot
     api.service.ticked()
     assert api.service.snapshot is not before  # read lately: a tick folds
@@ -258,5 +253,5 @@ async def test_the_ticks_keep_it_fresh_while_it_is_read_and_leave_it_to_the_scan
     api.service.sample = NvmlSample(2.0, {})
     assert api.service.snapshot is before  # nobody reads: no fold
     api.service.track = None  # a scan folds, read or not
-    assert (await get(api, f"/v1/vgpus/{vg}"))["gpus"][0]["memory_used"] == GIB
-    assert [v["gpus"][0]["memory_used"] for v in await get(api, "/v1/vgpus")] == [GIB]
+    assert (await get_ok(api, f"/v1/vgpus/{vg}"))["gpus"][0]["memory_used"] == GIB
+    assert [v["gpus"][0]["memory_used"] for v in await get_ok(api, "/v1/vgpus")] == [GIB]
