@@ -1,5 +1,5 @@
 """All-reduce bus bandwidth across two GPUs, natively and inside a vGPU
-spanning both (issue 15): two torch.distributed ranks with the NCCL backend
+spanning both: two torch.distributed ranks with the NCCL backend
 (tests/gpu/nccl_ranks.py), NCCL_NVLS_ENABLE=0 throughout.
 
     python benchmarks/bench_multi_gpu.py OUTDIR [--rounds 5] [--iters 50]
@@ -8,7 +8,7 @@ Configurations, each run once per round in turn so that drift hits all
 alike: native (no hook), a vGPU with no compute limit, a vGPU at shares
 30/60 (GPU0/GPU1). Reports, per message size, the median over rounds of
 rank 0's bus bandwidth (nccl-tests' definition: algbw x 2(n-1)/n) and the
-ratio to native. Target (issue 15): the vGPU with no compute limit at >= 95 %
+ratio to native. Target: the vGPU with no compute limit at >= 95 %
 of native for large messages. Needs a node with two GPUs.
 
 Writes OUTDIR/multigpu.json and OUTDIR/multigpu.md (with the date, GPUs,

@@ -1,4 +1,4 @@
-"""vGPUs over two GPUs on a real node (issue 15): NCCL, torch.distributed and
+"""vGPUs over two GPUs on a real node: NCCL, torch.distributed and
 tensor parallelism under the hook, and memory shared between processes.
 
 Written on 2026-11-24 and NOT YET RUN: no two-GPU machine was lent that
