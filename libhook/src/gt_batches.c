@@ -196,6 +196,12 @@ struct gt_batch *gt_open_batch(struct gt_stream *s, struct gt_dev *d, bool graph
             return NULL;
         b->gated = false;
         atomic_store_explicit(&b->gate_shut, false, memory_order_relaxed);
+        /* Quiet counts from here: the last launch may be long past (the
+         * pacer just held this one back), and neither the gate watcher nor
+         * the monitor may take the new batch for one the application
+         * stopped feeding. Before the gate shuts: the watcher looks at
+         * every shut gate. */
+        s->last_launch_ns = now_ns();
         if (gate)
             gt_gate_shut(s, b);
         if (vgpu_real_cuda.cuEventRecord(b->start, s->record_on) != CUDA_SUCCESS) {
@@ -217,10 +223,6 @@ struct gt_batch *gt_open_batch(struct gt_stream *s, struct gt_dev *d, bool graph
         if (paced)
             pacer_charge(d->pacer.bucket, b->precharge);
         atomic_store_explicit(&b->state, BATCH_OPEN, memory_order_release);
-        /* Quiet counts from here: the last launch may be long past (the
-         * pacer just held this one back), and the monitor must not take
-         * the new batch for one the application stopped feeding. */
-        s->last_launch_ns = now_ns();
         s->open = b;
         atomic_fetch_add_explicit(&gt.open_batches, 1, memory_order_relaxed);
         return b;

@@ -150,17 +150,22 @@ static uint64_t watch_gates(uint64_t now)
     unsigned high = atomic_load_explicit(&gt.table_high, memory_order_acquire);
     for (unsigned i = 0; i < high; i++) {
         struct gt_stream *s = &gt.streams[i];
-        struct gt_batch *b = s->open;
-        if (b == NULL || !atomic_load_explicit(&b->gate_shut, memory_order_acquire))
-            continue;
-        uint64_t quiet_at = s->last_launch_ns + GT_GATE_QUIET_NS;
-        if (now < quiet_at) {
-            if (next == 0 || quiet_at < next)
-                next = quiet_at;
-            continue;
+        /* Every record of the stream, not only its open batch: one being
+         * closed is no longer open, and its closer may wait in its end
+         * event's record for the very lock that keeps its gate shut. */
+        for (unsigned r = 0; r < GT_RING; r++) {
+            struct gt_batch *b = &s->ring[r];
+            if (!atomic_load_explicit(&b->gate_shut, memory_order_acquire))
+                continue;
+            uint64_t quiet_at = s->last_launch_ns + GT_GATE_QUIET_NS;
+            if (now < quiet_at) {
+                if (next == 0 || quiet_at < next)
+                    next = quiet_at;
+                continue;
+            }
+            gt_gate_open(s, b);
+            opened = true;
         }
-        gt_gate_open(s, b);
-        opened = true;
     }
     if (opened) {
         pthread_mutex_lock(&gt.queue_lock);
