@@ -157,11 +157,13 @@ static uint64_t watch_gates(uint64_t now)
             struct gt_batch *b = &s->ring[r];
             if (!atomic_load_explicit(&b->gate_shut, memory_order_acquire))
                 continue;
+            /* Read after the gate is seen shut: its opener wrote the time
+             * before shutting it. */
             uint64_t quiet_at = s->last_launch_ns + GT_GATE_QUIET_NS;
             if (now < quiet_at) {
                 if (next == 0 || quiet_at < next)
                     next = quiet_at;
-                continue;
+                break; /* the stream's other gates go quiet at the same time */
             }
             gt_gate_open(s, b);
             opened = true;
