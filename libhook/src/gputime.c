@@ -234,7 +234,7 @@ bool gt_before(struct gt_launch *l, CUstream h, bool ptsz, bool graph)
         if (paced) {
             int64_t balance =
                 atomic_load_explicit(&d->pacer.bucket->pacer_balance_ns, memory_order_relaxed);
-            needed = turnless_turn_needed(&d->turnless, d->pacer.bucket, balance, now);
+            needed = turnless_turn_needed(&d->turnless, d->pacer.bucket, balance, q.ppm, now);
             if (needed)
                 turn_pacing(s->dev, pacer_deficit_ns(balance, q.ppm));
             pacer_admit(&d->pacer, &pacer_monotonic);
@@ -264,10 +264,7 @@ void gt_after(struct gt_launch *l, CUresult rc)
     if (rc == CUDA_SUCCESS)
         b->launches++;
     s->last_launch_ns = now_ns();
-    uint32_t target = gt_batch_target(&gt.devs[b->dev]);
-    if (b->gated && gt_gate_target(s) < target)
-        target = gt_gate_target(s);
-    if (l->graph || b->launches >= target)
+    if (l->graph || b->launches >= b->target)
         gt_close_open(s);
     pthread_mutex_unlock(&s->lock);
 }

@@ -53,6 +53,22 @@
 /* Gated batches queued on a stream's device before the launcher waits:
  * about as much work ahead of the GPU as GT_INFLIGHT ungated batches. */
 #define GT_GATE_INFLIGHT 8u
+/*
+ * A gate costs a launch-bound stream in the driver, at every launch queued
+ * behind it: on an H100 an empty-kernel loop paced at 99 % ran at 85-91 %
+ * of its native rate gated and 95-98 % ungated
+ * (docs/benchmarks/launch-gated-h100.md). Gates keep a turn holder's idle
+ * gaps off the GPU's other tenants; with no other paced tenant there they
+ * only serve the measure, and while the process's share leaves it room
+ * (turnless.h) the measure need not be exact. So then only one batch in
+ * GT_GATE_SAMPLE, drawn at random, is gated (gt_gate_skip): it measures
+ * the stream's GPU time per launch, and each ungated batch is charged its
+ * launches at that cost, or its span if less (a span is all GPU time at
+ * most; launch-bound, it also spans the gaps). A stream whose kernels grow
+ * is under-charged until the running cost has caught up (8 samples, ~64
+ * batches); then its use leaves no room and every batch is gated again.
+ */
+#define GT_GATE_SAMPLE 8u
 
 struct gt_stream;
 

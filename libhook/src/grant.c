@@ -65,6 +65,11 @@ bool grant_expired(const struct grant_dev *g, uint64_t now)
     return until != 0 && now >= until;
 }
 
+bool grant_others_wait(const struct grant_dev *g)
+{
+    return atomic_load_explicit(&g->control->turn_until_ns, memory_order_relaxed) != 0;
+}
+
 void grant_release(const struct grant_dev *g, bool want)
 {
     set_request(g, want ? VGPU_TURN_WANT : 0);

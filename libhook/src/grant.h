@@ -50,6 +50,9 @@ bool grant_holds(const struct grant_dev *g, uint32_t id);
 /* Other vGPUs wait and this one's time is up: open no more batches. */
 bool grant_expired(const struct grant_dev *g, uint64_t now);
 
+/* Do other vGPUs wait for the GPU (the broker set a time to the grant)? */
+bool grant_others_wait(const struct grant_dev *g);
+
 /* The vGPU stops working under its grant; `want`: another of its processes
  * queues for the GPU next. */
 void grant_release(const struct grant_dev *g, bool want);

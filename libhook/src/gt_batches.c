@@ -159,6 +159,8 @@ struct gt_batch *gt_open_batch(struct gt_stream *s, struct gt_dev *d, bool graph
 {
     uint64_t deadline = 0;
     bool gate = gt_gate_wanted(s, graph, paced);
+    bool estimated = gate && gt_gate_skip(s, *turn);
+    gate = gate && !estimated;
     /* Gated batches are short: let as much work queue as ungated. */
     unsigned limit = gate ? GT_GATE_INFLIGHT : GT_INFLIGHT;
     for (;;) {
@@ -195,6 +197,7 @@ struct gt_batch *gt_open_batch(struct gt_stream *s, struct gt_dev *d, bool graph
         if (batch_events(b, s->ctx) != 0)
             return NULL;
         b->gated = false;
+        b->estimated = estimated;
         atomic_store_explicit(&b->gate_shut, false, memory_order_relaxed);
         /* Quiet counts from here: the last launch may be long past (the
          * pacer just held this one back), and neither the gate watcher nor
@@ -218,6 +221,9 @@ struct gt_batch *gt_open_batch(struct gt_stream *s, struct gt_dev *d, bool graph
         uint64_t cost = atomic_load_explicit(&d->launch_cost_ns, memory_order_relaxed);
         uint32_t expect = s->last_size == 0 ? 1 : s->last_size;
         uint32_t target = gt_batch_target(d);
+        if (b->gated && gt_gate_target(s) < target)
+            target = gt_gate_target(s);
+        b->target = target;
         b->precharge = graph ? atomic_load(&s->graph_cost_ns)
                              : (int64_t)(cost * (expect < target ? expect : target));
         if (paced)

@@ -65,6 +65,12 @@ static void settle(struct gt_batch *b)
     }
     /* else the context went away under the batch: the estimate stands. */
     atomic_store_explicit(&b->done, true, memory_order_relaxed);
+    if (b->estimated) {
+        /* Its span may hold the gaps between its launches (gputime.h). */
+        uint64_t cost = atomic_load_explicit(&b->stream->gated_cost_ns, memory_order_relaxed);
+        if (cost > 0 && (uint64_t)busy > cost * b->launches)
+            busy = (int64_t)(cost * b->launches);
+    }
     if (b->paced)
         pacer_charge(d->pacer.bucket, busy - b->precharge);
     pacer_account(&d->pacer, (uint64_t)busy, b->launches);

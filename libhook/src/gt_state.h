@@ -51,9 +51,11 @@ struct gt_batch {
     bool paced;             /* charged to the bucket (unpaced batches are only measured) */
     bool turn;              /* counted by turn_enter: turn_leave when measured */
     bool gated;             /* queued behind a gate (gputime.h) */
+    bool estimated;         /* not gated in its stead: charged at most its stream's gated cost */
     _Atomic bool gate_shut; /* that gate is not yet opened (the monitor may open it unlocked) */
     _Atomic uint32_t gate;  /* the gate's value: the stream's count of gated batches */
     uint32_t launches;
+    uint32_t target;        /* launches after which it closes */
     int64_t precharge;      /* debited when opened, settled when measured */
     uint64_t seq;           /* closing order on its stream */
     struct gt_batch *next;  /* monitor queue */
@@ -81,6 +83,7 @@ struct gt_stream {
     _Atomic int64_t graph_cost_ns; /* its last measured graph launch */
     _Atomic uint64_t gated_cost_ns; /* running GPU time per launch of its gated batches */
     uint32_t gates;         /* gated batches so far: the value of the next gate minus one */
+    uint64_t draws;         /* batches that might have gone ungated (gt_gate_skip) */
     struct gt_batch ring[GT_RING];
 };
 
@@ -158,6 +161,7 @@ void gt_release_batch(struct gt_batch *b);
 /* ---- gt_gates.c ---- */
 
 bool gt_gate_wanted(const struct gt_stream *s, bool graph, bool paced);
+bool gt_gate_skip(struct gt_stream *s, bool turn);
 void gt_gate_shut(struct gt_stream *s, struct gt_batch *b);
 void gt_gate_open(struct gt_stream *s, struct gt_batch *b);
 uint32_t gt_gate_target(const struct gt_stream *s);

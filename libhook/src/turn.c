@@ -222,6 +222,18 @@ bool turn_enter(int index)
     return true;
 }
 
+bool turn_contended(int index)
+{
+    struct turn_dev *t = &turns[index];
+    if (!turn_available(index))
+        return false;
+    pthread_mutex_lock(&t->lock);
+    bool others = t->holding && (arbiter_contended(t->local, t->ticket) ||
+                                 (t->grant.control != NULL && grant_others_wait(&t->grant)));
+    pthread_mutex_unlock(&t->lock);
+    return others;
+}
+
 void turn_leave(int index, bool linger)
 {
     struct turn_dev *t = &turns[index];

@@ -73,6 +73,11 @@ bool turn_wanted(int index);
  * batch. False when the device has no turn (then no turn_leave). */
 bool turn_enter(int index);
 
+/* Does anyone wait for the turn this process holds on device `index`:
+ * another process of its vGPU (or of its user, standalone), or another
+ * vGPU? False when it holds none. */
+bool turn_contended(int index);
+
 /* A batch counted by turn_enter has been measured (or dropped). `linger`:
  * the process may launch again at once (its bucket is not in debt), so the
  * turn may wait TURN_LINGER_NS for it; else it is passed on now. */

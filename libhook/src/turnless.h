@@ -21,6 +21,16 @@
  * little of the holder's. As soon as the pacer must hold one of its
  * launches back, or it uses more, it takes turns again from its next
  * batch, and its spans are exact while its share binds.
+ *
+ * The same window says when a paced process may gate only a sample of its
+ * batches (gputime.h, GT_GATE_SAMPLE): no wait in the pacer, and a use
+ * under TURNLESS_SAMPLED_MAX_USE_PPM of its quota. Ungated batches are
+ * charged at the sampled batches' cost per launch, which is off by up to
+ * a fifth either way (on an H100, against NVML: a decode-shaped chain of
+ * matvecs +5 to +7 %; 1M-element adds -6 to -18 %, their kernels cost more
+ * one by one than back to back); with that much room the error cannot
+ * carry the process past its share, and a process nearer its share is
+ * charged from gated batches alone.
  */
 #ifndef VGPU_TURNLESS_H
 #define VGPU_TURNLESS_H
@@ -36,6 +46,9 @@
 /* The most GPU time a turnless vGPU may use on the device, of the window:
  * what it adds to a turn holder's spans when their work interleaves. */
 #define TURNLESS_MAX_USE_PPM 300000u
+/* The most GPU time, of its quota, a process whose gates are sampled may
+ * use over the window. */
+#define TURNLESS_SAMPLED_MAX_USE_PPM 750000u
 
 /* Per device, in the process (zero-initialised: turns are taken until a
  * first whole window qualifies). */
@@ -44,13 +57,18 @@ struct turnless {
     _Atomic uint64_t gpu_ns;    /* the bucket's gpu_time_ns then */
     _Atomic uint64_t waited_ns; /* the bucket's throttled_ns then */
     _Atomic bool on;            /* the last whole window qualified */
+    _Atomic bool roomy;         /* ... for sampled gates */
 };
 
 /* Must a paced process take the turn for its next batch on the device?
  * `bucket`: its vGPU's counters there; `balance`: the bucket's balance
  * before the pacer admits the batch (below zero, the pacer will hold it
- * back: the share binds now). */
+ * back: the share binds now); `quota_ppm`: its quota there now. */
 bool turnless_turn_needed(struct turnless *t, const struct vgpu_usage_device *bucket,
-                          int64_t balance, uint64_t now);
+                          int64_t balance, uint32_t quota_ppm, uint64_t now);
+
+/* May its batches on the device gate only a sample (the last whole window
+ * left it room: see above)? */
+bool turnless_gates_sampled(const struct turnless *t);
 
 #endif
