@@ -33,6 +33,7 @@ got next to a context that takes no turns with it.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -305,7 +306,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         sampler.stop()
     print(report(cases, args.out))
-    plot([(args.out.name, cases)], args.out / "inference.png")
+    if importlib.util.find_spec("matplotlib") is None:  # a dev dependency: not on every GPU node
+        print(f"no matplotlib: plot with benchmarks/plot_inference.py {args.out}/inference.json")
+    else:
+        plot([(args.out.name, cases)], args.out / "inference.png")
     return 0
 
 
