@@ -6,7 +6,9 @@ share (`CUDA_CORE_LIMIT`), optionally next to a GPU-bound neighbour
 (vgpu-burn, 20 ms kernels, at its own share), while an unhooked sampler
 reads NVML's device utilization. For each case it reports the work done
 (units/s, and the fraction of the native rate), NVML's device busy (mean
-and the worst 1 s window) and, next to a neighbour, the neighbour's work.
+and the worst 1 s window) and, next to a neighbour, the neighbour's work:
+OUTDIR/inference.md and .json, and their plot OUTDIR/inference.png
+(benchmarks/plot_inference.py).
 
 The target: at share s a workload alone is busy min(s, native
 busy) within 3 points, mean and every 1 s window.
@@ -31,6 +33,7 @@ got next to a context that takes no turns with it.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -45,6 +48,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.plot_inference import plot  # noqa: E402
 from tests.integration.compute_harness import (  # noqa: E402
     Burn,
     Sampler,
@@ -302,6 +306,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         sampler.stop()
     print(report(cases, args.out))
+    if importlib.util.find_spec("matplotlib") is None:  # a dev dependency: not on every GPU node
+        print(f"no matplotlib: plot with benchmarks/plot_inference.py {args.out}/inference.json")
+    else:
+        plot([(args.out.name, cases)], args.out / "inference.png")
     return 0
 
 
