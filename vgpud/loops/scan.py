@@ -24,12 +24,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from vgpud.loops import repairs
+from vgpud.observe.nvml import NvmlSample
 from vgpud.observe.procfs import ProcFS
 from vgpud.observe.tracker import Tracker, TrackSnapshot, VgpuBlocks
 from vgpud.policy import backstop, reaper
 from vgpud.surface import events as ev
 from vgpud.surface.events import EventLog
 from vgpud.surface.service import Service
+from vgpud.threadname import name_this_thread
 from vgpud.vgpus.registry import Entry
 
 T = TypeVar("T")
@@ -72,7 +74,7 @@ class Watch:
     async def _scan(self) -> TrackSnapshot:
         entries = self.service.registry.all()
         views = {e.vgpu.id: VgpuBlocks(e.usage, e.control) for e in entries}
-        snapshot = await self.in_thread(self.tracker.scan, views, self.service.sample)
+        snapshot = await self.in_thread(self._track, views, self.service.sample)
         self.service.track = snapshot
         for p in snapshot.arrivals:
             self.events.publish(
@@ -99,6 +101,10 @@ class Watch:
         if drifted or repairs_done:  # the drift counters moved, or a vGPU has a new usage block
             self.service.refresh()
         return snapshot
+
+    def _track(self, views: dict[str, VgpuBlocks], sample: NvmlSample | None) -> TrackSnapshot:
+        name_this_thread("vgpud-scan")  # a pool's thread, named for what it does now
+        return self.tracker.scan(views, sample)
 
     def _reap(self, snapshot: TrackSnapshot, views: dict[str, VgpuBlocks]) -> bool:
         """Dead processes' bytes back to their vGPUs (within this scan);
