@@ -8,8 +8,9 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -252,7 +253,7 @@ def test_slot_views_follow_every_change_of_the_slot(usage: UsageBlock) -> None:
 
 # A change the hook makes to one slot: a header word, or a device counter
 # (the usage block reads device_count=2 devices: the last one is its last word).
-SLOT_CHANGES = (
+SLOT_CHANGES: tuple[Callable[[Any], None], ...] = (
     lambda s: setattr(s, "heartbeat_ns", s.heartbeat_ns + 1),
     lambda s: setattr(s, "start_time", s.start_time + 1),
     lambda s: setattr(s.dev[0], "used", s.dev[0].used + 1),

@@ -32,6 +32,7 @@ from vgpud.surface import events as ev
 from vgpud.surface.events import EventLog
 from vgpud.surface.service import Service
 from vgpud.threadname import name_this_thread
+from vgpud.vgpus.blocks import UsageDevice
 from vgpud.vgpus.registry import Entry
 
 T = TypeVar("T")
@@ -47,6 +48,7 @@ REAPER_EVENTS = {
 
 @dataclass(frozen=True)
 class _Counters:
+    devices: tuple[UsageDevice, ...]  # as read: the same tuple while no counter moves
     oom: tuple[int, ...]
     throttled: tuple[int, ...]
 
@@ -197,14 +199,21 @@ class Watch:
     def _counter_events(self, entry: Entry) -> None:
         v = entry.vgpu
         devices = entry.usage.devices()
-        now = _Counters(tuple(d.oom_count for d in devices), tuple(d.throttled_ns for d in devices))
         before = self.counters.get(v.id)
+        if before is not None and before.devices is devices:  # no counter moved
+            if v.id in self.throttled:
+                self.events.publish(ev.THROTTLED, vgpu=v.id, throttled=False)
+                self.throttled.discard(v.id)
+            return
+        now = _Counters(
+            devices, tuple(d.oom_count for d in devices), tuple(d.throttled_ns for d in devices)
+        )
         self.counters[v.id] = now
         if before is None:
             if v.created_at < self.service.started:
                 return  # adopted: what happened before this daemon is not news
             zeros = (0,) * len(devices)
-            before = _Counters(zeros, zeros)  # created since we started: all of it is news
+            before = _Counters((), zeros, zeros)  # created since we started: all of it is news
         for s, old, new in zip(v.slices, before.oom, now.oom, strict=True):
             if new > old:
                 self.events.publish(

@@ -186,6 +186,20 @@ class TrackSnapshot:
     arrivals: tuple[TrackedProcess, ...]
     exits: tuple[TrackedProcess, ...]
     sees_all_pids: bool
+    # ``slots`` by vGPU, as the tracker judged them: a vGPU's tuple is the
+    # same object from scan to scan while its slots are judged the same.
+    # None (a snapshot made by hand): grouped from ``slots`` when asked.
+    judged: Mapping[str, tuple[SlotState, ...]] | None = None
+
+    @cached_property
+    def slots_of(self) -> Mapping[str, tuple[SlotState, ...]]:
+        """Each vGPU's entries of ``slots``, in their order."""
+        if self.judged is not None:
+            return self.judged
+        grouped: dict[str, list[SlotState]] = {}
+        for s in self.slots:
+            grouped.setdefault(s.vgpu_id, []).append(s)
+        return {vgpu_id: tuple(states) for vgpu_id, states in grouped.items()}
 
 
 def attributable(ref: ContainerRef) -> bool:
@@ -536,6 +550,7 @@ class Tracker:
             arrivals=arrivals,
             exits=exits,
             sees_all_pids=self.sees_all_pids,
+            judged={vgpu_id: unit.states or () for vgpu_id, unit in units.items() if unit.states},
         )
 
     # one vGPU's slots
