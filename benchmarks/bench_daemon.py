@@ -57,6 +57,32 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
 
 
+def thread_cpu(pid: int) -> dict[int, tuple[str, float]]:
+    """Each thread of ``pid``: its name (comm) and utime + stime (s) so far."""
+    out = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:
+            continue  # ended meanwhile
+        comm = stat.split("(", 1)[1].rsplit(")", 1)[0]
+        fields = stat.rsplit(")", 1)[1].split()
+        out[int(task.name)] = (comm, (int(fields[11]) + int(fields[12])) / CLK_TCK)
+    return out
+
+
+def per_thread(
+    pid: int, before: dict[int, tuple[str, float]], seconds: float
+) -> list[tuple[str, float]]:
+    """Each thread's share of a core since ``before`` (its name, the main
+    thread's "event loop"), largest first."""
+    out = []
+    for tid, (comm, cpu) in thread_cpu(pid).items():
+        share = (cpu - before.get(tid, (comm, 0.0))[1]) / seconds * 100
+        out.append(("event loop" if tid == pid else f"{comm} ({tid})", share))
+    return sorted(out, key=lambda t: -t[1])
+
+
 def start_time(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
 
@@ -240,9 +266,11 @@ def main() -> int:
         sleepers = give_slots(vgpus, a.procs, env if a.nvml_listed else None)
         tracked, listed = wait_tracked(client, a.procs, a.nvml_listed)
         time.sleep(2)
-        before, t0 = cpu_seconds(daemon.pid), time.monotonic()
+        before, threads, t0 = cpu_seconds(daemon.pid), thread_cpu(daemon.pid), time.monotonic()
         time.sleep(a.cpu_seconds)
-        busy = (cpu_seconds(daemon.pid) - before) / (time.monotonic() - t0) * 100
+        window = time.monotonic() - t0
+        busy = (cpu_seconds(daemon.pid) - before) / window * 100
+        threads_busy = per_thread(daemon.pid, threads, window)
         loops = loop_costs(client)
 
         paths = [
@@ -296,6 +324,11 @@ def main() -> int:
         f"| daemon CPU, {a.vgpus} vGPUs, {tracked} tracked processes"
         f"{f' ({listed} NVML-listed)' if a.nvml_listed else ''}, {a.cpu_seconds:.0f} s | "
         f"{busy:.2f} % of a core | < 2 % |",
+        *(
+            f"| … thread {name} (utime + stime, same window) | {share:.2f} % | |"
+            for name, share in threads_busy
+            if share > 0
+        ),
         f"| API at {a.rate:.0f} req/s for {a.api_seconds:.0f} s "
         f"({len(ms)} requests, {errors} errors) | "
         f"p50 {statistics.median(ms):.2f} ms, p99 {percentile(ms, 99):.2f} ms, "

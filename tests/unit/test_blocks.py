@@ -8,8 +8,9 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -248,6 +249,53 @@ def test_slot_views_follow_every_change_of_the_slot(usage: UsageBlock) -> None:
     hook.take_slot(0, pid=43, pidns=7, start=1001, used=[0, 0])
     assert (usage.slots()[0].pid, usage.slots()[0].devices[0].used) == (43, 0)
     hook.close()
+
+
+# A change the hook makes to one slot: a header word, or a device counter
+# (the usage block reads device_count=2 devices: the last one is its last word).
+SLOT_CHANGES: tuple[Callable[[Any], None], ...] = (
+    lambda s: setattr(s, "heartbeat_ns", s.heartbeat_ns + 1),
+    lambda s: setattr(s, "start_time", s.start_time + 1),
+    lambda s: setattr(s.dev[0], "used", s.dev[0].used + 1),
+    lambda s: setattr(s.dev[1], "throttled_ns", s.dev[1].throttled_ns + 1),
+    lambda s: setattr(s, "state", abi.SLOT_CLAIMING),
+)
+
+
+@pytest.mark.parametrize("indices", [(0, 1, 2), (4, 90, 200)], ids=["dense", "spread"])
+def test_a_steady_block_keeps_its_views_and_shows_any_change(
+    usage: UsageBlock, indices: tuple[int, ...]
+) -> None:
+    """Slots read again unchanged are the same views (a dense block's are
+    read in one copy); a change to any word of any slot the daemon reads
+    shows at the next read, and only that slot's view is new."""
+    hook = HookSide(usage.path)
+    for n, index in enumerate(indices):
+        hook.take_slot(index, pid=40 + n, pidns=7, start=1000 + n, used=[GIB, 0])
+    before = usage.slots()
+    assert all(a is b for a, b in zip(usage.slots(), before, strict=True))
+    for n, index in enumerate(indices):
+        for change in SLOT_CHANGES:
+            words = bytes(hook.c.slots[index])
+            change(hook.c.slots[index])
+            now = usage.slots()
+            assert [s.index for s in now] == list(indices)
+            assert now == _fresh_read(usage.path)
+            assert now[n] != before[n] and bytes(hook.c.slots[index]) != words
+            assert all(a is b for k, (a, b) in enumerate(zip(now, before, strict=True)) if k != n)
+            before = now
+    hook.c.slots[indices[1]].state = abi.SLOT_FREE
+    assert [s.index for s in usage.slots()] == [indices[0], indices[2]]
+    hook.close()
+
+
+def _fresh_read(path: Path) -> list[blocks.SlotView]:
+    """The slots as a reader with nothing cached sees them."""
+    block = UsageBlock.open(path, device_count=2)
+    try:
+        return block.slots()
+    finally:
+        block.close()
 
 
 def test_device_counters_and_the_active_count_follow_every_change(usage: UsageBlock) -> None:

@@ -12,7 +12,7 @@ import pytest
 from tests.conftest import ROOT
 
 ORDER = ["base", "vgpus", "observe", "policy", "surface", "loops", "daemon"]
-BASE = {"config", "errors", "log", "libpaths", "systemd", "units"}
+BASE = {"config", "errors", "log", "libpaths", "systemd", "threadname", "units"}
 
 
 def stage(module: str) -> str | None:

@@ -196,3 +196,20 @@ def test_deleted_vgpu_between_scan_and_apply_is_skipped(proc: Path, vgpu: FakeVg
     actions, _, _ = plan(snapshot, ReaperState())
     assert apply(actions, {}) == []
     assert vgpu.usage.slots()[0].state != SLOT_FREE
+
+
+def test_a_drift_after_level_scans_is_seen_and_set_back(proc: Path, vgpu: FakeVgpu) -> None:
+    """A vGPU found level scan after scan (judged once, then kept while its
+    figures are the same objects) still shows a drift of its totals at the
+    next scan: held ``stuck_scans`` scans in a row, it is set back."""
+    vgpu.hook.claim(0, pid=1, pidns=DOCKER_NS, start_time=5100, used={0: GIB})
+    tracker, state = Tracker(proc, sees_all_pids=True), ReaperState()
+    for _ in range(3):
+        kinds, state = tick(tracker, vgpu, state)
+        assert kinds == []
+    vgpu.hook.block.devices[0].used += 5  # bytes no slot holds
+    seen = []
+    for _ in range(ReaperPolicy().stuck_scans):
+        kinds, state = tick(tracker, vgpu, state)
+        seen += kinds
+    assert seen == ["usage_drift"] and used(vgpu) == [GIB, 0]

@@ -12,7 +12,7 @@ import pytest
 from tests.fixtures.hook import GPU_UUIDS, FakeVgpu
 from vgpud.observe.cgroups import Runtime, classify_path
 from vgpud.observe.nvml import GpuSample, NvmlSample
-from vgpud.observe.tracker import ProcessKind, Tracker, attributable
+from vgpud.observe.tracker import ProcessKind, Tracker, TrackSnapshot, attributable
 from vgpud.vgpus.abi import SLOT_CLAIMING
 
 GPU0, GPU1 = GPU_UUIDS
@@ -209,3 +209,61 @@ def test_a_holder_shows_each_samples_nvml_figures_and_is_kept_while_they_stay(
         assert (p.memory, p.sm_util) == ({GPU0: memory}, {} if util is None else {GPU0: util})
     gone = tracker.scan({"v1": vgpu.blocks}, sample({}))
     assert (gone.processes[4100].memory, gone.processes[4100].sm_util) == ({}, {})
+
+
+def test_a_steady_vgpu_is_taken_whole_and_every_change_still_shows(
+    proc: Path, vgpu: FakeVgpu
+) -> None:
+    """A vGPU whose slots, holders and NVML figures are what the last scan
+    saw is taken whole from it (the same objects); a change to any of them
+    shows at the next scan, as a first scan of that state would show it."""
+    vgpu.hook.claim(3, pid=1, pidns=DOCKER_NS, start_time=5100, used={0: GIB})
+    vgpu.hook.claim(4, pid=7, pidns=DOCKER_NS, start_time=5150, used={0: GIB})
+    tracker = Tracker(proc, sees_all_pids=True)
+    views = {"v1": vgpu.blocks}
+    first = tracker.scan(views, sample({4100: GIB, 4150: GIB}))
+    again = tracker.scan(views, sample({4100: GIB, 4150: GIB}))  # a new sample, the same figures
+    assert again.processes[4150] is first.processes[4150]
+    assert again.vgpus["v1"] is first.vgpus["v1"] and again.slots == first.slots
+    assert again.arrivals == () == again.exits
+
+    def scan(figures: dict[int, int], util: dict[int, float] | None = None) -> TrackSnapshot:
+        snap = tracker.scan(views, sample(figures, util))
+        fresh = Tracker(proc, sees_all_pids=True).scan(views, sample(figures, util))
+        assert snap.vgpus == fresh.vgpus and snap.slots == fresh.slots
+        assert snap.processes == fresh.processes
+        return snap
+
+    snap = scan({4100: 2 * GIB, 4150: GIB}, {4150: 12.0})  # NVML's figures of one process
+    assert (snap.processes[4100].memory, snap.processes[4150].sm_util) == (
+        {GPU0: 2 * GIB},
+        {GPU0: 12.0},
+    )
+    assert (snap.vgpus["v1"].gpus[GPU0].nvml_used, snap.vgpus["v1"].gpus[GPU0].sm_util) == (
+        3 * GIB,
+        12.0,
+    )
+    vgpu.hook.block.slots[4].dev[0].used += GIB  # the hook's bytes of one slot
+    vgpu.hook.block.devices[0].used += GIB
+    snap = scan({4100: 2 * GIB, 4150: GIB}, {4150: 12.0})
+    assert snap.processes[4150].hooked == {GPU0: 2 * GIB}
+    assert snap.vgpus["v1"].gpus[GPU0].hooked_used == 3 * GIB
+    vgpu.hook.block.devices[0].oom_count += 1  # the vGPU's counters alone
+    counters = scan({4100: 2 * GIB, 4150: GIB}, {4150: 12.0}).vgpus["v1"].gpus[GPU0].counters
+    assert counters is not None and counters.oom_count == 1
+    shutil.rmtree(proc / "4150")  # an exit: reported, its slot nobody's, within one scan
+    snap = tracker.scan(views, sample({4100: 2 * GIB}))
+    assert [p.pid for p in snap.exits] == [4150] and list(snap.processes) == [4100]
+    assert [(s.slot.index, s.host_pid, s.held) for s in snap.slots] == [
+        (3, 4100, True),
+        (4, None, False),
+    ]
+    assert (vgpu.control.slot_host_pid(4), snap.vgpus["v1"].live_slots) == (0, 1)
+    vgpu.hook.free(4)
+    vgpu.hook.free(3)  # a slot freed: its process is no slot holder any more
+    snap = scan({4100: 2 * GIB})
+    assert snap.processes[4100].slot is None and snap.slots == ()
+    assert vgpu.control.slot_host_pid(3) == 0
+    vgpu.hook.claim(5, pid=1, pidns=DOCKER_NS, start_time=5100)  # and claimed again
+    snap = scan({4100: 2 * GIB})
+    assert (snap.processes[4100].slot, vgpu.control.slot_host_pid(5)) == (5, 4100)

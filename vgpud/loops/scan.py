@@ -24,12 +24,15 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from vgpud.loops import repairs
+from vgpud.observe.nvml import NvmlSample
 from vgpud.observe.procfs import ProcFS
 from vgpud.observe.tracker import Tracker, TrackSnapshot, VgpuBlocks
 from vgpud.policy import backstop, reaper
 from vgpud.surface import events as ev
 from vgpud.surface.events import EventLog
 from vgpud.surface.service import Service
+from vgpud.threadname import name_this_thread
+from vgpud.vgpus.blocks import UsageDevice
 from vgpud.vgpus.registry import Entry
 
 T = TypeVar("T")
@@ -45,6 +48,7 @@ REAPER_EVENTS = {
 
 @dataclass(frozen=True)
 class _Counters:
+    devices: tuple[UsageDevice, ...]  # as read: the same tuple while no counter moves
     oom: tuple[int, ...]
     throttled: tuple[int, ...]
 
@@ -72,7 +76,7 @@ class Watch:
     async def _scan(self) -> TrackSnapshot:
         entries = self.service.registry.all()
         views = {e.vgpu.id: VgpuBlocks(e.usage, e.control) for e in entries}
-        snapshot = await self.in_thread(self.tracker.scan, views, self.service.sample)
+        snapshot = await self.in_thread(self._track, views, self.service.sample)
         self.service.track = snapshot
         for p in snapshot.arrivals:
             self.events.publish(
@@ -99,6 +103,10 @@ class Watch:
         if drifted or repairs_done:  # the drift counters moved, or a vGPU has a new usage block
             self.service.refresh()
         return snapshot
+
+    def _track(self, views: dict[str, VgpuBlocks], sample: NvmlSample | None) -> TrackSnapshot:
+        name_this_thread("vgpud-scan")  # a pool's thread, named for what it does now
+        return self.tracker.scan(views, sample)
 
     def _reap(self, snapshot: TrackSnapshot, views: dict[str, VgpuBlocks]) -> bool:
         """Dead processes' bytes back to their vGPUs (within this scan);
@@ -191,14 +199,21 @@ class Watch:
     def _counter_events(self, entry: Entry) -> None:
         v = entry.vgpu
         devices = entry.usage.devices()
-        now = _Counters(tuple(d.oom_count for d in devices), tuple(d.throttled_ns for d in devices))
         before = self.counters.get(v.id)
+        if before is not None and before.devices is devices:  # no counter moved
+            if v.id in self.throttled:
+                self.events.publish(ev.THROTTLED, vgpu=v.id, throttled=False)
+                self.throttled.discard(v.id)
+            return
+        now = _Counters(
+            devices, tuple(d.oom_count for d in devices), tuple(d.throttled_ns for d in devices)
+        )
         self.counters[v.id] = now
         if before is None:
             if v.created_at < self.service.started:
                 return  # adopted: what happened before this daemon is not news
             zeros = (0,) * len(devices)
-            before = _Counters(zeros, zeros)  # created since we started: all of it is news
+            before = _Counters((), zeros, zeros)  # created since we started: all of it is news
         for s, old, new in zip(v.slices, before.oom, now.oom, strict=True):
             if new > old:
                 self.events.publish(

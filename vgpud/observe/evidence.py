@@ -41,7 +41,7 @@ unknown (maps cut short).
 from __future__ import annotations
 
 import os
-from collections.abc import Collection
+from collections.abc import Set
 from dataclasses import dataclass
 
 from vgpud.observe.procfs import Identity, MappedFile, Mount, Process, ProcFS
@@ -145,12 +145,12 @@ class Evidence:
             self._mounts[ns] = mounts
         return mounts
 
-    def keep(self, identities: Collection[Identity]) -> None:
+    def keep(self, identities: Set[Identity]) -> None:
         """Forget the processes not in ``identities`` and the mount
         namespaces none of those is in (an inode number is reused once its
         namespace is gone)."""
         for cache in (self._maps, self._mntns):
-            for identity in [i for i in cache if i not in identities]:
+            for identity in cache.keys() - identities:
                 del cache[identity]
         live = set(self._mntns.values())
         for ns in [n for n in self._mounts if n not in live]:

@@ -65,6 +65,7 @@ from vgpud.observe.nvml_arrays import (
     VALUE_NOT_AVAILABLE,
     ArrayReader,
 )
+from vgpud.threadname import name_this_thread
 
 log = structlog.get_logger(__name__)
 
@@ -270,7 +271,12 @@ class NvmlGateway:
         self._read_sms = read_sms  # cudainfo.sm_counts, or a fake in tests
         self._on_health = on_health
         self._nvml = binding  # pynvml, or a fake with the same functions in tests
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nvml")
+        self._pool = ThreadPoolExecutor(
+            max_workers=1,
+            thread_name_prefix="nvml",
+            initializer=name_this_thread,
+            initargs=("vgpud-nvml",),
+        )
         self._lock = threading.Lock()  # guards _devices against the health thread
         self._devices: list[GpuInfo] = []
         self._handles: dict[str, Any] = {}
@@ -537,6 +543,7 @@ class NvmlGateway:
     # health
 
     def _watch_health(self) -> None:
+        name_this_thread("vgpud-health")
         nv = self._nvml
         try:
             event_set = nv.nvmlEventSetCreate()

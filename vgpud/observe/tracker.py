@@ -67,7 +67,7 @@ import ctypes
 import mmap
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from functools import cached_property
@@ -186,6 +186,20 @@ class TrackSnapshot:
     arrivals: tuple[TrackedProcess, ...]
     exits: tuple[TrackedProcess, ...]
     sees_all_pids: bool
+    # ``slots`` by vGPU, as the tracker judged them: a vGPU's tuple is the
+    # same object from scan to scan while its slots are judged the same.
+    # None (a snapshot made by hand): grouped from ``slots`` when asked.
+    judged: Mapping[str, tuple[SlotState, ...]] | None = None
+
+    @cached_property
+    def slots_of(self) -> Mapping[str, tuple[SlotState, ...]]:
+        """Each vGPU's entries of ``slots``, in their order."""
+        if self.judged is not None:
+            return self.judged
+        grouped: dict[str, list[SlotState]] = {}
+        for s in self.slots:
+            grouped.setdefault(s.vgpu_id, []).append(s)
+        return {vgpu_id: tuple(states) for vgpu_id, states in grouped.items()}
 
 
 def attributable(ref: ContainerRef) -> bool:
@@ -334,6 +348,63 @@ class _Held:
     tracked: TrackedProcess
 
 
+Named = tuple[SlotView, Process | None, bool | None]  # a slot, its holder, the proof
+Claims = dict[int, tuple[str, SlotView, Process]]  # host pid -> vGPU, slot, process
+
+
+@dataclass(eq=False)
+class _Unit:
+    """What a scan made of one vGPU's slots, and what followed from them.
+
+    The next scan takes it whole (``reusable``) while the slots are the
+    same (blocks.py hands back the same SlotView for unchanged words), its
+    block files and devices are the same objects, none of its holders
+    ended, and it is ``complete``: every slot named a live process shown
+    mapping the block and claimed here, so its states need nothing of the
+    other vGPUs. Then no slot of it is looked at again and what was derived
+    from it (states, host pids, tracked processes while NVML's figures are
+    the same, its VgpuUse) is the same object. Anything else, and the
+    vGPU's slots are gone through again, each as before."""
+
+    slots: list[SlotView]
+    files: _VgpuFiles
+    devices: _Devices
+    kind: ProcessKind
+    named: list[Named]
+    claimed: Claims  # the holders claimed here (not by an earlier vGPU), in slot order
+    complete: bool
+    keys: tuple[SlotIdentity, ...]  # the identities its slots show
+    holders: frozenset[Identity]  # the live processes its slots name, proven or not
+    host_pids: dict[int, int]  # slot -> host pid, what is published for it
+    states: tuple[SlotState, ...] | None = None  # judged once every vGPU's claims are known
+    live: int = 0  # states held
+    held: dict[Identity, _Held] = field(default_factory=dict)
+    tracked: dict[int, TrackedProcess] = field(default_factory=dict)  # by host pid
+    current: dict[Identity, TrackedProcess] = field(default_factory=dict)
+    # The last VgpuUse made of it, with what it was made of: (usage
+    # counters, ``tracked``, ``live``), kept while no other process counts.
+    use: tuple[tuple[UsageDevice, ...], dict[int, TrackedProcess], int, VgpuUse] | None = None
+
+    def reusable(
+        self,
+        slots: list[SlotView],
+        files: _VgpuFiles,
+        devices: _Devices,
+        kind: ProcessKind,
+        ended: set[Identity],
+        claimed: Claims,
+    ) -> bool:
+        return (
+            self.complete
+            and slots == self.slots
+            and files is self.files
+            and devices is self.devices
+            and kind is self.kind
+            and ended.isdisjoint(self.holders)
+            and claimed.keys().isdisjoint(self.claimed)
+        )
+
+
 class Tracker:
     def __init__(
         self,
@@ -367,8 +438,10 @@ class Tracker:
         self._holders: dict[SlotIdentity, Process] = {}
         self._absent: set[SlotIdentity] = set()
         self._devices: dict[str, _Devices] = {}  # by vGPU, kept while unchanged
-        self._held: dict[Identity, _Held] = {}  # what the last scan made of each slot holder
-        self._judged: dict[tuple[str, int], SlotState] = {}  # the last scan's, by vGPU and slot
+        self._units: dict[str, _Unit] = {}  # the last scan's, by vGPU
+        # NVML's per-process figures the last scan saw, by GPU uuid: while
+        # they are the same, so is every tracked process's part of them.
+        self._figures: dict[str, tuple[Mapping[int, int | None], Mapping[int, float]]] = {}
 
     def close(self) -> None:
         for adopted in self._adopted.values():
@@ -388,22 +461,27 @@ class Tracker:
         gpu_pids = nvml.pids() if nvml is not None else set()
         search = _SlotSearch(ended=self._exits.ended())
 
+        standalone_ids = {a.vgpu_id for a in self._adopted.values()}
+        figures = {u: (g.processes, g.process_util) for u, g in (nvml.gpus if nvml else {}).items()}
+        same_figures = figures == self._figures
+        self._figures = figures
+
         devices = {vgpu_id: self._devices_of(vgpu_id, view) for vgpu_id, view in views.items()}
         files = {vgpu_id: self._files_of(vgpu_id, view) for vgpu_id, view in views.items()}
-        named: list[tuple[str, SlotView, Process | None, bool | None]] = []
-        claimed: dict[int, tuple[str, SlotView, Process]] = {}  # host pid -> vGPU, slot, process
+        units: dict[str, _Unit] = {}
+        claimed: Claims = {}
         for vgpu_id, vgpu_slots in slots.items():
-            for slot in vgpu_slots:
-                holder = self._holder(slot, search)
-                proof = None
-                if holder is not None:
-                    facts = self._evidence.maps(holder, vgpu_id)
-                    proof = proves(facts, files[vgpu_id].usage_key)
-                    if proof and holder.pid not in claimed:
-                        claimed[holder.pid] = (vgpu_id, slot, holder)
-                named.append((vgpu_id, slot, holder, proof))
+            kind = ProcessKind.STANDALONE if vgpu_id in standalone_ids else ProcessKind.VGPU
+            unit = self._units.get(vgpu_id)
+            args = (vgpu_slots, files[vgpu_id], devices[vgpu_id], kind)
+            if unit is not None and unit.reusable(*args, search.ended, claimed):
+                search.seen.update(unit.keys)
+            else:
+                unit = self._read_slots(vgpu_id, *args, search, claimed)
+            claimed.update(unit.claimed)
+            units[vgpu_id] = unit
         self._forget_slots(search.seen)
-        self._publish_host_pids(views, claimed)
+        self._publish_host_pids(views, units)
         for gone in set(self._devices) - set(views):
             del self._devices[gone]
         for gone in set(self._files) - set(views):
@@ -416,73 +494,54 @@ class Tracker:
             claimed,
         )
         slot_states: list[SlotState] = []
-        judged: dict[tuple[str, int], SlotState] = {}
-        for vgpu_id, slot, holder, proof in named:
-            held = holder is not None and (proof is not False or membership.of(holder) == vgpu_id)
-            if held or self.sees_all_pids:
-                host_pid = holder.pid if holder is not None and proof else None
-                state = self._judged.get((vgpu_id, slot.index))
-                if state is None or (state.slot, state.host_pid, state.held) != (
-                    slot,
-                    host_pid,
-                    held,
-                ):
-                    state = SlotState(vgpu_id, slot, host_pid, held)
-                judged[(vgpu_id, slot.index)] = state
-                slot_states.append(state)
-        self._judged = judged
+        for vgpu_id, unit in units.items():
+            if unit.states is None:
+                self._judge(vgpu_id, unit, membership, self._units.get(vgpu_id))
+            slot_states.extend(unit.states or ())
 
         tracked: dict[int, TrackedProcess] = {}
-        standalone_ids = {a.vgpu_id for a in self._adopted.values()}
-        on_gpu = nvml.figured_pids() if nvml is not None else set()
-        for pid, (vgpu_id, slot, process) in claimed.items():
-            kind = ProcessKind.STANDALONE if vgpu_id in standalone_ids else ProcessKind.VGPU
-            tracked[pid] = self._holder_tracked(
-                process, kind, vgpu_id, slot, devices[vgpu_id], nvml, pid in on_gpu
-            )
-        self._held = {i: h for i, h in self._held.items() if h.process.pid in claimed}
-        for pid in sorted(gpu_pids - set(claimed)):
+        current: dict[Identity, TrackedProcess] = {}
+        on_gpu: set[int] | None = None
+        for vgpu_id, unit in units.items():
+            before = self._units.get(vgpu_id)
+            if unit is not before or not same_figures:
+                if on_gpu is None:
+                    on_gpu = nvml.figured_pids() if nvml is not None else set()
+                self._track_holders(vgpu_id, unit, before, nvml, on_gpu)
+            tracked.update(unit.tracked)
+            current.update(unit.current)
+        self._units = units
+        others: dict[str | None, list[TrackedProcess]] = {}  # processes no slot of theirs holds
+        ghosts: set[Identity] = set()
+        for pid in sorted(gpu_pids - claimed.keys()):
             unslotted = self._table.lookup(pid)
             if unslotted is not None:
                 member = membership.of(unslotted)
-                tracked[pid] = self._unslotted(unslotted, nvml, member, member in vgpus)
+                p = self._unslotted(unslotted, nvml, member, member in vgpus)
             elif (ghost := self._ghost(pid, nvml)) is not None:
-                tracked[pid] = ghost
+                p = ghost
+                ghosts.add(p.identity)
+            else:
+                continue
+            tracked[pid] = current[p.identity] = p
+            others.setdefault(p.vgpu_id, []).append(p)
 
-        current = {p.identity: p for p in tracked.values()}
-        self._forget_gone(current)
-        arrivals = tuple(
-            p
-            for i, p in current.items()
-            if i not in self._previous and p.kind is not ProcessKind.EXITED
-        )
-        exits = tuple(
-            p
-            for i, p in self._previous.items()
-            if p.kind is not ProcessKind.EXITED
-            and (i not in current or current[i].kind is ProcessKind.EXITED)
-        )
+        self._forget_gone(current, units.values())
+        arrivals, exits = self._changes(current, ghosts)
         self._previous = current
         standalone = {a.vgpu_id: a.blocks for a in self._adopted.values()}
         all_views: dict[str, VgpuView] = {**vgpus, **standalone}
-        members: dict[str | None, list[TrackedProcess]] = {}
-        for p in tracked.values():
-            members.setdefault(p.vgpu_id, []).append(p)
-        live_slots: dict[str, int] = {}
-        for s in slot_states:
-            if s.held:
-                live_slots[s.vgpu_id] = live_slots.get(s.vgpu_id, 0) + 1
         return TrackSnapshot(
             monotonic=time.monotonic(),
             processes=tracked,
             vgpus={
-                vgpu_id: _usage(
+                vgpu_id: self._use(
                     vgpu_id,
                     view,
                     devices.get(vgpu_id) or _Devices.of(view),
                     vgpu_id in standalone,
-                    members.get(vgpu_id, []),
-                    live_slots.get(vgpu_id, 0),
+                    units.get(vgpu_id),
+                    others.get(vgpu_id, []),
                 )
                 for vgpu_id, view in all_views.items()
             },
@@ -491,7 +550,146 @@ class Tracker:
             arrivals=arrivals,
             exits=exits,
             sees_all_pids=self.sees_all_pids,
+            judged={vgpu_id: unit.states or () for vgpu_id, unit in units.items() if unit.states},
         )
+
+    # one vGPU's slots
+
+    def _read_slots(
+        self,
+        vgpu_id: str,
+        slots: list[SlotView],
+        files: _VgpuFiles,
+        devices: _Devices,
+        kind: ProcessKind,
+        search: _SlotSearch,
+        claimed: Claims,
+    ) -> _Unit:
+        """The vGPU's slots gone through one by one: each one's holder, and
+        whether the host shows it mapping the block (its proof)."""
+        named: list[Named] = []
+        mine: Claims = {}
+        for slot in slots:
+            holder = self._holder(slot, search)
+            proof = None
+            if holder is not None:
+                facts = self._evidence.maps(holder, vgpu_id)
+                proof = proves(facts, files.usage_key)
+                if proof and holder.pid not in claimed and holder.pid not in mine:
+                    mine[holder.pid] = (vgpu_id, slot, holder)
+            named.append((slot, holder, proof))
+        return _Unit(
+            slots=slots,
+            files=files,
+            devices=devices,
+            kind=kind,
+            named=named,
+            claimed=mine,
+            complete=all(h is not None and proof and h.pid in mine for _, h, proof in named),
+            keys=tuple((s.pidns, s.pid, s.start_time) for s in slots),
+            holders=frozenset(h.identity for _, h, _ in named if h is not None),
+            host_pids={slot.index: pid for pid, (_, slot, _) in mine.items()},
+        )
+
+    def _judge(
+        self, vgpu_id: str, unit: _Unit, membership: _Membership, before: _Unit | None
+    ) -> None:
+        """Each slot's state: held by whom, or by nobody the vGPU may claim
+        (what the reaper acts on); the last scan's object where the same."""
+        known = {s.slot.index: s for s in before.states or ()} if before is not None else {}
+        states: list[SlotState] = []
+        for slot, holder, proof in unit.named:
+            held = holder is not None and (proof is not False or membership.of(holder) == vgpu_id)
+            if held or self.sees_all_pids:
+                host_pid = holder.pid if holder is not None and proof else None
+                state = known.get(slot.index)
+                if state is None or (state.slot, state.host_pid, state.held) != (
+                    slot,
+                    host_pid,
+                    held,
+                ):
+                    state = SlotState(vgpu_id, slot, host_pid, held)
+                states.append(state)
+        unit.states = tuple(states)
+        unit.live = sum(1 for s in states if s.held)
+
+    def _track_holders(
+        self,
+        vgpu_id: str,
+        unit: _Unit,
+        before: _Unit | None,
+        nvml: NvmlSample | None,
+        on_gpu: set[int],
+    ) -> None:
+        """The unit's claimed processes as tracked; its dicts stay the same
+        objects when every process is (what its VgpuUse is kept by)."""
+        known = before.held if before is not None else {}
+        held: dict[Identity, _Held] = {}
+        tracked: dict[int, TrackedProcess] = {}
+        for pid, (_, slot, process) in unit.claimed.items():
+            h = self._holder_tracked(
+                process, unit.kind, vgpu_id, slot, unit.devices, nvml, pid in on_gpu, known
+            )
+            held[process.identity] = h
+            tracked[pid] = h.tracked
+        unit.held = held
+        if before is not None and _same_values(tracked, before.tracked):
+            unit.tracked, unit.current = before.tracked, before.current
+        else:
+            unit.tracked = tracked
+            unit.current = {p.identity: p for p in tracked.values()}
+
+    def _use(
+        self,
+        vgpu_id: str,
+        view: VgpuView,
+        devices: _Devices,
+        standalone: bool,
+        unit: _Unit | None,
+        others: list[TrackedProcess],
+    ) -> VgpuUse:
+        """The vGPU's use of its GPUs; the last scan's object while its
+        counters, processes and live slots are the same (a standalone
+        vGPU's steered quota is read anew: never kept)."""
+        budgets = view.usage.devices()
+        if unit is None:
+            return _usage(vgpu_id, view, devices, budgets, standalone, others, 0)
+        kept = unit.use
+        if (
+            kept is not None
+            and not others
+            and kept[0] is budgets
+            and kept[1] is unit.tracked
+            and kept[2] == unit.live
+        ):
+            return kept[3]
+        mine = [*unit.tracked.values(), *others]
+        use = _usage(vgpu_id, view, devices, budgets, standalone, mine, unit.live)
+        unit.use = None if standalone or others else (budgets, unit.tracked, unit.live, use)
+        return use
+
+    def _changes(
+        self, current: Mapping[Identity, TrackedProcess], ghosts: set[Identity]
+    ) -> tuple[tuple[TrackedProcess, ...], tuple[TrackedProcess, ...]]:
+        """Arrivals and exits since the last scan; most scans have none,
+        found by comparing the identities alone."""
+        previous = self._previous
+        arrivals: tuple[TrackedProcess, ...] = ()
+        exits: tuple[TrackedProcess, ...] = ()
+        if current.keys() - previous.keys():
+            arrivals = tuple(
+                p
+                for i, p in current.items()
+                if i not in previous and p.kind is not ProcessKind.EXITED
+            )
+        if previous.keys() - current.keys() or not ghosts.isdisjoint(previous):
+            exits = tuple(
+                p
+                for i, p in previous.items()
+                if p.kind is not ProcessKind.EXITED
+                and (i not in current or current[i].kind is ProcessKind.EXITED)
+            )
+        return arrivals, exits
 
     # slots and host pids
 
@@ -535,22 +733,19 @@ class Tracker:
 
     def _forget_slots(self, seen: set[SlotIdentity]) -> None:
         """Stop watching the processes no slot names any more."""
-        for key in [k for k in self._holders if k not in seen]:
+        for key in self._holders.keys() - seen:
             self._exits.unwatch(self._holders.pop(key).identity)
         self._absent &= seen
 
-    def _publish_host_pids(
-        self, views: Mapping[str, VgpuView], claimed: Mapping[int, tuple[str, SlotView, Process]]
-    ) -> None:
-        wanted: dict[str, dict[int, int]] = {vgpu_id: {} for vgpu_id in views}
-        for pid, (vgpu_id, slot, _) in claimed.items():
-            wanted[vgpu_id][slot.index] = pid
+    def _publish_host_pids(self, views: Mapping[str, VgpuView], units: Mapping[str, _Unit]) -> None:
         for vgpu_id, view in views.items():
             control = view.control
             if control is None:
                 continue
-            mine = wanted[vgpu_id]
+            mine = units[vgpu_id].host_pids
             written = self._host_pids.get(vgpu_id)
+            if written is mine:  # a unit kept from a scan that published it
+                continue
             if written is None:  # first sight (or a restarted daemon): trust nothing stored
                 written = {i: control.slot_host_pid(i) for i in range(MAX_PROCS)}
                 written = {i: pid for i, pid in written.items() if pid}
@@ -598,12 +793,13 @@ class Tracker:
         devices: _Devices,
         nvml: NvmlSample | None,
         on_gpu: bool,
-    ) -> TrackedProcess:
-        """A slot holder as tracked; the last scan's, when nothing it is made
-        of changed (blocks.py hands back the same SlotView for unchanged slot
-        words) and NVML's figures of it are the same."""
-        identity = process.identity
-        held = self._held.get(identity)
+        known: Mapping[Identity, _Held],
+    ) -> _Held:
+        """A slot holder as tracked; the last scan's (``known``), when
+        nothing it is made of changed (blocks.py hands back the same
+        SlotView for unchanged slot words) and NVML's figures of it are the
+        same."""
+        held = known.get(process.identity)
         memory, util = _figures(process.pid, nvml if on_gpu else None)
         if (
             held is not None
@@ -615,11 +811,10 @@ class Tracker:
             and held.tracked.memory == memory
             and held.tracked.sm_util == util
         ):
-            return held.tracked
+            return held
         hooked = devices.per_uuid([d.used for d in slot.devices])
         tracked = self._tracked(process, kind, vgpu_id, slot.index, nvml, hooked)
-        self._held[identity] = _Held(slot, devices, process, tracked)
-        return tracked
+        return _Held(slot, devices, process, tracked)
 
     # processes no slot holds
 
@@ -775,10 +970,12 @@ class Tracker:
             self._envs[identity] = self.procfs.environ(process.pid)
         return self._envs[identity]
 
-    def _forget_gone(self, current: Mapping[Identity, TrackedProcess]) -> None:
-        keep = set(current) | {p.identity for p in self._holders.values()}
+    def _forget_gone(
+        self, current: Mapping[Identity, TrackedProcess], units: Iterable[_Unit]
+    ) -> None:
+        keep = set(current).union(*(unit.holders for unit in units))
         for cache in (self._containers, self._envs):
-            for identity in [i for i in cache if i not in keep]:
+            for identity in cache.keys() - keep:
                 del cache[identity]
         self._evidence.keep(keep)
         self._ghosts = {pid: g for pid, g in self._ghosts.items() if g.identity in current}
@@ -800,6 +997,11 @@ def _is_own_proc(proc_root: str | os.PathLike[str]) -> bool:
         return False
 
 
+def _same_values(a: Mapping[int, object], b: Mapping[int, object]) -> bool:
+    """The same keys, each with the same object."""
+    return a.keys() == b.keys() and all(v is b[k] for k, v in a.items())
+
+
 def _may_be_usage_block(mapping: MappedFile) -> bool:
     return mapping.shared and mapping.offset == 0 and mapping.size == USAGE_MAPPING_SIZE
 
@@ -808,11 +1010,11 @@ def _usage(
     vgpu_id: str,
     view: VgpuView,
     devices: _Devices,
+    budgets: Sequence[UsageDevice],
     standalone: bool,
     mine: Sequence[TrackedProcess],
     live_slots: int,
 ) -> VgpuUse:
-    budgets = view.usage.devices()
     gpus: dict[str, GpuUse] = {}
     for index, uuid in enumerate(devices.uuids):
         if not uuid:

@@ -88,6 +88,9 @@ def decide(
             if gpu.limit is None or gpu.nvml_used <= gpu.limit + policy.tolerance:
                 continue
             scans = over[(vgpu_id, uuid)] = state.over.get((vgpu_id, uuid), 0) + 1
+            may_kill = policy.action == "kill" and scans >= policy.confirm_scans
+            if scans > 1 and not may_kill:
+                continue  # reported at its first scan over, and not to be killed
             if by_vgpu is None:
                 by_vgpu = _by_vgpu(snapshot.processes.values())
             offender = _offender(by_vgpu.get(vgpu_id, []), uuid)
@@ -105,7 +108,7 @@ def decide(
                         gpu.limit,
                     )
                 )
-            if policy.action == "kill" and scans >= policy.confirm_scans and offender is not None:
+            if may_kill and offender is not None:
                 kills.append(
                     Kill(
                         offender.pid,

@@ -48,7 +48,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from vgpud.observe.tracker import SlotState, TrackSnapshot
+from vgpud.observe.tracker import SlotState, TrackSnapshot, VgpuUse
 from vgpud.vgpus.abi import SLOT_ACTIVE, SLOT_CLAIMING, SLOT_RECLAIMING
 from vgpud.vgpus.blocks import SlotView
 
@@ -107,6 +107,9 @@ class ReaperState:
     stuck: Mapping[tuple[str, int, int, int, int, int], int] = field(default_factory=dict)
     absurd: frozenset[tuple[str, str]] = frozenset()  # (vgpu, gpu uuid) reported
     drift: Mapping[str, tuple[DriftKey, int]] = field(default_factory=dict)  # -> scans unchanged
+    # The vGPUs found level (no drift) at the last scan, with the objects they
+    # were judged from (immutable): the same ones again are level again.
+    level: Mapping[str, tuple[VgpuUse, tuple[SlotState, ...]]] = field(default_factory=dict)
 
 
 Action = Reclaim | Reset | Realign
@@ -143,7 +146,7 @@ def plan(
             and any(gpu.hooked_used for gpu in use.gpus.values())
             and reclaiming.get(vgpu_id, set()) <= settled.get(vgpu_id, set())
         ]
-    drift = _drift(snapshot, state) if snapshot.sees_all_pids else {}
+    drift, level = _drift(snapshot, state) if snapshot.sees_all_pids else ({}, {})
     actions += [
         Realign(vgpu_id, key[1], _holders(snapshot, vgpu_id))
         for vgpu_id, (key, scans) in drift.items()
@@ -155,7 +158,11 @@ def plan(
         for (vgpu_id, uuid), detail in absurd.items()
         if (vgpu_id, uuid) not in state.absurd
     ]
-    return actions, events, ReaperState(stuck=stuck, absurd=frozenset(absurd), drift=drift)
+    return (
+        actions,
+        events,
+        ReaperState(stuck=stuck, absurd=frozenset(absurd), drift=drift, level=level),
+    )
 
 
 def _stuck_key(s: SlotState) -> tuple[str, int, int, int, int, int]:
@@ -174,15 +181,20 @@ def _unstick(
     return None, ReaperEvent("slot_stuck", s.vgpu_id, detail, slot.index, slot.pid)
 
 
-def _drift(snapshot: TrackSnapshot, state: ReaperState) -> dict[str, tuple[DriftKey, int]]:
+def _drift(
+    snapshot: TrackSnapshot, state: ReaperState
+) -> tuple[dict[str, tuple[DriftKey, int]], dict[str, tuple[VgpuUse, tuple[SlotState, ...]]]]:
     """The vGPUs whose totals differ from their live slots' sum, each with
-    how many scans in a row it has looked exactly so."""
-    slots: dict[str, list[SlotState]] = {}
-    for s in snapshot.slots:
-        slots.setdefault(s.vgpu_id, []).append(s)
+    how many scans in a row it has looked exactly so; and those that do not
+    (or cannot be compared), with what they were judged from."""
     out: dict[str, tuple[DriftKey, int]] = {}
+    level: dict[str, tuple[VgpuUse, tuple[SlotState, ...]]] = {}
     for vgpu_id, use in snapshot.vgpus.items():
-        mine = slots.get(vgpu_id, [])
+        mine = snapshot.slots_of.get(vgpu_id, ())
+        was = state.level.get(vgpu_id)
+        if was is not None and was[0] is use and was[1] is mine:
+            level[vgpu_id] = was
+            continue
         if not mine or any(
             s.slot.state != SLOT_ACTIVE
             or s.host_pid is None
@@ -191,20 +203,20 @@ def _drift(snapshot: TrackSnapshot, state: ReaperState) -> dict[str, tuple[Drift
             or len(s.slot.devices) != len(use.gpus)
             for s in mine
         ):
+            level[vgpu_id] = (use, mine)
             continue
         totals = tuple(g.hooked_used for g in use.gpus.values())
         if sum(totals) == sum(s.slot.used for s in mine):
+            level[vgpu_id] = (use, mine)
             continue
         key = (totals, tuple(s.slot for s in mine))
         before = state.drift.get(vgpu_id)
         out[vgpu_id] = (key, before[1] + 1 if before is not None and before[0] == key else 1)
-    return out
+    return out, level
 
 
 def _holders(snapshot: TrackSnapshot, vgpu_id: str) -> tuple[int, ...]:
-    return tuple(
-        s.host_pid for s in snapshot.slots if s.vgpu_id == vgpu_id and s.host_pid is not None
-    )
+    return tuple(s.host_pid for s in snapshot.slots_of.get(vgpu_id, ()) if s.host_pid is not None)
 
 
 def _absurd(snapshot: TrackSnapshot, policy: ReaperPolicy) -> dict[tuple[str, str], str]:

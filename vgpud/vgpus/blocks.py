@@ -492,6 +492,7 @@ class ControlBlock(_Mapping):
 
 _SLOTS_OFF = UsageC.slots.offset
 _SLOT_SIZE = ctypes.sizeof(ProcSlotC)
+_SLOT_WORDS = _SLOT_SIZE // 8
 _UDEV_OFF = UsageC.devices.offset
 _UDEV_SIZE = ctypes.sizeof(UsageDeviceC)
 _PDEV_OFF = ProcSlotC.dev.offset
@@ -573,6 +574,11 @@ class UsageBlock(_Mapping):
         self._views: dict[int, tuple[list[int], SlotView]] = {}
         self._states: list[int] = []  # every slot's state at the last read
         self._in_use: list[int] = []  # the indices of the non-free ones
+        # Header (state and pid, pidns, start time, heartbeat) and device words.
+        self._slot_words = _PDEV_OFF // 8 + _PDEV_WORDS * device_count
+        # The states, the copy of the in-use slots' span and the views made
+        # of them, at the last dense read.
+        self._span: tuple[list[int], bytes, list[SlotView]] = ([], b"", [])
         self._steer_unreadable_said = False  # warned once per block, not per scan
 
     @classmethod
@@ -673,7 +679,26 @@ class UsageBlock(_Mapping):
             self._states = states
             self._in_use = [i for i, st in enumerate(states) if st != SLOT_FREE]
             self._views = {i: v for i, v in self._views.items() if i in self._in_use}
-        return [self._slot(i, states[i]) for i in self._in_use]
+        states, in_use = self._states, self._in_use  # the same list while the states are
+        if not in_use or in_use[-1] - in_use[0] >= 2 * len(in_use):
+            return [self._slot(i, states[i]) for i in in_use]  # none, or spread out
+        # Dense (a hook takes the lowest free slot): the words of the in-use
+        # slots' span are copied at once, and the views are made from that
+        # copy. A span whose bytes are the last read's, with the same states,
+        # has the same views: no slot is gone through (most blocks, most scans).
+        start = (_SLOTS_OFF + in_use[0] * _SLOT_SIZE) // 8
+        span = self._w64[start : start + (in_use[-1] - in_use[0]) * _SLOT_WORDS + self._slot_words]
+        copy = span.tobytes()
+        known = self._span  # one attribute: the scan's thread reads slots too
+        if known[0] is states and known[1] == copy:
+            return list(known[2])
+        words = memoryview(copy).cast("Q")
+        views = [
+            self._slot(i, states[i], words[(i - in_use[0]) * _SLOT_WORDS :][: self._slot_words])
+            for i in in_use
+        ]
+        self._span = (states, copy, views)
+        return list(views)
 
     def active_slots(self) -> int:
         """How many slots are ACTIVE: the states alone are read, and counted
@@ -692,10 +717,13 @@ class UsageBlock(_Mapping):
         stride = _SLOT_SIZE // 4
         return self._w32[first : first + stride * MAX_PROCS : stride]
 
-    def _slot(self, index: int, state: int) -> SlotView:
-        w = (_SLOTS_OFF + index * _SLOT_SIZE) // 8
-        # Header (state and pid, pidns, start time, heartbeat) and device words.
-        words = self._w64[w : w + _PDEV_OFF // 8 + _PDEV_WORDS * self.device_count].tolist()
+    def _slot(self, index: int, state: int, read: memoryview | None = None) -> SlotView:
+        """The slot's view from its words (``read``: as copied by the caller;
+        else read now)."""
+        if read is None:
+            w = (_SLOTS_OFF + index * _SLOT_SIZE) // 8
+            read = self._w64[w : w + self._slot_words]
+        words = read.tolist()
         cached = self._views.get(index)
         if cached is not None and cached[0] == words and cached[1].state == state:
             return cached[1]

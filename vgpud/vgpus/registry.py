@@ -42,6 +42,7 @@ from vgpud.errors import (
     Unprocessable,
     storage_error,
 )
+from vgpud.threadname import name_this_thread
 from vgpud.units import format_bytes, percent_to_ppm
 from vgpud.vgpus.abi import FLAG_OVERSUBSCRIBE, BlockError
 from vgpud.vgpus.atomics import Atomics
@@ -557,6 +558,7 @@ class Registry:
     def _save(self, batch: list[_Pending], records: list[Vgpu]) -> dict[str, Exception]:
         """The writer's thread: prepare, save what was prepared, publish.
         Returns the changes that could not be prepared, by vGPU id."""
+        name_this_thread("vgpud-save")  # a pool's thread, named for what it does now
         unmade: dict[str, Exception] = {}
         for p in batch:
             if p.prepare is not None:
