@@ -71,6 +71,8 @@ static void gt_init(void)
 static void atfork_child(void)
 {
     memset(gt.streams, 0, sizeof(gt.streams));
+    for (int i = 0; i < VGPU_MAX_DEVICES; i++)
+        gt.devs[i].last_end = NULL;
     atomic_store(&gt.table_high, 0);
     atomic_store(&gt.open_batches, 0);
     atomic_store(&gt.shut_gates, 0);

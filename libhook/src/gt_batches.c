@@ -32,7 +32,7 @@ static void enqueue(struct gt_batch *b)
     pthread_mutex_unlock(&gt.queue_lock);
 }
 
-void gt_release_batch(struct gt_batch *b)
+void gt_batch_measured(struct gt_batch *b)
 {
     if (b->turn) {
         /* Its work is off the GPU: the turn waits a moment for our next
@@ -43,10 +43,20 @@ void gt_release_batch(struct gt_batch *b)
         turn_leave(b->dev, !b->paced || atomic_load_explicit(&bucket->pacer_balance_ns,
                                                              memory_order_relaxed) >= 0);
     }
+}
+
+void gt_free_record(struct gt_batch *b)
+{
     atomic_store_explicit(&b->state, BATCH_FREE, memory_order_release);
     pthread_mutex_lock(&gt.queue_lock);
     pthread_cond_broadcast(&gt.queue_cond);
     pthread_mutex_unlock(&gt.queue_lock);
+}
+
+void gt_release_batch(struct gt_batch *b)
+{
+    gt_batch_measured(b);
+    gt_free_record(b);
 }
 
 /* Events of the stream's context for a batch record (created once, made

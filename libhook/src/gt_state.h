@@ -91,6 +91,7 @@ struct gt_dev {
     struct pacer_dev pacer;
     _Atomic uint64_t launch_cost_ns; /* running average GPU time per launch */
     struct turnless turnless;        /* may its paced batches go without the turn */
+    struct gt_batch *last_end;       /* settled batch that ended last (gt_monitor.c); monitor only */
 };
 
 struct gt_state {
@@ -156,6 +157,10 @@ struct gt_batch *gt_open_batch(struct gt_stream *s, struct gt_dev *d, bool graph
                                bool *turn);
 void gt_close_open(struct gt_stream *s);
 void gt_abandon_open(struct gt_stream *s);
+/* A batch is done with: its turn count left (gt_batch_measured), its
+ * record free for a new batch (gt_free_record); both: gt_release_batch. */
+void gt_batch_measured(struct gt_batch *b);
+void gt_free_record(struct gt_batch *b);
 void gt_release_batch(struct gt_batch *b);
 
 /* ---- gt_gates.c ---- */
