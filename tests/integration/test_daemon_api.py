@@ -5,6 +5,7 @@ processes do not notice."""
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -137,3 +138,30 @@ def test_metrics_follow_vgpus(daemon: Daemon) -> None:
     assert status == 200 and f'vgpu="{vg["id"]}"' in text.decode()
     daemon.client.delete(f"/v1/vgpus/{vg['id']}")
     assert vg["id"] not in daemon.client.raw("GET", "/metrics")[1].decode()
+
+
+def test_a_create_whose_client_hangs_up_is_made_whole_and_kept(daemon: Daemon) -> None:
+    """A client that sends a whole create and hangs up before the answer
+    does not undo it: the change was decided when it arrived, so the vGPU
+    is made and saved whole, blocks and state, as if the answer had been
+    read (docs/daemon.md, "Durability"); the client learns the outcome from
+    a GET or the events. Never half-made, and the daemon is unharmed."""
+    body = json.dumps({"name": "hung-up", "memory": 64 * MIB, "share": 10}).encode()
+    head = (
+        b"POST /v1/vgpus HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n" % len(body)
+    )
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.connect(daemon.socket)
+    conn.sendall(head + body)
+    conn.close()  # before any answer
+    made = wait_for(
+        lambda: [v for v in daemon.client.get("/v1/vgpus") if v["name"] == "hung-up"],
+        10,
+        "the vGPU made",
+    )[0]
+    ControlBlock.open(Path(made["host_env"]["VGPU_CONTROL"])).close()  # its blocks are there
+    daemon.stop()
+    daemon.start()
+    assert daemon.client.get("/v1/vgpus/hung-up")["id"] == made["id"]  # and saved
+    assert daemon.client.get("/v1/health")["status"] == "ok"
