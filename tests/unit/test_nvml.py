@@ -449,6 +449,12 @@ async def test_lost_gpu_is_marked_and_reported_the_rest_goes_on(
 async def test_xid_events(
     gateway: NvmlGateway, fake: FakeNvml, events: asyncio.Queue[HealthEvent]
 ) -> None:
+    # The health thread registers both GPUs once it runs (not before the
+    # gateway's start returns): wait for it, bounded.
+    for _ in range(500):
+        if len(fake.registered) == 2:
+            break
+        await asyncio.sleep(0.01)
     assert sorted(fake.registered) == [1, 2]
     app_xid = min(APPLICATION_XIDS)
     fake.pending_events += [xid_event(1, app_xid), xid_event(2, 79)]
