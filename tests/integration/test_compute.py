@@ -117,9 +117,6 @@ def test_standalone_limit_holds(
     assert 100 * b.work == pytest.approx(share, abs=TOLERANCE)
 
 
-LAUNCH_BOUND_NATIVE = 100 * 50 / 150
-
-
 @pytest.mark.parametrize("share", [20, 60])
 def test_launch_bound_work_is_charged_its_kernels_not_the_gaps(
     sampler: Sampler, sim_env: dict[str, str], tmp_path: Path, share: int
@@ -128,15 +125,22 @@ def test_launch_bound_work_is_charged_its_kernels_not_the_gaps(
     batches are charged the kernels' time, not the CPU's gaps between
     launches (docs/compute.md, "Launch-bound work"). Charged with the gaps,
     it got 22 % at share 60 and 7 % at share 20; with a gate the monitor
-    took for quiet right after each pacer sleep, 11-14 % at share 20."""
+    took for quiet right after each pacer sleep, 11-14 % at share 20. What
+    it uses natively (a third, on an idle box) is measured in the same
+    test: its CPU gaps stretch on a loaded one."""
+    start = time.time()
+    native_burn = burn(sim_env, "launch-bound")
+    measured(sampler, native_burn, start)
+    native = device_util(sampler.samples, start + WARMUP, start + SECONDS)
     env = hooked(sim_env, tmp_path, CUDA_CORE_LIMIT=str(share))
     start = time.time()
     b = burn(env, "launch-bound")
     measured(sampler, b, start)
     device = device_util(sampler.samples, start + WARMUP, start + SECONDS)
-    want = min(share, LAUNCH_BOUND_NATIVE)
-    assert device == pytest.approx(want, abs=TOLERANCE), f"NVML {device:.1f}"
-    assert 100 * b.work == pytest.approx(want, abs=TOLERANCE)
+    want = min(share, native)
+    assert device == pytest.approx(want, abs=TOLERANCE), f"NVML {device:.1f}, native {native:.1f}"
+    want_work = min(share, 100 * native_burn.work)
+    assert 100 * b.work == pytest.approx(want_work, abs=TOLERANCE)
 
 
 # --- vGPU mode: the throttle table -----------------------------------------------
