@@ -27,6 +27,7 @@ import argparse
 import asyncio
 import contextlib
 import fcntl
+import gc
 import grp
 import os
 import resource
@@ -150,6 +151,7 @@ class Daemon:
             log.error("vgpud failed to start", reason=str(exc))
             await self._release()
             return EXIT_START_FAILED
+        _freeze_heap()
         self.notifier.ready()
         self.notifier.status(self._summary(node.service))
         log.info("vgpud ready", socket=self.config.socket, vgpus=len(node.service.registry.entries))
@@ -479,6 +481,18 @@ def _idle(service: Service) -> bool:
         and (track is None or not track.processes)
         and (sample is None or not sample.pids())
     )
+
+
+def _freeze_heap() -> None:
+    """What start-up made lives as long as the daemon (the modules, the
+    adopted vGPUs, the app): collected once, then left out of every later
+    collection, so that a full collection, which holds the loop, walks only
+    what came after (the imports alone are 5-8 ms of each on the 2-core
+    VM). A frozen object that later dies in a reference cycle (a vGPU
+    adopted at start, then deleted) is never freed: at most once, what
+    start-up made, not a growing leak."""
+    gc.collect()
+    gc.freeze()
 
 
 def _raise_fd_limit() -> None:

@@ -3,9 +3,12 @@ heartbeats into the control blocks (a live share change within one tick)."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
-from prometheus_client import generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import Histogram as ClientHistogram
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.unit.apiclient import running_api
@@ -14,6 +17,11 @@ from vgpud.surface.metrics import Metrics
 from vgpud.units import PPM_FULL
 from vgpud.vgpus.atomics import Atomics
 from vgpud.vgpus.model import UpdateRequest
+
+if TYPE_CHECKING:
+    from vgpud.surface.service import Service
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 
 
 def samples(metrics: Metrics) -> dict[str, list[dict[str, str]]]:
@@ -54,27 +62,60 @@ async def test_loop_and_request_histograms_are_exported(tmp_path: Path) -> None:
         assert "vgpud_api_request_duration_seconds_bucket" in names
 
 
+def histogram_families(text: str) -> dict[str, list[tuple[str, dict[str, str], float]]]:
+    """Each histogram family's samples (not the _created gauges: times)."""
+    return {
+        f.name: [(s.name, s.labels, s.value) for s in f.samples]
+        for f in text_string_to_metric_families(text)
+        if f.type == "histogram"
+    }
+
+
 async def test_the_histograms_read_as_prometheus_client_writes_them(tmp_path: Path) -> None:
     async with running_api(tmp_path) as api:
         metrics = Metrics(api.service)
-        metrics.loop_seconds.labels("scan").observe(0.01)
-        metrics.loop_seconds.labels("control").observe(2.0)  # above every bucket
-        # A method and route as a client may send them: quoted, escaped, odd.
-        metrics.request_seconds.labels('GE"T', "/v1/a\\b\nc", "404").observe(0.003)
-        metrics.request_seconds.labels("GET", "/v1/health", "200").observe(0.0001)
+        reference = CollectorRegistry()
+        label_sets = {
+            metrics.loop_seconds: [("scan",), ("control",)],
+            # A method and route as a client may send them: quoted, escaped, odd.
+            metrics.request_seconds: [('GE"T', "/v1/a\\b\nc", "404"), ("GET", "/v1/health", "200")],
+        }
+        for ours, sets in label_sets.items():
+            theirs = ClientHistogram(
+                ours.name, ours.doc, ours.labelnames, buckets=ours.bounds, registry=reference
+            )
+            for values in sets:
+                # Above every bucket, on a bound, inside one, below the first.
+                for amount in (2.0, 0.005, 0.003, 0.0001):
+                    ours.labels(*values).observe(amount)
+                    theirs.labels(*values).observe(amount)
+        mine = histogram_families(metrics.render().decode())
+        assert mine == histogram_families(generate_latest(reference).decode())
+        assert any(s[1].get("method") == 'GE"T' for s in mine["vgpud_api_request_duration_seconds"])
+        created = samples(metrics)["vgpud_api_request_duration_seconds_created"]
+        assert {s["status"] for s in created} == {"404", "200"}
 
-        def families(text: str) -> dict[str, list[tuple[str, dict[str, str], float]]]:
-            return {
-                f.name: [(s.name, s.labels, s.value) for s in f.samples]
-                for f in text_string_to_metric_families(text)
-            }
 
-        ours = families(metrics.render().decode())
-        reference = families(generate_latest(metrics.registry).decode())
-        assert {name: ours[name] for name in reference} == reference
-        assert any(
-            s[1].get("method") == 'GE"T' for s in reference["vgpud_api_request_duration_seconds"]
-        )
+async def test_a_series_observed_after_a_scrape_shows_at_the_next(tmp_path: Path) -> None:
+    """A series' text is kept between scrapes: an observation must still show."""
+    async with running_api(tmp_path) as api:
+        metrics = Metrics(api.service)
+        series = metrics.request_seconds.labels("GET", "/v1/health", "200")
+        series.observe(0.001)
+
+        def count() -> float:
+            families = histogram_families(metrics.render().decode())
+            (value,) = [
+                v
+                for name, labels, v in families["vgpud_api_request_duration_seconds"]
+                if name.endswith("_count") and labels["route"] == "/v1/health"
+            ]
+            return value
+
+        assert count() == 1
+        series.observe(0.002)
+        api.service.refresh()  # a new snapshot: the exposition is written again
+        assert count() == 2
 
 
 async def test_a_share_change_reaches_the_throttle_table_at_the_next_tick(tmp_path: Path) -> None:
@@ -94,3 +135,23 @@ async def test_a_share_change_reaches_the_throttle_table_at_the_next_tick(tmp_pa
         steering.tick([entry], {}, None, None, now_ns=1_200_000_000)
         assert entry.control.read_throttle(0).quota_ppm == PPM_FULL
         assert entry.control.heartbeat_ns == 1_200_000_000
+
+
+def test_the_histograms_text_is_byte_for_byte_what_it_was(monkeypatch: Any) -> None:
+    """The same observations give the exposition that main at 1ada55a
+    (prometheus_client's collect(), written by us) gave, byte for byte."""
+    monkeypatch.setattr(time, "time", lambda: 1764031234.567891)  # the series' _created
+    metrics = Metrics(cast("Service", None))  # the histograms need no service
+    for method, route, status, amount in (
+        ("GET", "/v1/vgpus", "200", 0.0004),
+        ("GET", "/v1/vgpus", "200", 0.0031),
+        ("POST", "/v1/vgpus", "201", 0.004),
+        ('GE"T', "/v1/a\\b\nc", "404", 0.003),
+        ("GET", "/v1/health", "200", 0.7),
+        ("GET", "/v1/vgpus", "200", 0.001),
+    ):
+        metrics.request_seconds.labels(method, route, status).observe(amount)
+    for loop, amount in (("scan", 0.01), ("control", 2.0), ("control", 0.0005)):
+        metrics.loop_seconds.labels(loop).observe(amount)
+    text = metrics.loop_seconds.text() + metrics.request_seconds.text()
+    assert text == (FIXTURES / "histograms-1ada55a.prom").read_text()

@@ -1,7 +1,8 @@
 """Prometheus metrics, in a registry of our own (no globals).
 
-The daemon's own loop timings and API request durations are histograms in
-a prometheus_client registry. GPU and vGPU figures are written from the
+The daemon's own loop timings and API request durations are histograms of
+our own (Histogram below), written as prometheus_client writes its own.
+GPU and vGPU figures are written from the
 service's snapshot (snapshot.py: the figures the API answers from, worked
 out once there), so the label sets of a deleted vGPU or a vanished GPU
 disappear with it; nothing has to be removed by hand.
@@ -11,16 +12,21 @@ generate_latest writes) is written here, once per snapshot: a vGPU's lines
 once per change of its figures (the snapshot hands back the same object
 while they are the same), a label set's text once, not once per sample and
 scrape (prometheus_client validates and escapes every label of every
-sample: about 6 microseconds a sample, and 100 vGPUs are 800 samples).
+sample: about 6 microseconds a sample, and 100 vGPUs are 800 samples). A
+histogram's series are written again only after they observed something:
+at one scrape a snapshot, prometheus_client's collect() of every series
+was most of the cost of a scrape's histograms.
 """
 
 from __future__ import annotations
 
+import bisect
+import math
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.utils import floatToGoString
 
 from vgpud.surface.snapshot import NodeSnapshot, VgpuFigures
@@ -30,7 +36,6 @@ if TYPE_CHECKING:
     from vgpud.surface.service import Service
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-LABEL_TEXTS_MAX = 1024  # histogram label sets kept as text
 
 
 @dataclass(frozen=True, eq=False)  # one object per family: hashed by identity, fast
@@ -94,28 +99,86 @@ DRIFT_BYTES = _counter("vgpud_usage_drift_bytes", "Bytes those repairs moved (ei
 Samples = dict[Family, list[str]]
 
 
+class Histogram:
+    """Observations by label values in cumulative buckets, exposed as
+    prometheus_client's generate_latest writes a histogram: its series'
+    buckets, counts and sums, then their _created gauges. Observed on the
+    event loop only (no lock)."""
+
+    def __init__(
+        self, name: str, doc: str, labelnames: Sequence[str], buckets: Sequence[float]
+    ) -> None:
+        self.name, self.doc, self.labelnames = name, doc, tuple(labelnames)
+        self.bounds = (*buckets, math.inf)
+        self._series: dict[tuple[str, ...], HistogramSeries] = {}
+
+    def labels(self, *values: str) -> HistogramSeries:
+        series = self._series.get(values)
+        if series is None:
+            labels = dict(zip(self.labelnames, values, strict=True))
+            series = self._series[values] = HistogramSeries(self, labels)
+        return series
+
+    def text(self) -> str:
+        head = Family(self.name, "histogram", self.doc).header()
+        if not self._series:
+            return head
+        series = self._series.values()
+        created = Family(self.name + "_created", "gauge", self.doc).header()
+        lines = (*(s.text() for s in series), created, *(s.created_line for s in series))
+        return head + "".join(lines)
+
+
+class HistogramSeries:
+    """One label set's counts; its text is kept until it observes again."""
+
+    __slots__ = ("_bounds", "_labels", "_name", "_text", "counts", "created_line", "sum")
+
+    def __init__(self, histogram: Histogram, labels: dict[str, str]) -> None:
+        self._name, self._bounds = histogram.name, histogram.bounds
+        self._labels = labels
+        self.counts = [0] * len(self._bounds)  # by bucket, not cumulative
+        self.sum = 0.0
+        self.created_line = _line(self._name + "_created", _labels(**labels), time.time())
+        self._text: str | None = None
+
+    def observe(self, amount: float) -> None:
+        """Counts ``amount`` in the first bucket whose bound is >= it."""
+        self.sum += amount
+        self.counts[bisect.bisect_left(self._bounds, amount)] += 1
+        self._text = None
+
+    def text(self) -> str:
+        if self._text is None:
+            lines, total = [], 0
+            for bound, count in zip(self._bounds, self.counts, strict=True):
+                total += count
+                le = _labels(**self._labels, le=floatToGoString(bound))  # type: ignore[no-untyped-call]
+                lines.append(_line(self._name + "_bucket", le, total))
+            plain = _labels(**self._labels)
+            lines.append(_line(self._name + "_count", plain, total))
+            lines.append(_line(self._name + "_sum", plain, self.sum))
+            self._text = "".join(lines)
+        return self._text
+
+
 class Metrics:
     def __init__(self, service: Service) -> None:
-        self.registry = CollectorRegistry(auto_describe=False)
         self.loop_seconds = Histogram(
             "vgpud_loop_duration_seconds",
             "Time one iteration of a daemon loop took.",
             ["loop"],
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
-            registry=self.registry,
         )
         self.request_seconds = Histogram(
             "vgpud_api_request_duration_seconds",
             "Time the API took to answer, by route and status.",
             ["method", "route", "status"],
             buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5),
-            registry=self.registry,
         )
         self._service = service
         # A vGPU's lines, kept while the snapshot hands back the same object for it.
         self._lines: dict[str, tuple[object, Samples]] = {}
-        # The histograms' label sets as text (as many as their children).
-        self._label_text: dict[tuple[tuple[str, str], ...], str] = {}
         self._rendered: tuple[NodeSnapshot | None, bytes] = (None, b"")
 
     def render(self) -> bytes:
@@ -123,31 +186,9 @@ class Metrics:
         scrapers need not multiply it)."""
         snap = self._service.shown()
         if self._rendered[0] is not snap:
-            self._rendered = (snap, (self._histograms() + self._state(snap)).encode())
+            text = self.loop_seconds.text() + self.request_seconds.text() + self._state(snap)
+            self._rendered = (snap, text.encode())
         return self._rendered[1]
-
-    def _histograms(self) -> str:
-        """The registry's histograms, as generate_latest writes them: each
-        family's buckets, counts and sums, then its _created gauges."""
-        out: list[str] = []
-        if len(self._label_text) > LABEL_TEXTS_MAX:  # label values come from requests
-            self._label_text.clear()
-        for metric in self.registry.collect():
-            samples: list[str] = []
-            created: list[str] = []
-            for sample in metric.samples:
-                key = tuple(sample.labels.items())
-                labels = self._label_text.get(key)
-                if labels is None:
-                    labels = self._label_text[key] = _labels(**sample.labels)
-                into = created if sample.name == metric.name + "_created" else samples
-                into.append(_line(sample.name, labels, sample.value))
-            out.append(Family(metric.name, metric.type, metric.documentation).header())
-            out.extend(samples)
-            if created:
-                out.append(Family(metric.name + "_created", "gauge", metric.documentation).header())
-                out.extend(created)
-        return "".join(out)
 
     def _state(self, snap: NodeSnapshot) -> str:
         out: list[str] = []
