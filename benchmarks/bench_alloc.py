@@ -76,8 +76,10 @@ def main() -> int:
         rounds: dict[str, dict[str, list[dict[str, Any]]]] = {}
         for path in args.paths.split(","):
             rounds[path] = {mode: [] for mode in MODES}
-            for _ in range(args.rounds):
-                for mode in MODES:
+            for r in range(args.rounds):
+                # Each round starts with the next mode: a driver that slows
+                # (or warms) within a round weighs on every mode alike.
+                for mode in MODES[r % len(MODES) :] + MODES[: r % len(MODES)]:
                     env = mode_env(base, mode, workdir)
                     rounds[path][mode].append(bench_once(env, path, args.size, args.pairs))
 

@@ -5,8 +5,9 @@
  * Per GPU it grants the turn to one vGPU at a time, round robin among the
  * vGPUs whose usage block asks for it (vgpu_turn.request), by writing that
  * vGPU's control block (turn_grant, a futex word its hooks sleep on, and
- * turn_until_ns). It publishes the GPU's pacing stamp to every vGPU there,
- * and beats in every control block so that hooks know a broker is at work.
+ * turn_until_ns). It publishes to every vGPU there the pacing stamp of the
+ * GPU's other vGPUs, and beats in every control block so that hooks know a
+ * broker is at work.
  *
  * The daemon is the only writer another vGPU reads: a tenant reaches the
  * broker through one 32-bit request word and one 64-bit stamp in its own
@@ -181,9 +182,13 @@ static uint32_t request_of(struct member *m)
 
 /* ---- the pacing stamp ------------------------------------------------------ */
 
+/* Each vGPU is shown the latest stamp of the GPU's other vGPUs, not its
+ * own: a paced process samples its gates only while no other tenant paces
+ * there (gputime.h), and its own vGPU's stamp says nothing of that. */
 static void publish_stamp(struct gpu *g, uint64_t now)
 {
-    uint64_t best = 0;
+    uint64_t best = 0, second = 0;
+    int best_at = -1;
     for (int i = 0; i < g->count; i++) {
         struct member *m = &broker.members[g->members[i]];
         uint64_t s = atomic_load_explicit(&m->turn->paced_until_ns, memory_order_relaxed);
@@ -195,17 +200,23 @@ static void publish_stamp(struct gpu *g, uint64_t now)
             continue;
         if (s - now > BROKER_STAMP_CAP_NS)
             s = now + BROKER_STAMP_CAP_NS;
-        if (s > best)
+        if (s > best) {
+            second = best;
             best = s;
+            best_at = i;
+        } else if (s > second) {
+            second = s;
+        }
     }
     for (int i = 0; i < g->count; i++) {
         struct member *m = &broker.members[g->members[i]];
+        uint64_t others = i == best_at ? second : best;
         uint64_t cur = atomic_load_explicit(&m->ctl->paced_until_ns, memory_order_relaxed);
         uint64_t next = cur;
-        if (best == 0)
+        if (others == 0)
             next = 0;
-        else if (best > cur + BROKER_STAMP_SLACK_NS || cur <= now)
-            next = best;
+        else if (others > cur + BROKER_STAMP_SLACK_NS || cur <= now)
+            next = others;
         if (next != cur)
             atomic_store_explicit(&m->ctl->paced_until_ns, next, memory_order_relaxed);
     }

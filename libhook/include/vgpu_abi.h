@@ -97,8 +97,8 @@ struct vgpu_control_device {
      * the broker's life), which the holder echoes in vgpu_turn.request
      * while it works. turn_until_ns: 0 = nobody else waits, keep it while
      * busy; else open no batch after it (a holder still busy well after
-     * it loses the turn). paced_until_ns: until then a vGPU on this GPU
-     * paces (its quota is below 100 %), so every hooked process takes
+     * it loses the turn). paced_until_ns: until then another vGPU on this
+     * GPU paces (its quota is below 100 %), so every hooked process takes
      * turns, paced or not.
      */
     _Atomic uint32_t turn_grant;

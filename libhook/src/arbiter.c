@@ -75,13 +75,21 @@ void arbiter_release(struct vgpu_turn *a, uint32_t ticket, uint64_t now)
     pass(a, ticket, now);
 }
 
-void arbiter_mark_paced(struct vgpu_turn *a, uint64_t until, uint64_t slack)
+uint64_t arbiter_mark_paced(struct vgpu_turn *a, uint64_t until, uint64_t slack)
 {
     uint64_t seen = atomic_load_explicit(&a->paced_until_ns, memory_order_relaxed);
     /* A hint, not a lock: relaxed, and a CAS only so that two pacers never
      * move it back (one of them waits longer than the other). */
-    while (seen + slack < until &&
-           !atomic_compare_exchange_weak_explicit(&a->paced_until_ns, &seen, until,
+    while (seen + slack < until)
+        if (atomic_compare_exchange_weak_explicit(&a->paced_until_ns, &seen, until,
                                                   memory_order_relaxed, memory_order_relaxed))
-        ;
+            return until;
+    return 0;
+}
+
+void arbiter_unmark_paced(struct vgpu_turn *a, uint64_t mine)
+{
+    if (mine != 0)
+        atomic_compare_exchange_strong_explicit(&a->paced_until_ns, &mine, 0,
+                                                memory_order_relaxed, memory_order_relaxed);
 }

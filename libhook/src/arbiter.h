@@ -48,8 +48,15 @@ void arbiter_release(struct vgpu_turn *a, uint32_t ticket, uint64_t now);
 /* A process paces on the GPU and wants turns until `until`: raise
  * paced_until_ns to it, unless it already reaches within `slack` of it (so
  * that the shared line is written once per slack, not at every batch).
- * Never lowers the stamp another process wrote. */
-void arbiter_mark_paced(struct vgpu_turn *a, uint64_t until, uint64_t slack);
+ * Never lowers the stamp another process wrote. Returns the stamp it
+ * wrote, 0 if it wrote none. */
+uint64_t arbiter_mark_paced(struct vgpu_turn *a, uint64_t until, uint64_t slack);
+
+/* A process stopped taking turns: take back its stamp `mine` (what
+ * arbiter_mark_paced last wrote for it), unless another process stamped
+ * since. Others that still pace stamp again at their next batch, for the
+ * stamp is then below theirs by more than any slack. */
+void arbiter_unmark_paced(struct vgpu_turn *a, uint64_t mine);
 
 /*
  * Does a process pace on the GPU now (a stamp in the future)? The unpaced

@@ -239,6 +239,8 @@ bool gt_before(struct gt_launch *l, CUstream h, bool ptsz, bool graph)
             needed = turnless_turn_needed(&d->turnless, d->pacer.bucket, balance, q.ppm, now);
             if (needed)
                 turn_pacing(s->dev, pacer_deficit_ns(balance, q.ppm));
+            else
+                turn_not_pacing(s->dev);
             pacer_admit(&d->pacer, &pacer_monotonic);
         }
         turn = needed && turn_enter(s->dev);

@@ -28,6 +28,7 @@ struct turn_dev {
     struct vgpu_turn *local;       /* NULL: no turns on this device */
     struct grant_dev grant;        /* vGPU mode; grant.control NULL standalone */
     _Atomic uint64_t *stamp;       /* where turn_wanted looks */
+    _Atomic uint64_t own_stamp;    /* what turn_pacing last wrote in local's stamp */
     bool stamp_ours;               /* a standalone arbiter's stamp: we clear it when stale */
     bool holding;
     bool queueing;                 /* one of our threads sleeps in arbiter/grant_acquire */
@@ -153,9 +154,23 @@ bool turn_available(int index)
 
 void turn_pacing(int index, uint64_t wait_ns)
 {
-    if (turn_available(index))
-        arbiter_mark_paced(turns[index].local, now_ns() + wait_ns + TURN_PACED_FRESH_NS,
-                           TURN_PACED_FRESH_NS / 2);
+    struct turn_dev *t = &turns[index];
+    if (!turn_available(index))
+        return;
+    uint64_t wrote = arbiter_mark_paced(t->local, now_ns() + wait_ns + TURN_PACED_FRESH_NS,
+                                        TURN_PACED_FRESH_NS / 2);
+    if (wrote != 0)
+        atomic_store_explicit(&t->own_stamp, wrote, memory_order_relaxed);
+}
+
+void turn_not_pacing(int index)
+{
+    struct turn_dev *t = &turns[index];
+    if (!turn_available(index))
+        return;
+    uint64_t mine = atomic_load_explicit(&t->own_stamp, memory_order_relaxed);
+    if (mine != 0 && atomic_load_explicit(&t->local->paced_until_ns, memory_order_relaxed) == mine)
+        arbiter_unmark_paced(t->local, mine);
 }
 
 bool turn_wanted(int index)
@@ -283,6 +298,7 @@ void turn_exit(void)
         if (t->holding)
             pass_on(t, now_ns());
         pthread_mutex_unlock(&t->lock);
+        turn_not_pacing(i); /* nor make them take turns for us any longer */
     }
 }
 
@@ -296,5 +312,6 @@ void turn_reset(void)
         turns[i].holding = turns[i].queueing = false;
         turns[i].batches = 0;
         turns[i].linger_until = 0;
+        turns[i].own_stamp = 0; /* the parent's */
     }
 }

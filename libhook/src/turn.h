@@ -65,8 +65,17 @@ bool turn_available(int index);
  * past that. */
 void turn_pacing(int index, uint64_t wait_ns);
 
+/* This paced process goes without the turn on device `index` (turnless.h):
+ * take back its stamp, unless another process stamped since, so that
+ * neither the GPU's unpaced processes nor this one (which samples its
+ * gates only while nobody else paces: gputime.h) go on acting for a pacer
+ * that is not there. Looks at one word when there is nothing to take
+ * back. */
+void turn_not_pacing(int index);
+
 /* Must an unpaced process take turns on device `index` (a paced process
- * there stamped recently: the broker's stamp in vGPU mode)? */
+ * there stamped recently: the broker's stamp in vGPU mode, which is that
+ * of the GPU's other vGPUs)? */
 bool turn_wanted(int index);
 
 /* Before opening a batch on device `index`: wait for the turn, and count the
@@ -89,7 +98,8 @@ void turn_leave(int index, bool linger);
 uint64_t turn_expire(uint64_t now);
 
 /* The process exits: pass on the turns it holds (its batches have been
- * flushed), so that the others do not wait out its lease. */
+ * flushed), so that the others do not wait out its lease, and take back
+ * its pacing stamps (turn_not_pacing). */
 void turn_exit(void);
 
 /* In a forked child: the parent's turns are not ours. */

@@ -142,8 +142,26 @@ static void test_the_pacing_stamp_only_moves_forward_and_rarely(void)
     arbiter_mark_paced(&arb, 10000 + slack + 1, slack);
     CHECK(atomic_load(&arb.paced_until_ns) == 10000 + slack + 1);
     /* A pacer that wants turns for less time never shortens another's. */
-    arbiter_mark_paced(&arb, 500, slack);
+    CHECK(arbiter_mark_paced(&arb, 500, slack) == 0);
     CHECK(atomic_load(&arb.paced_until_ns) == 10000 + slack + 1);
+}
+
+/* A process that stops pacing takes its own stamp back, never one another
+ * process wrote since; that one's next batch stamps again. */
+static void test_a_pacer_takes_back_only_its_own_stamp(void)
+{
+    reset();
+    const uint64_t slack = 100;
+    uint64_t mine = arbiter_mark_paced(&arb, 10000, slack);
+    CHECK(mine == 10000);
+    uint64_t theirs = arbiter_mark_paced(&arb, 20000, slack);
+    arbiter_unmark_paced(&arb, mine);
+    CHECK(atomic_load(&arb.paced_until_ns) == 20000);
+    arbiter_unmark_paced(&arb, theirs);
+    CHECK(atomic_load(&arb.paced_until_ns) == 0);
+    CHECK(arbiter_mark_paced(&arb, 19000, slack) == 19000);
+    arbiter_unmark_paced(&arb, 0); /* nothing of ours: nothing taken */
+    CHECK(atomic_load(&arb.paced_until_ns) == 19000);
 }
 
 static void test_unpaced_processes_take_turns_only_while_the_stamp_is_fresh(void)
@@ -185,6 +203,7 @@ int main(void)
     test_a_dead_holder_is_skipped_after_its_lease();
     test_a_dead_waiter_costs_one_handoff();
     test_the_pacing_stamp_only_moves_forward_and_rarely();
+    test_a_pacer_takes_back_only_its_own_stamp();
     test_unpaced_processes_take_turns_only_while_the_stamp_is_fresh();
     test_a_stamp_that_is_not_ours_is_never_written();
     return check_report("test_arbiter");

@@ -175,6 +175,43 @@ static void test_hostile_words_move_nothing_of_another_vgpu(void)
     teardown();
 }
 
+static uint64_t published_to(int i)
+{
+    return atomic_load(&vgpus[i]->control.devices[0].paced_until_ns);
+}
+
+static void stamp(int i, uint64_t until)
+{
+    atomic_store(&vgpus[i]->usage.devices[0].turn.paced_until_ns, until);
+    wake_all(&vgpus[i]->usage.devices[0].turn.request);
+}
+
+/* A vGPU is shown the other vGPUs' pacing, never its own: its processes
+ * sample their gates only while no other tenant paces on the GPU, and a
+ * stamp taken back (its pacer went turnless or exited) stops the others
+ * taking turns at once rather than when it lapses. */
+static void test_a_vgpu_sees_the_others_pacing_not_its_own(void)
+{
+    setup();
+    atomic_store(&vgpus[1]->control.devices[0].throttle.quota_ppm, 500000);
+    uint64_t now = pacer_monotonic.now(NULL);
+    stamp(0, now + 800000000ull);
+    AWAIT(published_to(1) != 0);
+    CHECK(published_to(1) == now + 800000000ull);
+    CHECK(published_to(0) == 0);
+
+    stamp(1, now + 400000000ull); /* older than vGPU 0's, and still shown to it */
+    AWAIT(published_to(0) != 0);
+    CHECK(published_to(0) == now + 400000000ull);
+    CHECK(published_to(1) == now + 800000000ull);
+
+    stamp(0, 0);
+    AWAIT(published_to(1) == 0);
+    CHECK(published_to(1) == 0);
+    CHECK(published_to(0) == now + 400000000ull);
+    teardown();
+}
+
 /* A vGPU whose asking process died (it asks and never takes the turn up)
  * costs the others one hand-off grace, not one per turn: once passed over,
  * its unchanged request is not heard for a while, so a vGPU that gives
@@ -215,6 +252,7 @@ int main(void)
     test_an_idle_holder_gives_way();
     test_a_holder_that_never_lets_go_loses_the_turn();
     test_hostile_words_move_nothing_of_another_vgpu();
+    test_a_vgpu_sees_the_others_pacing_not_its_own();
     test_a_dead_asker_is_not_heard_again_at_once();
     test_with_no_broker_nobody_waits();
     vgpu_broker_stop();

@@ -18,6 +18,8 @@
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -420,17 +422,37 @@ static void test_share_100_is_not_measured(void)
     cleanup();
 }
 
+/* The highest value a word held while a run went on. */
+struct stamp_watch {
+    pthread_t th;
+    _Atomic uint64_t *word;
+    _Atomic bool stop;
+    uint64_t highest;
+};
+
+static void *watch_stamp(void *arg)
+{
+    struct stamp_watch *w = arg;
+    while (!atomic_load(&w->stop)) {
+        uint64_t v = atomic_load(w->word);
+        if (v > w->highest)
+            w->highest = v;
+        struct timespec tick = {0, 1000000};
+        nanosleep(&tick, NULL);
+    }
+    return NULL;
+}
+
 /* A paced process says so on its GPU's arbiter (standalone: its user's own
- * file); a process at 100 % there is measured while the stamp is fresh (it
- * takes turns so that its work stays out of the paced one's event pairs)
- * but never held back, and goes back to its unmeasured fast path once the
- * stamp is stale. */
+ * file) and takes its stamp back as it exits; a process at 100 % there is
+ * measured while the stamp is fresh (it takes turns so that its work stays
+ * out of the paced one's event pairs) but never held back, and goes back to
+ * its unmeasured fast path once the stamp is stale. */
 static void test_unpaced_processes_are_measured_while_a_pacer_stamps(void)
 {
     fresh_machine("stamp");
     struct result r;
-    uint64_t start = now_ns();
-    bool started = run("40", 1, "kernel", 2000, 0.3, 1, &r) == 0;
+    bool started = run("40", 1, "kernel", 2000, 0.3, 1, &r) == 0; /* makes the arbiter */
     CHECKF(started, "the workers did not run");
     if (!started) {
         cleanup();
@@ -441,9 +463,16 @@ static void test_unpaced_processes_are_measured_while_a_pacer_stamps(void)
     CHECKF(a != NULL && u != NULL, "pacing stamp: no arbiter or usage block");
     if (a == NULL || u == NULL)
         goto out;
-    /* Written as it paced: at least half the freshness past its start. */
-    uint64_t stamp = atomic_load(&a->turn.paced_until_ns);
-    bool stamped = stamp >= start + TURN_PACED_FRESH_NS / 2;
+    /* Written as it paces (at least half the freshness past its start),
+     * gone once it exited. */
+    struct stamp_watch w = {.word = &a->turn.paced_until_ns};
+    uint64_t start = now_ns();
+    pthread_create(&w.th, NULL, watch_stamp, &w);
+    started = run("40", 1, "kernel", 2000, 0.3, 1, &r) == 0;
+    atomic_store(&w.stop, true);
+    pthread_join(w.th, NULL);
+    bool stamped = started && w.highest >= start + TURN_PACED_FRESH_NS / 2 &&
+                   atomic_load(&a->turn.paced_until_ns) == 0;
 
     /* As if a pacer were still at work: the unlimited process measures. */
     atomic_store(&a->turn.paced_until_ns, now_ns() + 60000000000ull);
@@ -466,7 +495,7 @@ static void test_unpaced_processes_are_measured_while_a_pacer_stamps(void)
               atomic_load(&a->turn.paced_until_ns) == 0;
     printf("pacing stamp %s; limit 100 next to a fresh stamp: work %.1f%%, hook measured %.1f%%; "
            "next to a stale one: work %.1f%%, measured %" PRIu64 " ns: %s\n",
-           stamped ? "written" : "MISSING", fresh_work, fresh_hook, stale_work, stale_measured,
+           stamped ? "written, taken back at exit" : "MISSING or LEFT", fresh_work, fresh_hook, stale_work, stale_measured,
            ok ? "ok" : "FAILED");
     CHECK(ok);
 out:
