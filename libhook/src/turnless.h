@@ -47,8 +47,11 @@
  * what it adds to a turn holder's spans when their work interleaves. */
 #define TURNLESS_MAX_USE_PPM 300000u
 /* The most GPU time, of its quota, a process whose gates are sampled may
- * use over the window. */
+ * use over the window (overridable at build time, CFLAGS=-D..., to
+ * compare). */
+#ifndef TURNLESS_SAMPLED_MAX_USE_PPM
 #define TURNLESS_SAMPLED_MAX_USE_PPM 750000u
+#endif
 
 /* Per device, in the process (zero-initialised: turns are taken until a
  * first whole window qualifies). */
