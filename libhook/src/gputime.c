@@ -100,9 +100,11 @@ static void atfork_child(void)
 static bool may_be_paced(void)
 {
     if (vgpu.mode == VGPU_MODE_VGPU) {
-        uint64_t now = now_ns(); /* a soft quota depends on the daemon's heartbeat */
+        /* No clock read unless a soft quota needs one (its heartbeat): on an
+         * H100 VM a hard vGPU at 100 % launched 3-7 % faster without
+         * (docs/benchmarks/launch-h100.md). */
         for (int i = 0; i < gt.checked_devs; i++) {
-            struct pacer_quota q = pacer_quota_now(&gt.devs[i].pacer, now);
+            struct pacer_quota q = pacer_quota_now(&gt.devs[i].pacer, 0);
             if (!pacer_quota_full(&q))
                 return true;
         }

@@ -94,10 +94,19 @@ static struct pacer_quota normalise(struct pacer_quota q, uint32_t fallback_ppm)
 }
 
 /* Has the daemon stopped beating? (0: it never has, on this block.) */
+/* `now`, or the clock's if the caller left it to us (0: pacer_quota_now). */
+static uint64_t known(uint64_t now)
+{
+    return now != 0 ? now : pacer_monotonic.now(NULL);
+}
+
 static bool heartbeat_stale(const struct pacer_dev *pd, uint64_t now)
 {
     uint64_t beat = atomic_load_explicit(pd->heartbeat, memory_order_acquire);
-    return beat == 0 || now < beat || now - beat > PACER_HEARTBEAT_FRESH_NS;
+    if (beat == 0)
+        return true;
+    now = known(now);
+    return now < beat || now - beat > PACER_HEARTBEAT_FRESH_NS;
 }
 
 static struct pacer_quota vgpu_quota(struct pacer_dev *pd, uint64_t now)
@@ -126,7 +135,10 @@ static struct pacer_quota standalone_quota(struct pacer_dev *pd, uint64_t now)
     /* The daemon may only ever lower what the environment allows (the block
      * is the container's to write), and only while it is alive. */
     uint64_t beat = atomic_load_explicit(&pd->steer->heartbeat_ns, memory_order_acquire);
-    if (beat == 0 || now < beat || now - beat > PACER_STEER_FRESH_NS)
+    if (beat == 0)
+        return q;
+    now = known(now);
+    if (now < beat || now - beat > PACER_STEER_FRESH_NS)
         return q;
     struct pacer_quota steer;
     if (pacer_read_throttle(&pd->steer->throttle[pd->index], &steer) != 0 || steer.ppm == 0)

@@ -90,8 +90,9 @@ void pacer_dev_init(struct pacer_dev *pd, int index, const struct vgpu_control *
  */
 int pacer_read_throttle(const struct vgpu_throttle *t, struct pacer_quota *out);
 
-/* The quota in force now (`now`: CLOCK_MONOTONIC ns); remembered in
- * pd->last_*. Fail static: a stopped daemon leaves the table as it was and
+/* The quota in force now (`now`: CLOCK_MONOTONIC ns, or 0 to have the
+ * clock read only where the quota depends on it: a soft vGPU's heartbeat,
+ * fresh steering); remembered in pd->last_*. Fail static: a stopped daemon leaves the table as it was and
  * we keep obeying it, for hard shares. A soft vGPU's quota may be above its
  * share (idle time the controller lent it) and nobody takes that back while
  * the daemon is gone: with a stale heartbeat a soft vGPU runs at its share,
