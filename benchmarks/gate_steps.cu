@@ -1,0 +1,111 @@
+// What does gating cost a launch-bound program that synchronises every
+// step (an eager decoder: a few dozen kernels, then a host wait)? Steps of
+// L kernels of K us each, launched with G us of CPU work between launches,
+// then cuStreamSynchronize; three ways:
+//   plain      the launches as they are;
+//   gated B    as the hook gates them: groups of B launches queued behind a
+//              stream wait on a host word and bracketed by two events, the
+//              word written once the group is queued (the last group at the
+//              step's sync);
+// and, run under the hook (LD_PRELOAD, CUDA_CORE_LIMIT), "plain" is what
+// the hook makes of it. Prints wall per step and the GPU's busy share.
+// On the GPU node:
+//   nvcc -O2 -arch=sm_90 -o gate_steps benchmarks/gate_steps.cu -lcuda
+//   ./gate_steps K_US L G_US STEPS [B...]
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+__global__ void spin(uint64_t ns)
+{
+    uint64_t t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    } while (t - t0 < ns);
+}
+
+static double now_us()
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
+}
+
+static void cpu_gap(double us)
+{
+    double t = now_us();
+    while (now_us() - t < us) {
+    }
+}
+
+#define CK(x)                                                                                      \
+    do {                                                                                           \
+        CUresult r_ = (x);                                                                         \
+        if (r_) {                                                                                  \
+            printf("%s failed %d\n", #x, r_);                                                      \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+int main(int argc, char **argv)
+{
+    if (argc < 5) {
+        fprintf(stderr, "usage: gate_steps K_US L G_US STEPS [B...]\n");
+        return 2;
+    }
+    double k_us = atof(argv[1]), gap = atof(argv[3]);
+    int L = atoi(argv[2]), steps = atoi(argv[4]);
+    cudaFree(0);
+    CUstream s;
+    CK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    volatile uint32_t *flag;
+    CK(cuMemHostAlloc((void **)&flag, 4096, CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE));
+    CUdeviceptr dflag;
+    CK(cuMemHostGetDevicePointer(&dflag, (void *)flag, 0));
+    *flag = 0;
+    uint32_t gate = 0;
+    CUevent ev[2];
+    CK(cuEventCreate(&ev[0], CU_EVENT_DEFAULT));
+    CK(cuEventCreate(&ev[1], CU_EVENT_DEFAULT));
+    uint64_t k_ns = (uint64_t)(k_us * 1000);
+    // warm up
+    for (int i = 0; i < 100; i++)
+        spin<<<1, 32, 0, (cudaStream_t)s>>>(k_ns);
+    CK(cuStreamSynchronize(s));
+    for (int m = 4; m < argc; m++) {
+        int B = m == 4 ? 0 : atoi(argv[m]); // 0: plain
+        double t0 = now_us();
+        for (int st = 0; st < steps; st++) {
+            int in_group = 0;
+            for (int i = 0; i < L; i++) {
+                if (B > 0 && in_group == 0) {
+                    CK(cuStreamWaitValue32(s, dflag, ++gate, CU_STREAM_WAIT_VALUE_GEQ));
+                    CK(cuEventRecord(ev[0], s));
+                }
+                spin<<<1, 32, 0, (cudaStream_t)s>>>(k_ns);
+                if (B > 0 && ++in_group == B) {
+                    CK(cuEventRecord(ev[1], s));
+                    *flag = gate;
+                    in_group = 0;
+                }
+                cpu_gap(gap);
+            }
+            if (B > 0 && in_group > 0) {
+                CK(cuEventRecord(ev[1], s));
+                *flag = gate;
+            }
+            CK(cuStreamSynchronize(s));
+        }
+        double wall = now_us() - t0;
+        char label[24] = "plain";
+        if (B > 0)
+            snprintf(label, sizeof(label), "gated %d", B);
+        printf("K %.0f us L %d G %.1f us: %-9s %8.1f us/step, GPU busy %5.1f %%\n", k_us, L, gap,
+               label, wall / steps, 100.0 * steps * L * k_us / wall);
+    }
+    return 0;
+}
