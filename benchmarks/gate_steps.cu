@@ -7,6 +7,8 @@
 //              stream wait on a host word and bracketed by two events, the
 //              word written once the group is queued (the last group at the
 //              step's sync);
+//   ramp B     the same, but each step's groups grow 1, 2, 4, ... up to B
+//              (a negative B on the command line);
 // and, run under the hook (LD_PRELOAD, CUDA_CORE_LIMIT), "plain" is what
 // the hook makes of it. Prints wall per step and the GPU's busy share.
 // On the GPU node:
@@ -77,24 +79,26 @@ int main(int argc, char **argv)
         spin<<<1, 32, 0, (cudaStream_t)s>>>(k_ns);
     CK(cuStreamSynchronize(s));
     for (int m = 4; m < argc; m++) {
-        int B = m == 4 ? 0 : atoi(argv[m]); // 0: plain
+        int B = m == 4 ? 0 : atoi(argv[m]); // 0: plain; < 0: ramp up to -B
+        int top = B < 0 ? -B : B;
         double t0 = now_us();
         for (int st = 0; st < steps; st++) {
-            int in_group = 0;
+            int in_group = 0, group = B < 0 ? 1 : B;
             for (int i = 0; i < L; i++) {
-                if (B > 0 && in_group == 0) {
+                if (B != 0 && in_group == 0) {
                     CK(cuStreamWaitValue32(s, dflag, ++gate, CU_STREAM_WAIT_VALUE_GEQ));
                     CK(cuEventRecord(ev[0], s));
                 }
                 spin<<<1, 32, 0, (cudaStream_t)s>>>(k_ns);
-                if (B > 0 && ++in_group == B) {
+                if (B != 0 && ++in_group == group) {
                     CK(cuEventRecord(ev[1], s));
                     *flag = gate;
                     in_group = 0;
+                    group = group * 2 > top ? top : group * 2;
                 }
                 cpu_gap(gap);
             }
-            if (B > 0 && in_group > 0) {
+            if (B != 0 && in_group > 0) {
                 CK(cuEventRecord(ev[1], s));
                 *flag = gate;
             }
@@ -102,8 +106,8 @@ int main(int argc, char **argv)
         }
         double wall = now_us() - t0;
         char label[24] = "plain";
-        if (B > 0)
-            snprintf(label, sizeof(label), "gated %d", B);
+        if (B != 0)
+            snprintf(label, sizeof(label), "%s %d", B < 0 ? "ramp" : "gated", top);
         printf("K %.0f us L %d G %.1f us: %-9s %8.1f us/step, GPU busy %5.1f %%\n", k_us, L, gap,
                label, wall / steps, 100.0 * steps * L * k_us / wall);
     }
