@@ -10,14 +10,13 @@
 #include <stdint.h>
 #include <time.h>
 
+#include "gpu_probe.h"
+
 __global__ void spin(uint64_t ns) {
     uint64_t t0, t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
     do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < ns);
 }
-static double now_us() { struct timespec ts; clock_gettime(CLOCK_MONOTONIC, &ts); return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3; }
-static void cpu_gap(double us) { double t = now_us(); while (now_us() - t < us) {} }
-#define CK(x) do { CUresult r_ = (x); if (r_) { printf("%s failed %d\n", #x, r_); return 1; } } while (0)
 
 int main() {
     cudaFree(0);

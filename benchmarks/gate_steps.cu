@@ -21,6 +21,8 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "gpu_probe.h"
+
 __global__ void spin(uint64_t ns)
 {
     uint64_t t0, t;
@@ -30,28 +32,6 @@ __global__ void spin(uint64_t ns)
     } while (t - t0 < ns);
 }
 
-static double now_us()
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
-}
-
-static void cpu_gap(double us)
-{
-    double t = now_us();
-    while (now_us() - t < us) {
-    }
-}
-
-#define CK(x)                                                                                      \
-    do {                                                                                           \
-        CUresult r_ = (x);                                                                         \
-        if (r_) {                                                                                  \
-            printf("%s failed %d\n", #x, r_);                                                      \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
 
 int main(int argc, char **argv)
 {

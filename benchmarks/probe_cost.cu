@@ -22,6 +22,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "gpu_probe.h"
+
 __device__ uint64_t gtimer()
 {
     uint64_t t;
@@ -43,26 +45,6 @@ __global__ void add(float *x, int n, unsigned long long *stamps, int slot)
         atomicMax(&stamps[2 * slot + 1], (unsigned long long)gtimer());
 }
 
-static double now_us()
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
-}
-static void cpu_gap(double us)
-{
-    double t = now_us();
-    while (now_us() - t < us) {
-    }
-}
-#define CK(x)                                                                                      \
-    do {                                                                                           \
-        CUresult r_ = (x);                                                                         \
-        if (r_) {                                                                                  \
-            printf("%s failed %d\n", #x, r_);                                                      \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
 
 static nvmlDevice_t nvdev;
 static unsigned long long nvml_seen;
