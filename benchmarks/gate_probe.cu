@@ -21,9 +21,8 @@ __global__ void spin(uint64_t ns) {
 int main() {
     cudaFree(0);
     CUstream s; CK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
-    volatile uint32_t *flag; CK(cuMemHostAlloc((void **)&flag, 4096, CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE));
-    CUdeviceptr dflag; CK(cuMemHostGetDevicePointer(&dflag, (void *)flag, 0));
-    *flag = 0;
+    struct gate_word g = gate_word_new();
+    volatile uint32_t *flag = g.host; CUdeviceptr dflag = g.dev;
     int attr = -1; CUdevice dev; cuCtxGetDevice(&dev);
     cuDeviceGetAttribute(&attr, CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR, dev);
     printf("host ptr %p dev ptr %llx wait_nor attr %d\n", flag, (unsigned long long)dflag, attr);

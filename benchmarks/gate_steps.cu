@@ -44,11 +44,9 @@ int main(int argc, char **argv)
     cudaFree(0);
     CUstream s;
     CK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
-    volatile uint32_t *flag;
-    CK(cuMemHostAlloc((void **)&flag, 4096, CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE));
-    CUdeviceptr dflag;
-    CK(cuMemHostGetDevicePointer(&dflag, (void *)flag, 0));
-    *flag = 0;
+    struct gate_word g = gate_word_new();
+    volatile uint32_t *flag = g.host;
+    CUdeviceptr dflag = g.dev;
     uint32_t gate = 0;
     CUevent ev[2];
     CK(cuEventCreate(&ev[0], CU_EVENT_DEFAULT));

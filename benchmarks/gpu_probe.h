@@ -6,6 +6,7 @@
 #define VGPU_BENCH_GPU_PROBE_H
 
 #include <cuda.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -32,5 +33,22 @@ static void cpu_gap(double us)
             exit(1);                                                                               \
         }                                                                                          \
     } while (0)
+
+/* A gate: a word of pinned host memory the GPU can wait on
+ * (cuStreamWaitValue32 on `dev`) and the CPU writes (`host`), 0 at first. */
+struct gate_word {
+    volatile uint32_t *host;
+    CUdeviceptr dev;
+};
+
+static struct gate_word gate_word_new()
+{
+    struct gate_word g;
+    CK(cuMemHostAlloc((void **)&g.host, 4096,
+                      CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE));
+    CK(cuMemHostGetDevicePointer(&g.dev, (void *)g.host, 0));
+    *g.host = 0;
+    return g;
+}
 
 #endif

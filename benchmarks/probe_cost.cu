@@ -80,11 +80,9 @@ int main(int argc, char **argv)
     nvmlDeviceGetHandleByIndex(0, &nvdev);
     CUstream s;
     CK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
-    volatile uint32_t *flag;
-    CK(cuMemHostAlloc((void **)&flag, 4096, CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE));
-    CUdeviceptr dflag;
-    CK(cuMemHostGetDevicePointer(&dflag, (void *)flag, 0));
-    *flag = 0;
+    struct gate_word g = gate_word_new();
+    volatile uint32_t *flag = g.host;
+    CUdeviceptr dflag = g.dev;
     uint32_t gate = 0;
     float *x;
     cudaMalloc(&x, sizeof(float) * (size_t)n);
