@@ -2,9 +2,10 @@
 
 Holds the registry, the GPU gateway and the node's snapshot (snapshot.py):
 the loops hand it their sources (a sample, a scan, a tick) and a change
-through the API changes the registry, and each folds a new snapshot at
-once; the read routes and /metrics render from the snapshot alone. Handlers
-get a Service and nothing global.
+through the API changes the registry, and each folds a new snapshot (a
+change, once its answer is written: ``changed``); the read routes and
+/metrics render from the snapshot alone. Handlers get a Service and
+nothing global.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from vgpud.policy import placement
 from vgpud.policy.placement import Rules
 from vgpud.surface import events as ev
 from vgpud.surface.events import EventLog
-from vgpud.surface.snapshot import NodeSnapshot, Sources, fold
+from vgpud.surface.snapshot import NodeSnapshot, Sources, fold, managed
 from vgpud.units import parse_memory
 from vgpud.vgpus.model import (
     BlockUser,
@@ -92,9 +93,12 @@ class Service:
         # The node's state as every read route and /metrics show it
         # (snapshot.py): folded again whenever one of its sources changes,
         # never per request; each route's answer is rendered once per snapshot.
-        self.snapshot = self._folded(None, reread=True)
+        self._snapshot = self._folded(None, reread=True)
+        # A change through the API whose fold waits for its answer to be
+        # sent (``changed``): folded then, or by the first read before that.
+        self._unfolded = False
         self._read_at = -WATCHED_FOR  # time.monotonic() of the last read
-        self._rendered_of = self.snapshot
+        self._rendered_of = self._snapshot
         self._rendered: dict[Hashable, bytes] = {}
         # Each process of /v1/processes serialised once while the tracker
         # hands back the same object for it.
@@ -105,6 +109,13 @@ class Service:
         self._before_delete = hook
 
     # --- the snapshot the answers are rendered from ------------------------------
+
+    @property
+    def snapshot(self) -> NodeSnapshot:
+        """The node's snapshot, every change through the API in it."""
+        if self._unfolded:
+            self._fold(reread=False)
+        return self._snapshot
 
     @property
     def sample(self) -> NvmlSample | None:
@@ -125,9 +136,20 @@ class Service:
         self.refresh()  # who runs where: shown from the scan that found it
 
     def changed(self) -> None:
-        """The registry changed (through the API): a new snapshot at once,
-        in which only the vGPUs whose definition changed are read again."""
-        self._fold(reread=False)
+        """The registry changed (through the API): a new snapshot, in which
+        only the vGPUs whose definition changed are read again, folded in
+        the loop's next round (``call_soon``), or by the first read before
+        that (``snapshot``). So the change's answer, written in this round,
+        does not wait for the fold (~0.3 ms at 100 vGPUs), and no request
+        read after it sees the node without the change. The changes of one
+        save (``Registry._commit``) share one fold."""
+        if not self._unfolded:
+            self._unfolded = True
+            asyncio.get_running_loop().call_soon(self._fold_changes)
+
+    def _fold_changes(self) -> None:
+        if self._unfolded:  # a read or a tick may have folded them already
+            self._fold(reread=False)
 
     def refresh(self) -> None:
         """A scan, or the reaper's repairs: a new snapshot at once, every
@@ -144,7 +166,7 @@ class Service:
         if quotas is not None:
             self._quotas = quotas
         now = time.monotonic()
-        if now - self.snapshot.at >= RENDER_MAX_AGE and now - self._read_at < WATCHED_FOR:
+        if now - self._snapshot.at >= RENDER_MAX_AGE and now - self._read_at < WATCHED_FOR:
             self.refresh()
 
     def shown(self) -> NodeSnapshot:
@@ -153,7 +175,9 @@ class Service:
         return self.snapshot
 
     def _fold(self, *, reread: bool) -> None:
-        self.snapshot = self._folded(self.snapshot, reread=reread)
+        """A new snapshot; any fold takes in the changes waiting for one."""
+        self._unfolded = False
+        self._snapshot = self._folded(self._snapshot, reread=reread)
 
     def _folded(self, previous: NodeSnapshot | None, *, reread: bool) -> NodeSnapshot:
         sources = Sources(
@@ -294,13 +318,13 @@ class Service:
         return answer
 
     def vgpu_body(self, entry: Entry) -> bytes:
-        """A daemon-owned vGPU's answer as the snapshot has it (a change
-        through the API folds a new one before it answers)."""
-        vgpu = self.snapshot.vgpus.get(entry.vgpu.id)
-        if vgpu is None or vgpu.vgpu is not entry.vgpu:
-            self.changed()
-            vgpu = self.snapshot.vgpus[entry.vgpu.id]
-        return vgpu.body
+        """A daemon-owned vGPU's answer to its change (create, update): as
+        the snapshot that takes the change in shows it, rendered without
+        waiting for that fold (``changed``)."""
+        shown = self._snapshot.vgpus.get(entry.vgpu.id)
+        if shown is not None and shown.vgpu is entry.vgpu:
+            return shown.body
+        return managed(entry, self._snapshot, self._quotas, self.driver_env).body
 
     def devices_json(self) -> list[dict[str, Any]]:
         return [g.to_json() for g in self.snapshot.gpus]

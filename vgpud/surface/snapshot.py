@@ -342,6 +342,19 @@ def fold(
     )
 
 
+def managed(
+    entry: Entry,
+    previous: NodeSnapshot,
+    quotas: Mapping[tuple[str, str], int],
+    driver_env: Mapping[str, str],
+) -> ManagedVgpu:
+    """One daemon-owned vGPU whose definition changed, as the fold of a
+    change through the API (``fold`` without ``reread``) after
+    ``previous`` shows it: the change's answer, before that fold."""
+    utilization = _Utilization(previous.sample, previous.track, previous)
+    return _managed(entry, Definition.of(entry, driver_env), None, quotas, utilization)
+
+
 def _same_objects(now: Mapping[str, object], before: Mapping[str, object]) -> bool:
     return len(now) == len(before) and all(
         a is b for a, b in zip(now.values(), before.values(), strict=True)

@@ -145,18 +145,24 @@ class GpuLoad:
 
 
 def loads(vgpus: Iterable[Vgpu], skip: str | None = None) -> dict[str, GpuLoad]:
-    """What the placed vGPUs (except ``skip``) hold on each GPU."""
-    out: dict[str, GpuLoad] = {}
+    """What the placed vGPUs (except ``skip``) hold on each GPU. Summed in
+    plain lists, one GpuLoad per GPU at the end: admission runs this over
+    every vGPU at each create, on the API's path (a frozen GpuLoad made per
+    vGPU cost ~0.1 ms at 100 vGPUs)."""
+    sums: dict[str, list[int]] = {}  # uuid -> [vGPUs, hard share, memory, exclusive]
     for v in vgpus:
         if v.id == skip:
             continue
         hard = v.limits.share if v.limits.mode == "hard" else 0
         for s in v.slices:
-            cur = out.get(s.gpu_uuid, GpuLoad())
-            out[s.gpu_uuid] = GpuLoad(
-                cur.vgpus + 1,
-                cur.hard_share + hard,
-                cur.memory + s.memory,
-                cur.exclusive or v.exclusive,
-            )
-    return out
+            acc = sums.get(s.gpu_uuid)
+            if acc is None:
+                acc = sums[s.gpu_uuid] = [0, 0, 0, 0]
+            acc[0] += 1
+            acc[1] += hard
+            acc[2] += s.memory
+            acc[3] |= v.exclusive
+    return {
+        uuid: GpuLoad(count, hard, memory, bool(exclusive))
+        for uuid, (count, hard, memory, exclusive) in sums.items()
+    }
