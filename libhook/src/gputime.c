@@ -269,7 +269,7 @@ void gt_after(struct gt_launch *l, CUresult rc)
     struct gt_batch *b = s->open;
     if (rc == CUDA_SUCCESS)
         b->launches++;
-    gt_count_launch(s);
+    s->last_launch_ns = now_ns();
     if (l->graph || b->launches >= b->target)
         gt_close_open(s);
     pthread_mutex_unlock(&s->lock);

@@ -214,7 +214,7 @@ struct gt_batch *gt_open_batch(struct gt_stream *s, struct gt_dev *d, bool graph
          * the monitor may take the new batch for one the application
          * stopped feeding. Before the gate shuts: the watcher looks at
          * every shut gate. */
-        gt_count_launch(s);
+        s->last_launch_ns = now_ns();
         if (gate)
             gt_gate_shut(s, b);
         if (vgpu_real_cuda.cuEventRecord(b->start, s->record_on) != CUDA_SUCCESS) {

@@ -173,16 +173,6 @@ uint32_t gt_gate_target(const struct gt_stream *s)
  * opened a little early. Returns the next time a shut gate may go quiet; 0
  * if none is shut.
  */
-static struct gt_quiet_watch watcher_view[GT_STREAMS]; /* gate watcher thread only */
-
-static bool any_gate_shut(const struct gt_stream *s)
-{
-    for (unsigned r = 0; r < GT_RING; r++)
-        if (atomic_load_explicit(&s->ring[r].gate_shut, memory_order_acquire))
-            return true;
-    return false;
-}
-
 static uint64_t watch_gates(uint64_t now)
 {
     uint64_t next = 0;
@@ -192,24 +182,21 @@ static uint64_t watch_gates(uint64_t now)
         struct gt_stream *s = &gt.streams[i];
         /* Every record of the stream, not only its open batch: one being
          * closed is no longer open, and its closer may wait in its end
-         * event's record for the very lock that keeps its gate shut. The
-         * count is read after a gate is seen shut: its opener counted
-         * before shutting it, so a new batch never looks quiet at once. */
-        if (!any_gate_shut(s))
-            continue;
-        struct gt_quiet_watch *w = &watcher_view[i];
-        if (!gt_quiet_for(s, w, now, GT_GATE_QUIET_NS)) {
-            if (next == 0 || w->since + GT_GATE_QUIET_NS < next)
-                next = w->since + GT_GATE_QUIET_NS;
-            continue;
-        }
-        atomic_store_explicit(&s->gates_opened_at, w->seen, memory_order_relaxed);
+         * event's record for the very lock that keeps its gate shut. */
         for (unsigned r = 0; r < GT_RING; r++) {
             struct gt_batch *b = &s->ring[r];
-            if (atomic_load_explicit(&b->gate_shut, memory_order_acquire)) {
-                gt_gate_open(s, b);
-                opened = true;
+            if (!atomic_load_explicit(&b->gate_shut, memory_order_acquire))
+                continue;
+            /* Read after the gate is seen shut: its opener wrote the time
+             * before shutting it. */
+            uint64_t quiet_at = s->last_launch_ns + GT_GATE_QUIET_NS;
+            if (now < quiet_at) {
+                if (next == 0 || quiet_at < next)
+                    next = quiet_at;
+                break; /* the stream's other gates go quiet at the same time */
             }
+            gt_gate_open(s, b);
+            opened = true;
         }
     }
     if (opened) {

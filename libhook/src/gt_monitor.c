@@ -163,37 +163,17 @@ void gt_close_picked(bool (*pick)(const struct gt_stream *s, const void *arg),
     }
 }
 
-/* See gt_state.h. */
-bool gt_quiet_for(const struct gt_stream *s, struct gt_quiet_watch *w, uint64_t now,
-                  uint64_t after)
-{
-    uint64_t count = atomic_load_explicit(&s->launched, memory_order_acquire);
-    if (w->since == 0 || count != w->seen) {
-        w->seen = count;
-        w->since = now;
-        return false;
-    }
-    return now - w->since >= after;
-}
-
-/* The monitor's view of each stream's launches (monitor thread only). */
-static struct gt_quiet_watch monitor_view[GT_STREAMS];
-
 /* The application stopped launching on the stream without a sync point we
  * see: for GT_QUIET_NS, or for GT_GATE_QUIET_NS once the gate watcher has
- * opened the batch's gate (its kernels run: its end event should follow),
- * at once if nothing was launched since the watcher found it quiet. */
+ * opened the batch's gate (its kernels run: its end event should follow). */
 static bool quiet(const struct gt_stream *s, const void *now)
 {
     const struct gt_batch *b = s->open;
-    uint64_t after = GT_QUIET_NS;
-    if (b != NULL && b->gated && !atomic_load_explicit(&b->gate_shut, memory_order_acquire)) {
-        if (atomic_load_explicit(&s->launched, memory_order_acquire) ==
-            atomic_load_explicit(&s->gates_opened_at, memory_order_relaxed))
-            return true;
-        after = GT_GATE_QUIET_NS;
-    }
-    return gt_quiet_for(s, &monitor_view[s - gt.streams], *(const uint64_t *)now, after);
+    uint64_t after = b != NULL && b->gated && !atomic_load_explicit(&b->gate_shut,
+                                                                   memory_order_acquire)
+                         ? GT_GATE_QUIET_NS
+                         : GT_QUIET_NS;
+    return *(const uint64_t *)now - s->last_launch_ns >= after;
 }
 
 static void *monitor_main(void *arg)

@@ -77,8 +77,7 @@ struct gt_stream {
     CUcontext ctx;
     int dev;
     struct gt_batch *open;
-    _Atomic uint64_t launched; /* launches and batch openings so far (gt_quiet_for) */
-    _Atomic uint64_t gates_opened_at; /* `launched` when the gate watcher last opened its gates */
+    uint64_t last_launch_ns;
     uint64_t closed;        /* batches closed so far */
     uint32_t last_size;     /* launches in its previous batch */
     _Atomic int64_t graph_cost_ns; /* its last measured graph launch */
@@ -171,32 +170,6 @@ bool gt_gate_skip(struct gt_stream *s, bool turn);
 void gt_gate_shut(struct gt_stream *s, struct gt_batch *b);
 void gt_gate_open(struct gt_stream *s, struct gt_batch *b);
 uint32_t gt_gate_target(const struct gt_stream *s);
-
-/* ---- quiet streams (gt_monitor.c) ----
- *
- * Has the application stopped launching on a stream? A launch reads no
- * clock for that (on an H100 VM a clock read after a driver call cost
- * ~0.2 us, 5 % of a launch): it counts itself in `launched`, and each
- * watcher (the monitor, the gate watcher) keeps its own view of the count,
- * stamped with its own clock when it saw the count move. A stream is quiet
- * once the count stood still for `after` ns since the watcher saw it move:
- * between `after` and `after` plus one of the watcher's periods past the
- * last launch. */
-struct gt_quiet_watch {
-    uint64_t seen;  /* the count when last seen moving */
-    uint64_t since; /* when (the watcher's clock); 0: never looked */
-};
-
-static inline void gt_count_launch(struct gt_stream *s)
-{
-    /* Stream lock held: one writer. */
-    atomic_store_explicit(&s->launched,
-                          atomic_load_explicit(&s->launched, memory_order_relaxed) + 1,
-                          memory_order_release);
-}
-
-bool gt_quiet_for(const struct gt_stream *s, struct gt_quiet_watch *w, uint64_t now,
-                  uint64_t after);
 
 /* ---- gt_monitor.c ---- */
 
