@@ -93,13 +93,13 @@ static struct pacer_quota normalise(struct pacer_quota q, uint32_t fallback_ppm)
     return q;
 }
 
-/* Has the daemon stopped beating? (0: it never has, on this block.) */
 /* `now`, or the clock's if the caller left it to us (0: pacer_quota_now). */
 static uint64_t known(uint64_t now)
 {
     return now != 0 ? now : pacer_monotonic.now(NULL);
 }
 
+/* Has the daemon stopped beating? (0: it never has, on this block.) */
 static bool heartbeat_stale(const struct pacer_dev *pd, uint64_t now)
 {
     uint64_t beat = atomic_load_explicit(pd->heartbeat, memory_order_acquire);

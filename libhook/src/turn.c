@@ -169,6 +169,8 @@ void turn_not_pacing(int index)
     if (!turn_available(index))
         return;
     uint64_t mine = atomic_load_explicit(&t->own_stamp, memory_order_relaxed);
+    /* A load first: this runs at every turnless batch, and a CAS that
+     * fails still takes the shared line from the GPU's other processes. */
     if (mine != 0 && atomic_load_explicit(&t->local->paced_until_ns, memory_order_relaxed) == mine)
         arbiter_unmark_paced(t->local, mine);
 }
