@@ -57,6 +57,7 @@ class Config:
     event_buffer: int = 10000
     proc_root: str = "/proc"
     cgroup_root: str = "/sys/fs/cgroup"
+    calibrate_alone: bool = True
     backstop: str = "report"
     backstop_tolerance: str = "64m"
 

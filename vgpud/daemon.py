@@ -53,6 +53,7 @@ from vgpud.loops.control import Steering
 from vgpud.loops.scan import Watch
 from vgpud.observe import nvml
 from vgpud.observe.tracker import Tracker
+from vgpud.policy import controller
 from vgpud.surface import events as ev
 from vgpud.surface.api.app import make_app, make_metrics_app
 from vgpud.surface.events import EventLog
@@ -182,7 +183,7 @@ class Daemon:
             Metrics(service),
             tracker,
             Watch(service, self.events, tracker),
-            Steering(atomics),
+            Steering(atomics, _tuning(c)),
         )
         self.node = node
         await self._serve(service, node.metrics)
@@ -386,6 +387,7 @@ class Daemon:
         self.config = effective
         if self.node is not None:
             self.node.service.config = effective
+            self.node.steering.tuning = _tuning(effective)
         logsetup.set_level(effective.log_level)
         for key, (old, value) in now.items():
             log.info("config changed", key=key, old=old, new=value)
@@ -459,6 +461,11 @@ def _lock_state_dir(state_dir: Path) -> int:
         os.close(fd)
         raise StartError(f"another vgpud uses {state_dir}") from None
     return fd
+
+
+def _tuning(c: Config) -> controller.Tuning:
+    """The controller's constants, with what the config decides of them."""
+    return replace(controller.DEFAULT_TUNING, calibrate_alone=c.calibrate_alone)
 
 
 def _warn_absent_gpus(registry: Registry, present: Sequence[Any]) -> None:

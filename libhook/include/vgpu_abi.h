@@ -58,6 +58,10 @@
 
 /* vgpu_control_device.flags */
 #define VGPU_DEV_SOFT 0x1u /* soft share: may use idle time, yields on demand */
+/* The daemon calibrates this device's quota by NVML's device figure (the
+ * vGPU is alone on the GPU, its launches small: docs/compute.md), so the
+ * hook may charge estimates where it would otherwise gate every batch. */
+#define VGPU_DEV_CALIBRATED 0x2u
 
 struct vgpu_block_header {
     uint64_t magic;

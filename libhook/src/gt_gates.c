@@ -76,7 +76,10 @@ static uint64_t mix(uint64_t x)
 
 /* May a batch that wants a gate go without (gputime.h, GT_GATE_SAMPLE)?
  * Only once the stream's gated cost is known, while its share leaves room
- * for that cost's error (turnless.h), and while the GPU has no other paced
+ * for that cost's error (turnless.h) or the daemon corrects that error
+ * (pacer_calibrated: NVML's device figure is this vGPU's alone, and the
+ * daemon moves the quota until it lands on the share, whatever the
+ * estimate's bias), and while the GPU has no other paced
  * tenant: nobody waits for the turn the batch holds (`turn`), for an
  * ungated launch-bound batch keeps the GPU idle between its launches and
  * a holder's idle time is lost to those who wait; and, with no turn held,
@@ -87,8 +90,9 @@ static uint64_t mix(uint64_t x)
  * held. */
 bool gt_gate_skip(struct gt_stream *s, bool turn)
 {
+    const struct gt_dev *d = &gt.devs[s->dev];
     if (atomic_load_explicit(&s->gated_cost_ns, memory_order_relaxed) == 0 ||
-        !turnless_gates_sampled(&gt.devs[s->dev].turnless) ||
+        !(turnless_gates_sampled(&d->turnless) || pacer_calibrated(&d->pacer, 0)) ||
         (turn ? turn_contended(s->dev) : turn_wanted(s->dev)))
         return false;
     uint64_t draw = mix(++s->draws + (uint64_t)(uintptr_t)s);

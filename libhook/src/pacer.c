@@ -157,6 +157,14 @@ struct pacer_quota pacer_quota_now(struct pacer_dev *pd, uint64_t now)
     return q;
 }
 
+bool pacer_calibrated(const struct pacer_dev *pd, uint64_t now)
+{
+    return pd->control != NULL &&
+           (atomic_load_explicit(&pd->control->flags, memory_order_relaxed) &
+            VGPU_DEV_CALIBRATED) != 0 &&
+           !heartbeat_stale(pd, now);
+}
+
 int64_t pacer_refill(struct vgpu_usage_device *b, const struct pacer_quota *q, uint64_t now)
 {
     uint64_t stamp = atomic_load_explicit(&b->pacer_stamp_ns, memory_order_acquire);

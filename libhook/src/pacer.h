@@ -99,6 +99,11 @@ int pacer_read_throttle(const struct vgpu_throttle *t, struct pacer_quota *out);
  * the part of the GPU that is guaranteed to it. */
 struct pacer_quota pacer_quota_now(struct pacer_dev *pd, uint64_t now);
 
+/* Does the daemon calibrate this device's quota by NVML (VGPU_DEV_CALIBRATED,
+ * vGPU mode only) and still beat? A flag left by a daemon that stopped
+ * corrects nothing any more. `now` as for pacer_quota_now. */
+bool pacer_calibrated(const struct pacer_dev *pd, uint64_t now);
+
 static inline bool pacer_quota_full(const struct pacer_quota *q)
 {
     return q->ppm >= VGPU_PPM_FULL;

@@ -213,6 +213,31 @@ static void test_soft_quota_falls_back_to_its_share_when_the_daemon_is_gone(void
     free(u);
 }
 
+/* A calibrated quota (the daemon corrects it by NVML) counts while the
+ * daemon beats; a flag a stopped daemon left corrects nothing any more,
+ * and a standalone process is never calibrated. */
+static void test_calibrated_only_while_the_daemon_beats(void)
+{
+    struct vgpu_control *c = new_control(PPM(30), 0);
+    struct vgpu_usage *u = new_usage(PPM(30));
+    struct pacer_dev pd, alone;
+    pacer_dev_init(&pd, 0, c, u, NULL);
+    pacer_dev_init(&alone, 0, NULL, u, NULL);
+    uint64_t now = 100000 * MS;
+    atomic_store(&c->heartbeat_ns, now);
+    CHECK(!pacer_calibrated(&pd, now));
+    atomic_store(&c->devices[0].flags, VGPU_DEV_SOFT | VGPU_DEV_CALIBRATED);
+    CHECK(pacer_calibrated(&pd, now));
+    CHECK(pacer_calibrated(&pd, now + PACER_HEARTBEAT_FRESH_NS));
+    CHECK(!pacer_calibrated(&pd, now + PACER_HEARTBEAT_FRESH_NS + 1));
+    CHECK(!pacer_calibrated(&pd, now - 1)); /* a beat ahead of our clock */
+    atomic_store(&c->devices[0].flags, VGPU_DEV_SOFT);
+    CHECK(!pacer_calibrated(&pd, now));
+    CHECK(!pacer_calibrated(&alone, now));
+    free(c);
+    free(u);
+}
+
 static void test_vgpu_no_share_no_quota_is_unlimited(void)
 {
     struct vgpu_control *c = new_control(0, 0);
@@ -390,6 +415,7 @@ int main(void)
     test_vgpu_quota_from_the_table();
     test_vgpu_no_share_no_quota_is_unlimited();
     test_soft_quota_falls_back_to_its_share_when_the_daemon_is_gone();
+    test_calibrated_only_while_the_daemon_beats();
     test_standalone_steer_can_only_lower();
     test_live_change_wakes_a_sleeping_thread();
     test_real_wait_is_woken_by_a_write();

@@ -157,7 +157,11 @@ def test_default_does_not_learn_from_nvml() -> None:
         quotas, state = compute_quotas(snap, allocs, state)
     assert quotas == {("a", GPU): ppm(30), ("b", GPU): ppm(70)}
     # The same figures do teach a learning controller (so this can fail).
-    learnt, _ = tick(allocs, slices, device_util=90.0, state=state, now_ns=20 * TICK_NS)
+    learning = ControllerState()
+    for i in range(20):
+        learnt, learning = tick(
+            allocs, slices, device_util=90.0, state=learning, now_ns=i * TICK_NS
+        )
     assert learnt != quotas
 
 
@@ -186,8 +190,14 @@ class FakeVgpu:
     soft: bool = False
     weight: int = 1
     bias: float = 1.0
+    # GPU time per launch in the hook's measure; alone: its processes are
+    # the only ones NVML lists on the GPU (the caller then passes the
+    # device's figure as its own).
+    launch_ns: int = 10_000
+    alone: bool = False
     gpu_time_ns: int = 0
     throttled_ns: int = 0
+    launches: int = 0
     history: list[float] = field(default_factory=list)  # true use per tick
 
 
@@ -213,10 +223,13 @@ def run_plant(
     seconds: float,
     events: dict[int, dict[str, float]] | None = None,
     share_changes: dict[int, dict[str, float]] | None = None,
+    tuning: Tuning = LEARNING,
+    alone_changes: dict[int, dict[str, bool]] | None = None,
 ) -> dict[str, list[int]]:
     """Ticks of 100 ms. A quota written at one tick paces the next; NVML
-    reports every second tick the average of the two ticks before. `events`
-    and `share_changes` set demands and shares at given ticks."""
+    reports every second tick the average of the two ticks before. `events`,
+    `share_changes` and `alone_changes` set demands, shares and whether a
+    vGPU is alone at given ticks."""
     state = ControllerState()
     quota = {v.name: v.share for v in vgpus}
     quotas_seen: dict[str, list[int]] = {v.name: [] for v in vgpus}
@@ -225,6 +238,8 @@ def run_plant(
             next(v for v in vgpus if v.name == name).demand = demand
         for name, share in (share_changes or {}).get(step, {}).items():
             next(v for v in vgpus if v.name == name).share = share
+        for name, alone in (alone_changes or {}).get(step, {}).items():
+            next(v for v in vgpus if v.name == name).alone = alone
         allocs = [
             Allocation(v.name, GPU, ppm(v.share * 100), soft=v.soft, weight=v.weight) for v in vgpus
         ]
@@ -236,7 +251,9 @@ def run_plant(
         got = _fair(paced)
         for v in vgpus:
             v.history.append(got[v.name])
-            v.gpu_time_ns += round(got[v.name] / v.bias * TICK_NS)
+            measured = round(got[v.name] / v.bias * TICK_NS)
+            v.gpu_time_ns += measured
+            v.launches += measured // v.launch_ns
             if quota[v.name] < 1.0 and v.demand > quota[v.name] * v.bias + 1e-9:
                 v.throttled_ns += TICK_NS // 2
         nvml_tick = step % 2 == 1
@@ -246,12 +263,14 @@ def run_plant(
                 util=100 * sum(v.history[-3:-1]) / 2 if nvml_tick and step > 1 else None,
                 gpu_time_ns=v.gpu_time_ns,
                 throttled_ns=v.throttled_ns,
+                launches=v.launches,
+                alone=v.alone,
             )
             for v in vgpus
         }
         device = 100 * sum(got.values()) if nvml_tick else None
         snap = Snapshot(now_ns=(step + 1) * TICK_NS, gpus={GPU: GpuSample(device, slices)})
-        out, state = compute_quotas(snap, allocs, state, LEARNING)
+        out, state = compute_quotas(snap, allocs, state, tuning)
         for v in vgpus:
             quotas_seen[v.name].append(out[(v.name, GPU)])
             quota[v.name] = out[(v.name, GPU)] / PPM_FULL
@@ -453,3 +472,62 @@ def test_soft_yields_on_a_time_sliced_gpu() -> None:
     assert max(soft.history[40:]) <= 0.3 + 0.07
     assert window_mean(soft.history, 5.0, 10.0) == pytest.approx(0.3, abs=0.03)
     assert window_mean(hard.history, 5.0, 10.0) == pytest.approx(0.7, abs=0.03)
+
+
+# --- calibrated by NVML while alone (the default) ------------------------------
+
+DEFAULT = Tuning()
+
+
+@pytest.mark.parametrize("share", [0.3, 0.6, 0.9])
+@pytest.mark.parametrize("bias", [0.9, 1.15])
+def test_alone_with_small_launches_lands_on_its_share(share: float, bias: float) -> None:
+    """By default a vGPU alone on its GPU whose launches are small is
+    calibrated by NVML's device figure: whatever the hook's measure misses
+    (the front end's time per launch) or over-counts (gated spans), NVML
+    lands on the share. Without it the use would be share x bias."""
+    v = FakeVgpu("a", share, demand=1.0, bias=bias, alone=True)
+    run_plant([v], seconds=6, tuning=DEFAULT)
+    want = min(share, 0.99 * bias)  # a quota below the whole device caps it
+    for start in (2.0, 3.0, 4.0, 5.0):
+        assert window_mean(v.history, start, start + 1.0) == pytest.approx(want, abs=0.02)
+
+
+@pytest.mark.parametrize(
+    ("alone", "launch_ns"),
+    [(False, 10_000), (True, 2_000_000)],
+    ids=["beside-others", "large-kernels"],
+)
+def test_not_calibrated_beside_others_or_with_large_kernels(alone: bool, launch_ns: int) -> None:
+    """Beside another process NVML's device figure is not the vGPU's; for
+    kernels of milliseconds it aliases with NVML's sample grid while the
+    hook's spans are exact: the quota stays the share, the use share x bias."""
+    v = FakeVgpu("a", 0.3, demand=1.0, bias=1.15, alone=alone, launch_ns=launch_ns)
+    quotas = run_plant([v], seconds=4, tuning=DEFAULT)
+    assert set(quotas["a"]) == {ppm(30)}
+    assert window_mean(v.history, 2.0, 4.0) == pytest.approx(0.3 * 1.15, abs=0.005)
+
+
+def test_a_correction_learnt_alone_waits_for_the_next_time_alone() -> None:
+    """Another process comes (the quota is the share again at once), then
+    goes: the correction learnt before applies again from the first tick,
+    without learning it anew."""
+    v = FakeVgpu("a", 0.3, demand=1.0, bias=1.2, alone=True)
+    quotas = run_plant(
+        [v], seconds=8, tuning=DEFAULT, alone_changes={40: {"a": False}, 50: {"a": True}}
+    )
+    learnt = quotas["a"][39]
+    assert learnt == pytest.approx(ppm(30 / 1.2), abs=ppm(0.5))
+    assert set(quotas["a"][40:50]) == {ppm(30)}
+    assert quotas["a"][50] == learnt
+    assert window_mean(v.history, 5.0, 8.0) == pytest.approx(0.3, abs=0.02)
+
+
+def test_calibration_learns_upward_only_while_held_back() -> None:
+    """Alone and using less than its share by choice, a vGPU banks no
+    credit: a later burst does not pass the share."""
+    v = FakeVgpu("a", 0.3, demand=0.05, alone=True, bias=0.9)
+    quotas = run_plant([v], seconds=8, tuning=DEFAULT, events={60: {"a": 1.0}})
+    assert quotas["a"][59] == ppm(30)
+    for start in (6.5, 7.0):
+        assert window_mean(v.history, start, start + 1.0) <= 0.3 + 0.02

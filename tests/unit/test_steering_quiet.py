@@ -1,8 +1,9 @@
 """The control tick skips what did not change and changes nothing by it:
 tick for tick, steering gives the quotas (written into the control
-blocks) and the controller state that computing every tick in full gives;
-a vGPU whose counters move is steered at the very next tick; and every
-block gets its heartbeat at every tick, quiet or not."""
+blocks, and where they are calibrated by NVML) and the controller state
+that computing every tick in full gives; a vGPU whose counters move is
+steered at the very next tick; and every block gets its heartbeat at every
+tick, quiet or not."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from vgpud.observe.tracker import TrackSnapshot, VgpuUse
 from vgpud.policy import controller as ctl
 from vgpud.policy.placement import Rules
 from vgpud.units import PPM_FULL, parse_memory, percent_to_ppm
+from vgpud.vgpus.abi import DEV_CALIBRATED, DEV_SOFT
 from vgpud.vgpus.atomics import Atomics
 from vgpud.vgpus.model import CreateRequest, Limits, UpdateRequest
 from vgpud.vgpus.registry import Entry, Registry
@@ -31,7 +33,8 @@ GPUS = gpus(2)
 # (share, mode, weight, GPU): a hard and two soft vGPUs sharing a GPU, one
 # soft alone on the other.
 VGPUS = [(30, "hard", 1, 0), (20, "soft", 1, 0), (10, "soft", 3, 0), (50, "soft", 1, 1)]
-CHANGES = ["launch", "held", "scan", "figures", "device", "sample", "update", "stall"]
+CHANGES = ["launch", "held", "scan", "figures", "device", "sample", "listed", "update", "stall"]
+STRANGER = 99_999  # a process of no vGPU
 
 
 @contextmanager
@@ -78,15 +81,21 @@ def reference(
                     v.limits.weight,
                 )
             )
+            listed = set(sample.gpus[s.gpu_uuid].processes) if sample is not None else set()
+            alone = use is not None and bool(listed) and listed <= set(use.pids)
             util = None
             if fresh and sample is not None and use is not None:
-                figures = sample.gpus[s.gpu_uuid].process_util
-                seen = [figures[pid] for pid in use.pids if pid in figures]
-                util = sum(seen) if seen else None
+                gpu = sample.gpus[s.gpu_uuid]
+                if alone:  # its processes are all NVML lists: the device figure is theirs
+                    util = None if gpu.utilization_gpu is None else float(gpu.utilization_gpu)
+                else:
+                    figures = gpu.process_util
+                    seen = [figures[pid] for pid in use.pids if pid in figures]
+                    util = sum(seen) if seen else None
             d = e.usage.devices()[i]
             active = use is not None and use.live_slots > 0
             slices.setdefault(s.gpu_uuid, {})[v.id] = ctl.SliceSample(
-                active, util, d.gpu_time_ns, d.throttled_ns
+                active, util, d.gpu_time_ns, d.throttled_ns, d.launches, alone
             )
     device: dict[str, float | None] = {}
     if sample is not None:
@@ -99,10 +108,18 @@ def reference(
     return ctl.compute_quotas(snapshot, allocations, state)
 
 
-def nvml(device_util: int | None, figures: dict[int, float]) -> NvmlSample:
+def nvml(
+    device_util: int | None, figures: dict[int, float], listed: tuple[int, ...] = ()
+) -> NvmlSample:
+    """A sample with the same figures for every GPU, ``listed`` the
+    processes NVML lists on each."""
+    processes = dict.fromkeys(listed)
     return NvmlSample(
         0.0,
-        {g.uuid: GpuSample(g.uuid, g.index, device_util, 0, 1 << 30, {}, figures) for g in GPUS},
+        {
+            g.uuid: GpuSample(g.uuid, g.index, device_util, 0, 1 << 30, processes, figures)
+            for g in GPUS
+        },
     )
 
 
@@ -151,6 +168,7 @@ def test_quiet_ticks_give_what_computing_every_tick_gives(
         track: TrackSnapshot | None = None
         sample: NvmlSample | None = None
         live: dict[str, int] = {}
+        listed: tuple[int, ...] = ()
         now = 0
         for changes in ticks:
             now += TICK_NS
@@ -159,16 +177,20 @@ def test_quiet_ticks_give_what_computing_every_tick_gives(
                 e = entries[which]
                 if what == "launch":
                     e.usage._c.devices[0].gpu_time_ns += value * TICK_NS // 100
+                    # Small launches (calibrated when alone) or large ones.
+                    e.usage._c.devices[0].launches += value * (100 if value % 2 else 1)
                 elif what == "held":
                     e.usage._c.devices[0].throttled_ns += value * TICK_NS // 100
                 elif what == "scan":
                     live[e.vgpu.id] = value % 3
                     track = scan(entries, live)
-                elif what in ("figures", "device", "sample"):
+                elif what in ("figures", "device", "sample", "listed"):
                     pid = 1000 + 10 * which
                     util = sample.gpus[GPUS[0].uuid].utilization_gpu if sample else None
                     figures = {pid: float(value)} if what == "figures" else {}
-                    sample = nvml(value if what == "device" else util, figures)
+                    if what == "listed":  # nobody, the vGPU's first process, or it and a stranger
+                        listed = ((), (pid,), (pid, STRANGER))[value % 3]
+                    sample = nvml(value if what == "device" else util, figures, listed)
                     fresh = True
                 elif what == "update":
                     update(reg, e.vgpu.id, UpdateRequest(share=1 + value % 99), GPUS, Rules())
@@ -181,7 +203,12 @@ def test_quiet_ticks_give_what_computing_every_tick_gives(
             assert steering.state == state
             for e in reg.all():
                 for i, s in enumerate(e.vgpu.slices):
-                    assert e.control.read_throttle(i).quota_ppm == expected[(e.vgpu.id, s.gpu_uuid)]
+                    key = (e.vgpu.id, s.gpu_uuid)
+                    assert e.control.read_throttle(i).quota_ppm == expected[key]
+                    calibrated = state.slices[key].calibrated and expected[key] < PPM_FULL
+                    flags = e.control._c.devices[i].flags
+                    assert bool(flags & DEV_CALIBRATED) == calibrated
+                    assert bool(flags & DEV_SOFT) == (e.vgpu.limits.mode == "soft")
 
 
 def test_a_vgpu_whose_counters_move_is_steered_at_the_next_tick() -> None:
@@ -212,3 +239,36 @@ def test_every_block_gets_its_heartbeat_at_every_tick() -> None:
         for now in range(TICK_NS, 30 * TICK_NS, TICK_NS):
             steering.tick(reg.all(), {}, None, None, now)
             assert [e.control.heartbeat_ns for e in reg.all()] == [now] * len(VGPUS)
+
+
+def test_a_vgpu_alone_with_small_launches_is_calibrated_and_told_so() -> None:
+    """A hard vGPU whose process is the only one NVML lists on its GPU, with
+    launches of 10 us: NVML's device figure (40 % for a share of 30) lowers
+    its quota and its control block says the quota is calibrated. A stranger
+    on the GPU, or launches of milliseconds, undo both at the next figure."""
+    with registry([(30, "hard", 1, 0)]) as reg:
+        (e,) = reg.all()
+        steering = Steering(Atomics.load())
+        track = scan([e], {e.vgpu.id: 1})
+        now = 0
+
+        def run(ticks: int, listed: tuple[int, ...], launch_ns: int) -> int:
+            nonlocal now
+            for n in range(ticks):
+                now += TICK_NS
+                device = e.usage._c.devices[0]  # not kept: the block is unmapped at the end
+                device.gpu_time_ns += 30_000_000
+                device.launches += 30_000_000 // launch_ns
+                device.throttled_ns += TICK_NS // 2  # held back: it wants more
+                sample = nvml(40, {}, listed) if n % 2 else steering.last_sample
+                del device
+                steering.tick(reg.all(), {}, track, sample, now)
+            return e.control.read_throttle(0).quota_ppm
+
+        assert run(20, (1000,), 10_000) < 280_000
+        assert e.control._c.devices[0].flags & DEV_CALIBRATED
+        assert run(2, (1000, STRANGER), 10_000) == 300_000
+        assert not e.control._c.devices[0].flags & DEV_CALIBRATED
+        assert run(20, (1000,), 10_000) < 280_000  # alone again
+        assert run(2, (1000,), 2_000_000) == 300_000
+        assert not e.control._c.devices[0].flags & DEV_CALIBRATED

@@ -8,8 +8,12 @@ quota if the heartbeat stops (fail static).
 
 Inputs per (vGPU, GPU): whether it has processes (the last scan), NVML's
 per-process utilization summed over its processes (only when a new NVML
-sample arrived since the previous tick), and the hook's cumulative GPU time
-and pacer waits (the usage block).
+sample arrived since the previous tick) or, while every process NVML lists
+on the GPU is the vGPU's own, the device's utilization; and the hook's
+cumulative GPU time, pacer waits and launches (the usage block). Where the
+controller calibrates a daemon-owned vGPU's quota by NVML, the device entry
+says so (``ControlBlock.set_calibrated``): its hook may then estimate
+batches it would otherwise gate (docs/compute.md).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ class _Owned:
     control: ControlBlock
     allocations: tuple[ctl.Allocation, ...]  # by usage-block device index
     writers: tuple[Callable[[int], object], ...]
+    calibrators: tuple[Callable[[bool], object], ...]
 
     @staticmethod
     def of(e: Entry) -> _Owned:
@@ -56,6 +61,7 @@ class _Owned:
                 partial(e.control.write_throttle, i, window_ns=ctl.WINDOW_NS)
                 for i in range(len(v.slices))
             ),
+            tuple(partial(e.control.set_calibrated, i) for i in range(len(v.slices))),
         )
 
     def current(self, e: Entry) -> bool:
@@ -76,6 +82,7 @@ class _Plans:
         self.allocations = tuple(a for o in owned for a in o.allocations)
         self.keys = tuple((a.vgpu_id, a.gpu) for a in self.allocations)
         self.writers = tuple(w for o in owned for w in o.writers)
+        self.calibrators = tuple(c for o in owned for c in o.calibrators)
         loads = [addr for o in owned for addr in o.usage.pacing_addresses()]
         beats = [o.control.heartbeat_address() for o in owned]
         self._loads = (ctypes.c_void_p * len(loads))(*loads)
@@ -86,8 +93,8 @@ class _Plans:
         return len(entries) == len(self.owned) and all(map(_Owned.current, self.owned, entries))
 
     def counters(self) -> bytes:
-        """(gpu_time_ns, throttled_ns) of each allocation, in ``keys`` order,
-        as native 64-bit words."""
+        """(gpu_time_ns, throttled_ns, launches) of each allocation, in
+        ``keys`` order, as native 64-bit words."""
         self.atomics.load_u64_each(self._loads, len(self._loads), self._counters)
         return bytes(self._counters)
 
@@ -95,10 +102,13 @@ class _Plans:
         self.atomics.store_u64_each(self._beats, len(self._beats), now_ns)
 
 
+# Per GPU of an NVML sample: its UUID, its utilization and the processes
+# NVML lists there.
+_GpuFigures = tuple[tuple[str, float | None, frozenset[int]], ...]
 # What a tick's quotas follow from, when no standalone block is steered and
 # no NVML figure falls to a vGPU: the plans, the scan, the counters and the
-# devices' utilization.
-_Quiet = tuple[_Plans, TrackSnapshot | None, bytes, tuple[tuple[str, float | None], ...]]
+# devices' figures.
+_Quiet = tuple[_Plans, TrackSnapshot | None, bytes, _GpuFigures]
 
 
 class Steering:
@@ -116,10 +126,9 @@ class Steering:
         # The last tick's inputs when it was quiet and settled every GPU: a
         # tick with the same inputs gives the same quotas (ctl.unchanged).
         self._quiet: _Quiet | None = None
-        self._device_util: tuple[NvmlSample | None, tuple[tuple[str, float | None], ...]] = (
-            None,
-            (),
-        )
+        self._gpu_figures: tuple[NvmlSample | None, _GpuFigures] = (None, ())
+        self._calibrated: dict[ctl.Key, bool] = {}
+        self._calibrators: dict[ctl.Key, Callable[[bool], object]] = {}
         self._track_pids: tuple[TrackSnapshot | None, frozenset[int]] = (None, frozenset())
 
     def tick(
@@ -137,7 +146,7 @@ class Steering:
         counters = plans.counters()
         quiet: _Quiet | None = None
         if not standalone and not self._figures_for_vgpus(fresh, track):
-            quiet = (plans, track, counters, self._device_utils(sample))
+            quiet = (plans, track, counters, self._figures(sample))
             if quiet == self._quiet:
                 # Nothing new: what the controller would give again (most
                 # ticks of a node whose vGPUs are idle or steady).
@@ -147,7 +156,7 @@ class Steering:
 
         allocations = list(plans.allocations)
         words = memoryview(counters).cast("Q")
-        pacing = {key: (words[2 * i], words[2 * i + 1]) for i, key in enumerate(plans.keys)}
+        pacing = {key: tuple(words[3 * i : 3 * i + 3]) for i, key in enumerate(plans.keys)}
         writers = dict(zip(plans.keys, plans.writers, strict=True))
         for vgpu_id, blocks in standalone.items():
             limits = blocks.usage.standalone_limits()
@@ -156,7 +165,8 @@ class Steering:
                 if uuid and 0 < share_ppm < PPM_FULL:  # only a compute limit is steered
                     key = (vgpu_id, uuid)
                     allocations.append(ctl.Allocation(vgpu_id, uuid, share_ppm))
-                    pacing[key] = (devices[i].gpu_time_ns, devices[i].throttled_ns)
+                    d = devices[i]
+                    pacing[key] = (d.gpu_time_ns, d.throttled_ns, d.launches)
                     writers[key] = partial(blocks.usage.write_steer, i, window_ns=ctl.WINDOW_NS)
 
         snapshot = self._snapshot(allocations, pacing, track, sample, fresh, now_ns)
@@ -167,11 +177,26 @@ class Steering:
         # What was written where: a quota given again to the same block is
         # not written again (most ticks, most vGPUs).
         self._given, self._writers = quotas, writers
+        self._mark_calibrated(plans, quotas)
         self._quiet = quiet if ctl.all_settled(self.state, allocations) else None
         plans.heartbeat(now_ns)
         for blocks in standalone.values():
             blocks.usage.steer_heartbeat(now_ns)
         return quotas
+
+    def _mark_calibrated(self, plans: _Plans, quotas: Mapping[ctl.Key, int]) -> None:
+        """Tell each daemon-owned vGPU's hook where its quota is calibrated
+        by NVML and paced (the hook may then estimate batches rather than
+        gate them); written where it changed, or to a block not written yet.
+        Standalone processes are not told: their steering may only lower
+        their own limit, so a bias upward cannot be corrected there."""
+        marks: dict[ctl.Key, bool] = {}
+        calibrators = dict(zip(plans.keys, plans.calibrators, strict=True))
+        for key, calibrate in calibrators.items():
+            marks[key] = on = self.state.slices[key].calibrated and quotas[key] < PPM_FULL
+            if self._calibrated.get(key) != on or calibrate is not self._calibrators.get(key):
+                calibrate(on)
+        self._calibrated, self._calibrators = marks, calibrators
 
     def _plans_of(self, entries: list[Entry]) -> _Plans:
         """This tick's plans: last tick's while every entry is as it was."""
@@ -185,20 +210,25 @@ class Steering:
         self._plans = _Plans(self.atomics, owned)
         return self._plans
 
-    def _device_utils(self, sample: NvmlSample | None) -> tuple[tuple[str, float | None], ...]:
-        """Each GPU's utilization in ``sample`` (worked out once per sample)."""
-        known, utils = self._device_util
+    def _figures(self, sample: NvmlSample | None) -> _GpuFigures:
+        """Each GPU's utilization and listed processes in ``sample`` (worked
+        out once per sample)."""
+        known, figures = self._gpu_figures
         if sample is not known:
-            utils = (
+            figures = (
                 ()
                 if sample is None
                 else tuple(
-                    (uuid, None if g.utilization_gpu is None else float(g.utilization_gpu))
+                    (
+                        uuid,
+                        None if g.utilization_gpu is None else float(g.utilization_gpu),
+                        frozenset(g.processes),
+                    )
                     for uuid, g in sample.gpus.items()
                 )
             )
-            self._device_util = (sample, utils)
-        return utils
+            self._gpu_figures = (sample, figures)
+        return figures
 
     def _figures_for_vgpus(self, fresh: NvmlSample | None, track: TrackSnapshot | None) -> bool:
         """Whether a new NVML sample has a utilization figure of a process
@@ -215,7 +245,7 @@ class Steering:
     def _snapshot(
         self,
         allocations: list[ctl.Allocation],
-        counters: Mapping[ctl.Key, tuple[int, int]],
+        counters: Mapping[ctl.Key, tuple[int, ...]],
         track: TrackSnapshot | None,
         latest: NvmlSample | None,
         fresh: NvmlSample | None,
@@ -223,31 +253,44 @@ class Steering:
     ) -> ctl.Snapshot:
         gpus: dict[str, dict[str, ctl.SliceSample]] = {}
         samples: dict[ctl.Key, ctl.SliceSample] = {}
+        figures = self._figures(latest)
+        device_util = {uuid: util for uuid, util, _ in figures}
+        listed = {uuid: pids for uuid, _, pids in figures}
         for a in allocations:
             key = (a.vgpu_id, a.gpu)
             use = track.vgpus.get(a.vgpu_id) if track is not None else None
+            alone = use is not None and _alone(listed.get(a.gpu), use.pids)
             util = None
             if fresh is not None and use is not None and a.gpu in fresh.gpus:
-                per_pid = fresh.gpus[a.gpu].process_util
-                seen = [per_pid[pid] for pid in use.pids if pid in per_pid]
-                util = sum(seen) if seen else None
-            gpu_time, throttled = counters[key]
+                gpu = fresh.gpus[a.gpu]
+                if alone:
+                    # Its processes are all there is: the device figure is
+                    # theirs, and unlike the per-process samples it has
+                    # every period.
+                    util = None if gpu.utilization_gpu is None else float(gpu.utilization_gpu)
+                else:
+                    seen = [gpu.process_util[pid] for pid in use.pids if pid in gpu.process_util]
+                    util = sum(seen) if seen else None
+            gpu_time, throttled, launches = counters[key]
             active = use is not None and use.live_slots > 0
-            s = self._samples.get(key)
-            if s is None or (s.active, s.util, s.gpu_time_ns, s.throttled_ns) != (
-                active,
-                util,
-                gpu_time,
-                throttled,
-            ):
-                s = ctl.SliceSample(active, util, gpu_time, throttled)
+            s = ctl.SliceSample(active, util, gpu_time, throttled, launches, alone)
+            kept = self._samples.get(key)
+            if kept == s:
+                s = kept
             samples[key] = s
             gpus.setdefault(a.gpu, {})[a.vgpu_id] = s
         self._samples = samples
-        device_util = dict(self._device_utils(latest))
         return ctl.Snapshot(
             now_ns=now_ns,
             gpus={
                 uuid: ctl.GpuSample(device_util.get(uuid), slices) for uuid, slices in gpus.items()
             },
         )
+
+
+def _alone(listed: frozenset[int] | None, pids: tuple[int, ...]) -> bool:
+    """Whether NVML lists processes on the GPU (``listed``) and every one
+    of them is among ``pids`` (a vGPU's, as the tracker attributed them:
+    facts a tenant cannot forge). A process of no vGPU, or of another,
+    makes it false."""
+    return listed is not None and 0 < len(listed) <= len(pids) and listed.issubset(pids)

@@ -101,6 +101,21 @@ class Tuning:
     # Per-process figures are learnt from only when their sum is within this
     # (absolute, and relative to the device's figure) of the device's.
     consistency: float = 0.1
+    # Learn a correction from NVML's device figure while a vGPU is alone on
+    # its GPU (every process NVML lists there is its own, so the device
+    # figure is its use) and its launches are small: there the hook's
+    # measure misses what NVML counts besides kernels (the front end's time
+    # for each launch, 1-2 us on an H100) and its estimate of a launch-bound
+    # batch errs by up to a fifth, while the device figure is the truth the
+    # share is judged by. Not for large kernels: a paced 20 ms kernel
+    # aliases with NVML's sample grid (an H200 read 13.9 for a share of 10
+    # that the completed kernels show held at 10.1), and their spans are
+    # exact. docs/compute.md, "Calibrated by NVML while alone".
+    calibrate_alone: bool = True
+    # The largest mean GPU time per launch (over the tick) of work that is
+    # calibrated: an eager decode step's kernels take 5-20 us, a large GEMM
+    # a millisecond or more.
+    calibrate_max_launch_ns: int = 200_000
     # Learn a correction from NVML's per-process figures at all. Off: paced
     # processes on a GPU take turns (docs/compute.md), so the hook's measure
     # is its own work, while NVML's per-process figures are wrong exactly
@@ -132,6 +147,10 @@ class SliceSample:
     util: float | None = None  # NVML per-process %, summed; None: no new sample
     gpu_time_ns: int = 0  # the hook's cumulative GPU time (usage block)
     throttled_ns: int = 0  # the hook's cumulative pacer waits (usage block)
+    launches: int = 0  # the hook's cumulative measured launches (usage block)
+    # Every process NVML lists on the GPU is this vGPU's: ``util`` is then
+    # the device's figure (see Tuning.calibrate_alone).
+    alone: bool = False
 
 
 @dataclass(frozen=True)
@@ -152,6 +171,7 @@ class SliceState:
 
     gpu_time_ns: int = 0
     throttled_ns: int = 0
+    launches: int = 0
     counters_at_ns: int | None = None  # when the counters above were read
     correction: float = 1.0  # hook-measured time per NVML-measured time
     target: float = 1.0  # the last utilization aimed at (fraction, NVML's measure)
@@ -160,6 +180,8 @@ class SliceState:
     active: bool = False
     learn_from_ns: int = 0  # NVML figures before this describe a former target
     held_since_ns: int | None = None  # held back by the pacer without a break since
+    # Its quota is corrected by NVML's device figure (Tuning.calibrate_alone).
+    calibrated: bool = False
 
 
 Key = tuple[str, str]  # (vgpu_id, gpu uuid)
@@ -198,6 +220,7 @@ class _Reading:
     now_ns: int
     throttled: float  # fraction of the tick its launches waited
     held_back: bool  # the pacer has held it back long enough to learn from
+    calibrated: bool  # its correction is learnt and applied (see _calibrated)
     state: SliceState
 
 
@@ -333,6 +356,12 @@ def _read(
         (prev.held_since_ns if prev.held_since_ns is not None else now_ns) if held else None
     )
 
+    calibrated = _calibrated(prev, sample, tuning)
+    learn_from = prev.learn_from_ns
+    if calibrated != prev.calibrated:
+        # NVML's figures of the last periods describe the time before.
+        learn_from = max(learn_from, now_ns + settle_ns)
+
     fresh = None if sample.util is None else max(0.0, sample.util) / 100.0
     nvml_dt_s = (now_ns - prev.nvml_at_ns) / NS_PER_S if prev.nvml_util is not None else 0.0
     use: float | None
@@ -349,11 +378,14 @@ def _read(
         prev,
         gpu_time_ns=sample.gpu_time_ns,
         throttled_ns=sample.throttled_ns,
+        launches=sample.launches,
         counters_at_ns=now_ns,
         nvml_util=nvml,
         nvml_at_ns=nvml_at,
         active=active,
         held_since_ns=held_since,
+        calibrated=calibrated,
+        learn_from_ns=learn_from,
     )
     return _Reading(
         alloc=alloc,
@@ -367,8 +399,25 @@ def _read(
         # The NVML figure describes the last period or two: only when the
         # pacer held it back through them does a shortfall mean a bias.
         held_back=held_since is not None and now_ns - held_since >= settle_ns,
+        calibrated=calibrated,
         state=new_state,
     )
+
+
+def _calibrated(prev: SliceState, sample: SliceSample, tuning: Tuning) -> bool:
+    """Whether the slice's quota is corrected by NVML: always when learning
+    from per-process figures is on; else while the vGPU is alone on the GPU
+    and its launches are small (Tuning.calibrate_alone). A tick that
+    measured no launch leaves it as it was."""
+    if tuning.learn_from_nvml:
+        return True
+    if not (tuning.calibrate_alone and sample.alone):
+        return False
+    launches = sample.launches - prev.launches
+    gpu_time = sample.gpu_time_ns - prev.gpu_time_ns
+    if prev.counters_at_ns is None or launches <= 0 or gpu_time < 0:
+        return prev.calibrated
+    return gpu_time <= launches * tuning.calibrate_max_launch_ns
 
 
 def _wants_share(r: _Reading, device_util: float | None, tuning: Tuning) -> bool:
@@ -410,7 +459,7 @@ def _corrected(r: _Reading, target: float, tuning: Tuning) -> tuple[float, Slice
         learn_from = max(learn_from, r.now_ns + settle_ns)
     correction = r.state.correction
     u = r.fresh_nvml
-    learning = tuning.learn_from_nvml and r.active and r.now_ns >= learn_from
+    learning = r.calibrated and r.active and r.now_ns >= learn_from
     if learning and u is not None and (u > target or r.held_back):
         exponent = tuning.ki * min(r.nvml_dt_s, tuning.max_step_s)
         ratio = target / u if u > 0 else tuning.max_step_factor
@@ -418,7 +467,9 @@ def _corrected(r: _Reading, target: float, tuning: Tuning) -> tuple[float, Slice
         correction = min(max(correction * factor, tuning.correction_min), tuning.correction_max)
     # Below the whole device the pacer never turns off: a quota that rounds
     # to 100 % would stop pacing, overshoot, and swing back.
-    quota = min(HARD_MAX, target * correction)
+    # A correction learnt while calibrated is kept, unused, for the next
+    # time: the same work alone again has the same bias.
+    quota = min(HARD_MAX, target * (correction if r.calibrated else 1.0))
     return quota, replace(r.state, correction=correction, target=target, learn_from_ns=learn_from)
 
 

@@ -22,6 +22,7 @@ UUID_LEN = 96
 ID_LEN = 64
 FLAG_OVERSUBSCRIBE = 0x1
 DEV_SOFT = 0x1
+DEV_CALIBRATED = 0x2
 TURN_WANT = 1  # vgpu_turn.request: wants the GPU, holds no grant
 
 SLOT_FREE = 0

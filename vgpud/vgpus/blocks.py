@@ -58,6 +58,7 @@ from vgpud.units import PPM_FULL  # vgpu_abi.h's VGPU_PPM_FULL, kept with its co
 from vgpud.vgpus.abi import (
     ABI_VERSION,
     CONTROL_MAGIC,
+    DEV_CALIBRATED,
     DEV_SOFT,
     ID_LEN,
     MAX_DEVICES,
@@ -137,6 +138,7 @@ class ControlDevice:
     soft: bool
     weight: int
     throttle: Throttle
+    calibrated: bool = False  # the quota is corrected by NVML (set_calibrated)
 
 
 @dataclass(frozen=True)
@@ -427,6 +429,7 @@ class ControlBlock(_Mapping):
                     soft=bool(e.flags & DEV_SOFT),
                     weight=int(e.weight),
                     throttle=self.read_throttle(i),
+                    calibrated=bool(e.flags & DEV_CALIBRATED),
                 )
             )
         return out
@@ -438,8 +441,20 @@ class ControlBlock(_Mapping):
         _check_ppm(share_ppm, "share_ppm")
         e = self._dev(dev_index)
         self._atomics.store_u32(self._addr(e, "weight"), weight)
-        self._atomics.store_u32(self._addr(e, "flags"), DEV_SOFT if soft else 0)
+        self._set_dev_flag(dev_index, DEV_SOFT, soft)
         self._atomics.store_u32(self._addr(e, "share_ppm"), share_ppm)
+
+    def set_calibrated(self, dev_index: int, on: bool) -> None:
+        """Say whether the controller calibrates this device's quota by
+        NVML's device figure (the hook then estimates batches it would
+        otherwise gate: docs/compute.md)."""
+        self._set_dev_flag(dev_index, DEV_CALIBRATED, on)
+
+    def _set_dev_flag(self, dev_index: int, flag: int, on: bool) -> None:
+        # The daemon is the only writer, on its loop: load then store.
+        addr = self._addr(self._dev(dev_index), "flags")
+        flags = int(self._atomics.load_u32(addr))
+        self._atomics.store_u32(addr, flags | flag if on else flags & ~flag)
 
     def write_throttle(self, dev_index: int, quota_ppm: int, window_ns: int = 0) -> bool:
         """Publish a quota; returns whether anything changed (and was written).
@@ -499,6 +514,7 @@ _PDEV_OFF = ProcSlotC.dev.offset
 _PDEV_WORDS = ctypes.sizeof(ProcDeviceC) // 8
 _UDEV_GPU_TIME = UsageDeviceC.gpu_time_ns.offset // 8
 _UDEV_THROTTLED = UsageDeviceC.throttled_ns.offset // 8
+_UDEV_LAUNCHES = UsageDeviceC.launches.offset // 8
 # The word views below rely on every struct being a whole number of u64s.
 assert _SLOT_SIZE % 8 == 0 and _UDEV_SIZE % 8 == 0 and _SLOTS_OFF % 8 == 0
 assert _UDEV_OFF % 8 == 0 and _PDEV_OFF % 8 == 0 and ctypes.sizeof(UsageC) % 8 == 0
@@ -663,14 +679,14 @@ class UsageBlock(_Mapping):
         return parsed
 
     def pacing_addresses(self) -> list[int]:
-        """Where each device's gpu_time_ns and throttled_ns are, in that
-        order: the controller's inputs, which the control tick reads from
-        every block in one call (``Atomics.load_u64_each``); valid while
-        mapped."""
+        """Where each device's gpu_time_ns, throttled_ns and launches are,
+        in that order: the controller's inputs, which the control tick reads
+        from every block in one call (``Atomics.load_u64_each``); valid
+        while mapped."""
         out = []
         for d in range(self.device_count):
             w = self._base + _UDEV_OFF + d * _UDEV_SIZE
-            out += [w + 8 * _UDEV_GPU_TIME, w + 8 * _UDEV_THROTTLED]
+            out += [w + 8 * _UDEV_GPU_TIME, w + 8 * _UDEV_THROTTLED, w + 8 * _UDEV_LAUNCHES]
         return out
 
     def slots(self) -> list[SlotView]:

@@ -163,6 +163,7 @@ int sim_config_from_env(struct sim_config *cfg)
     if (parse_count("VGPU_SIM_DEVICES", 1, SIM_MAX_DEVICES, &devices) != 0 ||
         parse_count("VGPU_SIM_SMS", 1, MAX_SMS, &sms) != 0 ||
         parse_count("VGPU_SIM_KERNEL_NS", 0, UINT32_MAX * 1000ULL, &cfg->kernel_ns) != 0 ||
+        parse_count("VGPU_SIM_NVML_LAUNCH_NS", 0, 1000000ULL, &cfg->nvml_launch_ns) != 0 ||
         parse_size_var("VGPU_SIM_MEMORY", false, &cfg->memory) != 0 ||
         parse_size_var("VGPU_SIM_CTX_OVERHEAD", true, &cfg->ctx_overhead) != 0)
         return -1;

@@ -80,8 +80,17 @@ uint64_t sim_engine_run(struct sim_state *st, unsigned dev, int pid, uint64_t ea
         start = busy > earliest ? busy : earliest;
         end = start + duration;
     } while (!atomic_compare_exchange_weak(&d->busy_until, &busy, end));
-    if (duration > 0)
-        record(d, pid, start, end, cursor);
+    if (duration > 0) {
+        /* A kernel that finds the device idle: NVML sees the front end at
+         * work for a while before it (never before the last kernel's end,
+         * so no two intervals overlap). */
+        uint64_t front = st->config.nvml_launch_ns;
+        if (start > busy)
+            front = front < start - busy ? front : start - busy;
+        else
+            front = 0;
+        record(d, pid, start - front, end, cursor);
+    }
     return end;
 }
 
