@@ -17,6 +17,15 @@ busy) within 3 points, mean and every 1 s window.
                                        [--shares 30,60] [--coloc 30:60,n:n]
                                        [--neighbour-kernel-us 20000]
                                        [--separate-turns] [--neighbour NAME]
+                                       [--daemon [--no-calibrate]]
+
+With --daemon each hooked side is a vGPU of a vgpud started for the run
+(hard share, the recipe's environment, the real driver, or the simulator
+where `--sim` is passed to it through VGPUD_SIM=1), so the daemon's
+controller steers it: a vGPU alone on the GPU with small kernels is
+calibrated by NVML's device figure unless --no-calibrate
+(docs/compute.md, "Calibrated by NVML while alone"). Without it, sides
+run standalone (`CUDA_CORE_LIMIT`) and no daemon is involved.
 
 In a --coloc pair, "n" runs that side natively (no hook). With
 --separate-turns the two hooked sides get arbiter files of their own, so
@@ -104,14 +113,16 @@ class Workload:
         self.proc.wait(30)
 
 
-def hook_counters(usage: Path) -> tuple[int, int, int] | None:
-    """(gpu_time_ns, launches, throttled_ns) of a standalone usage block's
-    first device, or None where there is no block (a native run)."""
-    if not usage.exists():
+def hook_counters(usage: Path | None) -> tuple[int, int, int] | None:
+    """(gpu_time_ns, launches, throttled_ns) of a usage block's first
+    device (a standalone one, or a one-GPU vGPU's), or None where there is
+    no block (a native run)."""
+    if usage is None or not usage.exists():
         return None
     from vgpud.vgpus.blocks import UsageBlock
 
-    block = UsageBlock.open(usage)
+    vgpu = usage.parent.name.startswith("vg-")
+    block = UsageBlock.open(usage, device_count=1 if vgpu else None)
     try:
         dev = block.devices()[0]
         return dev.gpu_time_ns, dev.launches, dev.throttled_ns
@@ -119,20 +130,102 @@ def hook_counters(usage: Path) -> tuple[int, int, int] | None:
         block.close()
 
 
-def hooked_env(
-    base: dict[str, str], share: int | None, usage: Path, arbiter: Path | None = None
-) -> dict[str, str]:
-    """The environment of one side of a case: `base` unchanged when it runs
-    natively (share None), else the hook at a standalone share; `arbiter`,
-    a directory of its own, keeps it out of the other side's turns."""
-    if share is None:
-        return base
-    env = dict(base, LD_PRELOAD=str(HOOK), VGPU_USAGE=str(usage), LOGGER_LEVEL="2")
-    env["CUDA_CORE_LIMIT"] = str(share)
-    if arbiter is not None:
-        arbiter.mkdir(mode=0o700, exist_ok=True)
-        env["VGPU_ARBITER_DIR"] = str(arbiter)
-    return env
+class Standalone:
+    """Hooked sides at a standalone share (`CUDA_CORE_LIMIT`), no daemon."""
+
+    def __init__(self, workdir: Path, separate_turns: bool) -> None:
+        self.workdir = workdir
+        self.separate_turns = separate_turns
+
+    def side(
+        self, base: dict[str, str], share: int | None, tag: str
+    ) -> tuple[dict[str, str], Path | None]:
+        """The environment of one side of a case, and its usage block:
+        `base` unchanged when it runs natively (share None), else the hook
+        at a standalone share; with separate turns, an arbiter directory of
+        its own keeps it out of the other side's turns."""
+        if share is None:
+            return base, None
+        usage = self.workdir / f"{tag}.usage"
+        env = dict(base, LD_PRELOAD=str(HOOK), VGPU_USAGE=str(usage), LOGGER_LEVEL="2")
+        env["CUDA_CORE_LIMIT"] = str(share)
+        if self.separate_turns:
+            arbiter = self.workdir / f"arbiter-{tag}"
+            arbiter.mkdir(mode=0o700, exist_ok=True)
+            env["VGPU_ARBITER_DIR"] = str(arbiter)
+        return env, usage
+
+    def release(self) -> None:
+        """Nothing to undo between cases."""
+
+
+class Vgpus:
+    """Hooked sides as vGPUs of a vgpud started for the run."""
+
+    def __init__(self, workdir: Path, device: int, calibrate: bool) -> None:
+        from vgpud.ctl.client import Client
+
+        self.device = device
+        self.run_dir = workdir / "run"
+        sock = workdir / "vgpud.sock"
+        config = workdir / "vgpud.toml"
+        config.write_text(f"calibrate_alone = {str(calibrate).lower()}\n")
+        env = dict(os.environ, VGPUD_CDI_DIR="", VGPUD_SOCKET_GROUP="", VGPUD_LOG_LEVEL="warning")
+        env.pop("LD_PRELOAD", None)
+        args = [
+            sys.executable,
+            "-m",
+            "vgpud.daemon",
+            "--config",
+            str(config),
+            "--socket",
+            str(sock),
+        ]
+        args += ["--run-dir", str(self.run_dir), "--state-dir", str(workdir / "state")]
+        self.log = open(workdir / "vgpud.log", "ab")  # noqa: SIM115 - the daemon keeps it
+        self.proc = subprocess.Popen(args, env=env, stdout=self.log, stderr=self.log, cwd=ROOT)
+        self.client = Client(str(sock), timeout=30)
+        deadline = time.monotonic() + 60
+        while not sock.exists() or not self._answers():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"vgpud did not start: see {workdir / 'vgpud.log'}")
+            time.sleep(0.1)
+        self.made: list[str] = []
+
+    def _answers(self) -> bool:
+        from vgpud.ctl.client import DaemonUnreachable
+
+        try:
+            return bool(self.client.get("/v1/health"))
+        except DaemonUnreachable:
+            return False
+
+    def side(
+        self, base: dict[str, str], share: int | None, tag: str
+    ) -> tuple[dict[str, str], Path | None]:
+        """A native side's `base`, or a new vGPU (hard share, 30 % of the GPU's memory) and
+        the recipe's environment on top of `base`."""
+        if share is None:
+            return base, None
+        body = {"name": tag, "gpus": [self.device], "memory": "30%", "share": share, "mode": "hard"}
+        vgpu = self.client.post("/v1/vgpus", body)
+        self.made.append(vgpu["id"])
+        env = {**base, **vgpu["host_env"], "LOGGER_LEVEL": "2"}
+        return env, self.run_dir / vgpu["id"] / "usage"
+
+    def release(self) -> None:
+        """Delete the vGPUs of the last case (their processes are gone)."""
+        for vid in self.made:
+            self.client.delete(f"/v1/vgpus/{vid}?force=true")
+        self.made.clear()
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(30)
+        self.log.close()
+
+
+Tenancy = Standalone | Vgpus
 
 
 def run_case(
@@ -141,9 +234,8 @@ def run_case(
     neighbour: int | None,
     seconds: float,
     sampler: Sampler,
-    workdir: Path,
+    tenancy: Tenancy,
     neighbour_kernel_us: int = NEIGHBOUR_KERNEL_US,
-    separate_turns: bool = False,
     neighbour_workload: tuple[str, float] | None = None,
 ) -> dict[str, Any]:
     """One case; `neighbour` is the GPU-bound tenant's share, None for no
@@ -152,8 +244,8 @@ def run_case(
     (with its native rate)."""
     base = dict(os.environ)
     base.pop("LD_PRELOAD", None)
-    arbiter = workdir / "arbiter-workload" if separate_turns else None
-    env = hooked_env(base, share, workdir / f"{name}-{share}.usage", arbiter)
+    env, usage = tenancy.side(base, share, f"{name}-{share}")
+    busage: Path | None = None
     work = Workload.start(name, env)
     burn: Burn | None = None
     other: Workload | None = None
@@ -161,10 +253,7 @@ def run_case(
         first = work.wait_started()
         start = first + WARMUP_S
         if neighbour is not None:
-            barbiter = workdir / "arbiter-neighbour" if separate_turns else None
-            bshare = neighbour or None
-            busage = workdir / f"neighbour-{name}-{share}.usage"
-            benv = hooked_env(base, bshare, busage, barbiter)
+            benv, busage = tenancy.side(base, neighbour or None, f"neighbour-{name}-{share}")
             if neighbour_workload is not None:
                 other = Workload.start(neighbour_workload[0], benv)
                 other.wait_started()
@@ -175,8 +264,6 @@ def run_case(
             start = time.time() + WARMUP_S
         end = start + seconds
         time.sleep(max(0.0, start - time.time()))
-        usage = workdir / f"{name}-{share}.usage"
-        busage = workdir / f"neighbour-{name}-{share}.usage"
         before, nbefore = hook_counters(usage), hook_counters(busage)
         time.sleep(max(0.0, end - time.time()))
         after, nafter = hook_counters(usage), hook_counters(busage)
@@ -189,8 +276,10 @@ def run_case(
         if other is not None:
             other.stop()
     case: dict[str, Any] = {"workload": name, "share": share, "neighbour": neighbour}
-    if neighbour is not None:
-        case["separate_turns"] = separate_turns
+    if isinstance(tenancy, Vgpus):
+        case["daemon"] = True
+    elif neighbour is not None:
+        case["separate_turns"] = tenancy.separate_turns
     if before is not None and after is not None:
         # The hook's own view: the GPU time it charged, its launches, its waits.
         gpu, launches, throttled = (a - b for a, b in zip(after, before, strict=True))
@@ -204,6 +293,7 @@ def run_case(
     if burn is not None:
         burn.finish(timeout=seconds + 60)
         case["neighbour_work"] = burn.work * 100
+    tenancy.release()
     if other is not None and neighbour_workload is not None:
         case["neighbour_workload"] = neighbour_workload[0]
         case["neighbour_work"] = neighbour_work
@@ -260,6 +350,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument("--neighbour-kernel-us", type=int, default=NEIGHBOUR_KERNEL_US)
     p.add_argument("--device", type=int, default=0)
+    p.add_argument("--daemon", action="store_true", help="hooked sides are vGPUs of a vgpud")
+    p.add_argument(
+        "--no-calibrate", action="store_true", help="with --daemon: calibrate_alone = false"
+    )
     return p.parse_args(argv)
 
 
@@ -268,6 +362,40 @@ def parse_pair(text: str) -> tuple[int | None, int]:
     workload's share None, the neighbour's 0: the burn with no hook)."""
     share, neighbour = text.split(":")
     return (None if share == "n" else int(share)), (0 if neighbour == "n" else int(neighbour))
+
+
+def run_plan(
+    args: argparse.Namespace,
+    shares: list[int],
+    pairs: list[tuple[int | None, int]],
+    sampler: Sampler,
+    tenancy: Tenancy,
+    cases: list[dict[str, Any]],
+) -> None:
+    """Every case the arguments ask for, each printed and added to `cases`
+    as it ends."""
+    neighbour_workload = None
+    if args.neighbour != "burn" and pairs:
+        alone = run_case(args.neighbour, None, None, args.seconds, sampler, tenancy)
+        print(json.dumps(alone), flush=True)
+        cases.append(alone)
+        neighbour_workload = (args.neighbour, alone["rate"])
+    for name in args.workloads.split(","):
+        plan: list[tuple[int | None, int | None]] = [(None, None)]
+        plan += [(s, None) for s in shares] + [(s, n) for s, n in pairs]
+        for share, neighbour in plan:
+            case = run_case(
+                name,
+                share,
+                neighbour,
+                args.seconds,
+                sampler,
+                tenancy,
+                args.neighbour_kernel_us,
+                neighbour_workload,
+            )
+            print(json.dumps(case), flush=True)
+            cases.append(case)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -280,29 +408,16 @@ def main(argv: list[str] | None = None) -> int:
     pairs = [parse_pair(p) for p in args.coloc.split(",") if p]
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            neighbour_workload = None
-            if args.neighbour != "burn" and pairs:
-                alone = run_case(args.neighbour, None, None, args.seconds, sampler, Path(tmp))
-                print(json.dumps(alone), flush=True)
-                cases.append(alone)
-                neighbour_workload = (args.neighbour, alone["rate"])
-            for name in args.workloads.split(","):
-                plan: list[tuple[int | None, int | None]] = [(None, None)]
-                plan += [(s, None) for s in shares] + [(s, n) for s, n in pairs]
-                for share, neighbour in plan:
-                    case = run_case(
-                        name,
-                        share,
-                        neighbour,
-                        args.seconds,
-                        sampler,
-                        Path(tmp),
-                        args.neighbour_kernel_us,
-                        args.separate_turns,
-                        neighbour_workload,
-                    )
-                    print(json.dumps(case), flush=True)
-                    cases.append(case)
+            tenancy: Tenancy = (
+                Vgpus(Path(tmp), args.device, not args.no_calibrate)
+                if args.daemon
+                else Standalone(Path(tmp), args.separate_turns)
+            )
+            try:
+                run_plan(args, shares, pairs, sampler, tenancy, cases)
+            finally:
+                if isinstance(tenancy, Vgpus):
+                    tenancy.stop()
     finally:
         sampler.stop()
     print(report(cases, args.out))
