@@ -167,7 +167,7 @@ class Registry:
     or pending, and counted from that instant. It is durable, and seen,
     once a save of the state file that holds it has ended: the writer
     (``_write``) saves on a thread, for every change that arrived while the
-    last save was in flight at once (group commit: one write and fsync for
+    last save was in flight at once (group commit: one write and flush for
     many). A second change to a vGPU waits for the first to be saved."""
 
     def __init__(

@@ -327,14 +327,6 @@ def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
         view, offset = view[written:], offset + written
 
 
-def _fsync_dir(directory: Path) -> None:
-    dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dir_fd)  # a rename or an unlink must survive a power cut
-    finally:
-        os.close(dir_fd)
-
-
 def _parse(path: Path, raw: bytes) -> list[Vgpu]:
     """The vGPUs of a JSON document (a slot's payload, or vgpus.json),
     checked as the API checks a request; StateError names ``path`` and
@@ -513,7 +505,11 @@ class StateStore:
             os.unlink(tmp)
             raise
         self._adopt(_Open(fd, (st.st_dev, st.st_ino), capacity, 0, generation))
-        _fsync_dir(self.dir)
+        dir_fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dir_fd)  # the rename itself must survive a power cut
+        finally:
+            os.close(dir_fd)
         # vgpus.state is durable: vgpus.json is not needed any more. Its
         # unlink needs no fsync: if a crash undoes it, vgpus.state still
         # wins and the next start removes it again.
