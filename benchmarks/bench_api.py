@@ -1,11 +1,16 @@
 """API latency under concurrent clients: every read route, 1 to 64 clients.
 
     .venv/bin/python benchmarks/bench_api.py [--vgpus 100] [--procs 1000]
-        [--clients 1,16,64] [--seconds 10] [--rate 10] [--markdown FILE] [--plot FILE]
+        [--clients 1,16,64] [--seconds 10] [--rate 10] [--write-rate 1]
+        [--write-seconds S] [--markdown FILE] [--plot FILE]
 
 The daemon is the real vgpud on the simulated GPU (build/sim) with its
 default periods, 100 vGPUs and 1000 real processes, each mapping its vGPU's
-usage block and holding a slot there (``bench_daemon.give_slots``). Each
+usage block and holding a slot there (``bench_daemon.give_slots``). As on a
+node, its run dir (the blocks; /run/vgpud there) is on a tmpfs, under
+/dev/shm, with the simulated GPU's state file, and its state dir
+(/var/lib/vgpud there) on disk, under /tmp: each write's save costs what
+the disk's flush costs. Each
 client has a keep-alive connection of its own (as an HTTP client library
 keeps one) and cycles through the routes; N clients run at once in one
 asyncio process. By default each client sends 10 GETs a second (64 clients:
@@ -17,8 +22,10 @@ machine's two cores (reported beside it).
 
 Writes (POST /v1/vgpus then DELETE of it) are measured twice, after the
 reads. Paced: each client creates and deletes a vGPU every 1/``--write-rate``
-s (default 1: 64 clients send 128 writes a second), and the latency of each
-call is the figure the API's targets are about. Closed loops (each client
+s (default 1: 64 clients send 128 writes a second) for ``--write-seconds``
+(default: ``--seconds``; 120 s gives 121 calls a method at 1 client, enough
+for a p99 that is not the maximum), and the latency of each call is the
+figure the API's targets are about. Closed loops (each client
 sends its next call when the last is answered): a throughput figure
 (writes/s); the latency of a closed loop is mostly the wait behind the
 other clients, clients / throughput.
@@ -30,6 +37,8 @@ import argparse
 import asyncio
 import os
 import platform
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -137,14 +146,25 @@ def main() -> int:
     p.add_argument(
         "--write-rate", type=float, default=1, help="POST+DELETE pairs per second per client"
     )
+    p.add_argument(
+        "--write-seconds", type=float, help="length of each paced write phase (default: --seconds)"
+    )
     p.add_argument("--markdown", type=Path)
     p.add_argument("--plot", type=Path, help="a PNG of p99 by clients and route")
     a = p.parse_args()
     counts = [int(c) for c in a.clients.split(",")]
+    write_seconds = a.seconds if a.write_seconds is None else a.write_seconds
 
     load_before = os.getloadavg()[0]  # other work on the machine, beside the figures
-    work = Path(tempfile.mkdtemp(prefix="vga", dir="/tmp"))
-    daemon, client, _ = start_daemon(work, a.vgpus + max(counts))
+    work = Path(tempfile.mkdtemp(prefix="vga", dir="/tmp"))  # the state dir, on disk
+    run_parent = Path(tempfile.mkdtemp(prefix="vga", dir="/dev/shm"))  # the blocks, on a tmpfs
+    dirs = (
+        f"Run dir (the blocks) and the simulated GPU's state under {run_parent.parent} "
+        f"({fs_type(run_parent)}), state dir "
+        f"under {work.parent} ({fs_type(work)}), as a node keeps /run/vgpud on a tmpfs and "
+        "/var/lib/vgpud on disk: a write's save costs the state dir's flush."
+    )
+    daemon, client, _ = start_daemon(work, a.vgpus + max(counts), run_parent)
     sleepers = None
     rows: list[tuple[int, str, int, float, float, float, float]] = []
     try:
@@ -188,7 +208,8 @@ def main() -> int:
         for rate, kind in ((a.write_rate, "paced"), (0.0, "closed")):
             for n in counts:
                 before, t0 = cpu_seconds(daemon.pid), time.monotonic()
-                by_method, errors = asyncio.run(writes(sock, n, a.seconds, rate))
+                seconds = write_seconds if rate else a.seconds
+                by_method, errors = asyncio.run(writes(sock, n, seconds, rate))
                 wall = time.monotonic() - t0
                 daemon_cpu = (cpu_seconds(daemon.pid) - before) / wall * 100
                 per_s = sum(len(v) for v in by_method.values()) / wall
@@ -203,6 +224,7 @@ def main() -> int:
             sleepers.close()
         daemon.terminate()
         daemon.wait(30)
+        shutil.rmtree(run_parent)  # the blocks, in memory
 
     lines = [
         "# vgpud API under concurrent clients",
@@ -211,9 +233,12 @@ def main() -> int:
         f"{os.cpu_count()} CPUs ({platform.machine()}), Linux {platform.release()}, "
         f"Python {platform.python_version()}, aiohttp {aiohttp.__version__}, vgpud {__version__}.",
         f"GPU: SIMULATED (build/sim). {a.vgpus} vGPUs, {tracked} tracked processes. "
-        f"Command: `.venv/bin/python benchmarks/bench_api.py --clients {a.clients} "
-        f"--seconds {a.seconds:g} --rate {a.rate:g} --write-rate {a.write_rate:g}`. "
+        f"Command: `.venv/bin/python benchmarks/bench_api.py --vgpus {a.vgpus} "
+        f"--procs {a.procs} --clients {a.clients} "
+        f"--seconds {a.seconds:g} --rate {a.rate:g} --write-rate {a.write_rate:g} "
+        f"--write-seconds {write_seconds:g}`. "
         f"Load average (1 min) before: {load_before:.2f}, after: {os.getloadavg()[0]:.2f}.",
+        dirs,
         "",
         f"Reads: each client on a keep-alive connection of its own sends a GET every "
         f"{1 / a.rate * 1000:.0f} ms, cycling through the routes"
@@ -229,7 +254,8 @@ def main() -> int:
         ),
         "",
         f"Writes: POST /v1/vgpus then DELETE of it. Paced: each client sends one pair every "
-        f"{1 / a.write_rate * 1000:.0f} ms (the latency figure). Closed: back to back "
+        f"{1 / a.write_rate * 1000:.0f} ms for {write_seconds:g} s (the latency figure). "
+        f"Closed: back to back for {a.seconds:g} s "
         "(the throughput figure; its latency is mostly the wait behind the other clients).",
         "",
         "| clients | loop | method | calls | errors | p50 ms | p99 ms | writes/s | daemon CPU % |",
@@ -248,6 +274,12 @@ def main() -> int:
     if a.plot is not None:
         plot(rows, a.plot)
     return 0
+
+
+def fs_type(path: Path) -> str:
+    """The file system a path is on, as stat(1) names it (tmpfs, ext2/ext3, xfs)."""
+    out = subprocess.run(["stat", "-f", "-c", "%T", str(path)], capture_output=True, text=True)
+    return out.stdout.strip() or "unknown"
 
 
 def plot(rows: list[tuple[int, str, int, float, float, float, float]], path: Path) -> None:

@@ -87,12 +87,21 @@ def start_time(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
 
 
-def start_daemon(work: Path, vgpus: int) -> tuple[subprocess.Popen[bytes], Client, dict[str, str]]:
+def start_daemon(
+    work: Path, vgpus: int, run_parent: Path
+) -> tuple[subprocess.Popen[bytes], Client, dict[str, str]]:
+    """vgpud on the simulated GPU: its socket, log and state dir in ``work``;
+    its run dir (the blocks) and the simulated GPU's state file in
+    ``run_parent``. A node keeps its run dir on a tmpfs (/run/vgpud), its
+    state dir on disk (/var/lib/vgpud), and has no simulator: bench_api,
+    which times writes, passes a tmpfs here, so that a save costs what a
+    node's does and no other file's writeback shares the disk with it; the
+    CPU benchmarks pass ``work``, as their recorded runs had it."""
     env = dict(os.environ)
     env.update(
         {
             "LD_LIBRARY_PATH": str(ROOT / "build" / "sim"),
-            "VGPU_SIM_STATE": str(work / "sim"),
+            "VGPU_SIM_STATE": str(run_parent / "sim"),
             "VGPU_SIM_DEVICES": str(SIM_DEVICES),
             # An 80 GiB GPU, as an H100: room for 250 contexts (--nvml-listed).
             "VGPU_SIM_MEMORY": "80g",
@@ -104,7 +113,7 @@ def start_daemon(work: Path, vgpus: int) -> tuple[subprocess.Popen[bytes], Clien
     )
     sock = str(work / "s")
     args = [sys.executable, "-m", "vgpud.daemon", "--sim", "--socket", sock]
-    args += ["--run-dir", str(work / "run"), "--state-dir", str(work / "state")]
+    args += ["--run-dir", str(run_parent / "run"), "--state-dir", str(work / "state")]
     log = open(work / "vgpud.log", "wb")  # noqa: SIM115 - the daemon keeps it
     daemon = subprocess.Popen(args, env=env, stdout=log, stderr=log)
     client = Client(sock)
@@ -256,7 +265,7 @@ def main() -> int:
     a = p.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="vgb", dir="/tmp"))
-    daemon, client, env = start_daemon(work, a.vgpus)
+    daemon, client, env = start_daemon(work, a.vgpus, work)
     sleepers: MappedSleepers | None = None
     try:
         idle_before = cpu_seconds(daemon.pid)

@@ -54,7 +54,7 @@ def main() -> int:
     a = p.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="vgs", dir="/tmp"))
-    daemon, client, _ = start_daemon(work, 8)
+    daemon, client, _ = start_daemon(work, 8, work)
     samples: list[tuple[float, int, int, float]] = []  # (s since start, RSS KiB, fds, CPU %)
     rounds = processes = 0
     start = time.monotonic()

@@ -409,7 +409,7 @@ def test_stop_removes_the_socket_and_keeps_blocks_and_state(system: SystemdNames
     assert not system.host_path(SOCKET).is_symlink()
     assert not system.host_path("/run/vgpud/vgpud.sock").exists()
     assert {p.name for p in blocks.iterdir()} >= {"control", "usage"}
-    assert system.host_path("/var/lib/vgpud/vgpus.json").is_file()
+    assert system.host_path("/var/lib/vgpud/vgpus.state").is_file()
     wait_logged(system, "vgpud stopped")
 
     start(system)

@@ -1,11 +1,11 @@
 """A full run dir: a create is refused with 507 and the API's error shape,
 nothing is left half-made, the daemon lives; at start, a vGPU whose blocks
 cannot be made again is skipped with one line (and kept in the state file),
-never a SIGBUS crash loop."""
+never a SIGBUS crash loop. A full state dir when the state file must grow
+(its slots full): the same 507, and the old file is kept whole."""
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,6 +33,21 @@ def disk(tmp_path: Path) -> Iterator[SmallDisk]:
     small.close()
 
 
+# The state file of a few vGPUs (two slots of 256 KiB) fits in 1 MiB; the
+# next one (two of 1 MiB: twice what is needed) does not.
+STATE_SIZE = "1m"
+# 64 labels of the longest keys and values the API takes: a 33 kB record,
+# eight of which fill a slot.
+LABELS = {f"{i:02d}".ljust(253, "k"): "v" * 253 for i in range(64)}
+
+
+@pytest.fixture
+def state_disk(tmp_path: Path) -> Iterator[SmallDisk]:
+    small = SmallDisk(tmp_path / "state", STATE_SIZE)
+    yield small
+    small.close()
+
+
 def daemon_on(disk: SmallDisk, tmp_path: Path, env: dict[str, str]) -> Daemon:
     daemon = Daemon(tmp_path, env)
     daemon.args = disk.inside(*daemon.args)
@@ -54,8 +69,7 @@ def test_a_create_on_a_full_run_dir_is_a_clean_507(
         assert disk.files() == before  # no half-made directory, block or temp file
         # The daemon lives, and what it has is whole.
         assert [v["id"] for v in daemon.client.get("/v1/vgpus")] == [first["id"]]
-        recorded = json.loads((daemon.state_dir / "vgpus.json").read_text())["vgpus"]
-        assert [v["id"] for v in recorded] == [first["id"]]
+        assert [v.id for v in daemon.recorded()] == [first["id"]]
         assert daemon.stop() == 0
     finally:
         daemon.cleanup()
@@ -77,10 +91,10 @@ def test_a_repair_that_cannot_be_made_skips_the_vgpu_with_one_line(
         assert len(errors) == 1 and "vGPU skipped" in errors[0] and vgpu in errors[0]
         assert daemon.client.get("/v1/vgpus") == []
         # Still recorded, and still counted: its hard share is not given away.
-        recorded = json.loads((daemon.state_dir / "vgpus.json").read_text())["vgpus"]
-        assert [v["id"] for v in recorded] == [vgpu]
+        recorded = daemon.recorded()
+        assert [v.id for v in recorded] == [vgpu]
         with pytest.raises(ApiFailure) as refused:
-            gpu = recorded[0]["slices"][0]["gpu_uuid"]
+            gpu = recorded[0].slices[0].gpu_uuid
             daemon.client.post("/v1/vgpus", {"gpus": [gpu], "memory": "2m", "share": 50})
         assert refused.value.status == 409
         assert daemon.stop() == 0
@@ -88,5 +102,33 @@ def test_a_repair_that_cannot_be_made_skips_the_vgpu_with_one_line(
         disk.run("rm", str(daemon.run_dir / "filler"))
         daemon.start()
         assert [v["id"] for v in daemon.client.get("/v1/vgpus")] == [vgpu]
+    finally:
+        daemon.cleanup()
+
+
+def test_a_state_file_that_cannot_grow_is_a_clean_507_and_keeps_the_old_one(
+    state_disk: SmallDisk, tmp_path: Path, sim_env: dict[str, str]
+) -> None:
+    daemon = daemon_on(state_disk, tmp_path, sim_env).start()
+    try:
+        made = []
+        with pytest.raises(ApiFailure) as refused:
+            for _ in range(12):  # saved in place, until one does not fit its slot
+                body = {"memory": "2m", "share": 1, "labels": LABELS}
+                made.append(daemon.client.post("/v1/vgpus", body)["id"])
+        assert 5 <= len(made) < 12, made
+        assert refused.value.status == 507
+        assert refused.value.error == "insufficient_storage"
+        assert "No space left" in refused.value.detail
+        assert state_disk.files() == ["vgpud.lock", "vgpus.state"]  # no temp file left
+        assert sorted(p.name for p in daemon.run_dir.glob("vg-*")) == sorted(made)
+        # The daemon lives, and saves in place in the file it kept.
+        assert [v["id"] for v in daemon.client.get("/v1/vgpus")] == made
+        daemon.client.delete(f"/v1/vgpus/{made.pop()}")
+        assert daemon.stop() == 0
+        daemon.start()
+        listed = daemon.client.get("/v1/vgpus")
+        assert [v["id"] for v in listed] == made
+        assert all(v["labels"] == LABELS for v in listed)
     finally:
         daemon.cleanup()

@@ -1,6 +1,9 @@
 """kill -9 of the daemon at random points of create, update and delete;
 after each restart: nothing acknowledged is lost, nothing is half-made, and
-no limit is lifted (the control blocks say what the state file says)."""
+no limit is lifted (the control blocks say what the state file says).
+Again with vGPUs of 33 kB of labels, so that a kill lands in saves of many
+pages (a pwrite that SIGKILL may cut short after any page) and in the
+growth of the state file past its slots (eight such vGPUs fill one)."""
 
 from __future__ import annotations
 
@@ -21,6 +24,8 @@ from vgpud.vgpus.blocks import ControlBlock, UsageBlock
 
 ROUNDS = 12
 MIB = 1 << 20
+# 64 labels of the longest keys and values the API takes: a 33 kB record.
+MANY_PAGES = {f"{i:02d}".ljust(253, "k"): "v" * 253 for i in range(64)}
 SEED = 20261123  # the operations are reproducible; where the kill lands is not
 
 
@@ -33,7 +38,13 @@ class Ledger:
     unsure: dict[str, tuple[str, tuple[int, int] | None]] = field(default_factory=dict)
 
 
-def churn(daemon: Daemon, ledger: Ledger, rng: random.Random, stop: threading.Event) -> None:
+def churn(
+    daemon: Daemon,
+    ledger: Ledger,
+    rng: random.Random,
+    stop: threading.Event,
+    labels: dict[str, str],
+) -> None:
     """Create, update and delete as fast as the daemon answers, until it dies."""
     while not stop.is_set():
         ids = sorted(ledger.limits)
@@ -43,7 +54,8 @@ def churn(daemon: Daemon, ledger: Ledger, rng: random.Random, stop: threading.Ev
         try:
             if op == "create":
                 answer = daemon.client.post(
-                    "/v1/vgpus", {"memory": limits[0], "share": limits[1], "mode": "hard"}
+                    "/v1/vgpus",
+                    {"memory": limits[0], "share": limits[1], "mode": "hard", "labels": labels},
                 )
                 ledger.limits[answer["id"]] = limits
             elif op == "update":
@@ -71,10 +83,11 @@ def daemon(tmp_path: Path, sim_env: dict[str, str]) -> Iterator[Daemon]:
     d.cleanup()
 
 
-def check_whole(daemon: Daemon, ledger: Ledger) -> None:
+def check_whole(daemon: Daemon, ledger: Ledger, labels: dict[str, str]) -> None:
     listed = {v["id"]: v for v in daemon.client.get("/v1/vgpus")}
-    recorded = json.loads((daemon.state_dir / "vgpus.json").read_text())["vgpus"]
-    assert sorted(listed) == sorted(v["id"] for v in recorded)
+    recorded = daemon.recorded()
+    assert sorted(listed) == sorted(v.id for v in recorded)
+    assert all(v.labels == labels for v in recorded)
     # Nothing lost: every acknowledged vGPU is there with its acknowledged
     # limits, but for the one operation the kill may have cut.
     for vid, limits in ledger.limits.items():
@@ -90,17 +103,17 @@ def check_whole(daemon: Daemon, ledger: Ledger) -> None:
     # blocks that were adopted as they were, no temporary file anywhere.
     assert sorted(p.name for p in daemon.run_dir.glob("vg-*")) == sorted(listed)
     assert not [p for p in daemon.run_dir.rglob(".*") if p.is_file()]
-    assert sorted(p.name for p in daemon.state_dir.iterdir()) == ["vgpud.lock", "vgpus.json"]
+    assert sorted(p.name for p in daemon.state_dir.iterdir()) == ["vgpud.lock", "vgpus.state"]
     events = daemon.client.raw("GET", "/v1/events?follow=false")[1].splitlines()
     assert not [e for e in map(json.loads, events) if e["type"] == "block.repaired"]
     # No limit lifted: each control block enforces what is recorded.
     for v in recorded:
-        with ControlBlock.open(daemon.run_dir / v["id"] / "control") as control:
+        with ControlBlock.open(daemon.run_dir / v.id / "control") as control:
             assert isinstance(control, ControlBlock)
             device = control.devices()[0]
-        assert device.mem_limit == v["slices"][0]["memory"]
-        assert device.share_ppm == percent_to_ppm(v["share"])
-        UsageBlock.open(daemon.run_dir / v["id"] / "usage", device_count=1).close()
+        assert device.mem_limit == v.slices[0].memory
+        assert device.share_ppm == percent_to_ppm(v.limits.share)
+        UsageBlock.open(daemon.run_dir / v.id / "usage", device_count=1).close()
     for vid in extra:
         ledger.limits[vid] = (listed[vid]["gpus"][0]["memory_limit"], listed[vid]["share"])
     for vid in list(ledger.limits):
@@ -111,15 +124,16 @@ def check_whole(daemon: Daemon, ledger: Ledger) -> None:
     ledger.unsure.clear()
 
 
+@pytest.mark.parametrize("labels", [{}, MANY_PAGES], ids=["small", "saves of many pages"])
 def test_kill_9_at_random_points_of_crud_loses_nothing_and_lifts_no_limit(
-    daemon: Daemon,
+    daemon: Daemon, labels: dict[str, str]
 ) -> None:
     rng = random.Random(SEED)
     ledger = Ledger()
     for _ in range(ROUNDS):
         daemon.start()
         stop = threading.Event()
-        worker = threading.Thread(target=churn, args=(daemon, ledger, rng, stop))
+        worker = threading.Thread(target=churn, args=(daemon, ledger, rng, stop, labels))
         worker.start()
         # Let some operations through, then kill wherever the daemon is: the
         # delay is the random kill point, not a wait for anything.
@@ -129,5 +143,5 @@ def test_kill_9_at_random_points_of_crud_loses_nothing_and_lifts_no_limit(
         worker.join()
         daemon.start()
         assert "Traceback" not in daemon.log()
-        check_whole(daemon, ledger)
+        check_whole(daemon, ledger, labels)
         daemon.kill9()

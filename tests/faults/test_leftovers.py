@@ -46,10 +46,13 @@ def test_orphan_blocks_and_temp_files_are_removed_at_start_and_nothing_else(
     (run / "vg-0badc0de" / "usage").write_bytes(b"\0" * 64)
     temps = [
         vdir / ".control.abc_1234",
-        state / ".vgpus.json.k2j3h4g5",
+        state / ".vgpus.state.k2j3h4g5",
+        state / ".vgpus.json.k2j3h4g5",  # of a vgpud before vgpus.state
     ]
     for t in temps:
         t.write_bytes(b"half")
+    # A crash between the first save in vgpus.state and removing vgpus.json.
+    (state / "vgpus.json").write_bytes(b'{"version": 1, "vgpus": []}')
     # Things that are not ours by name, or are links: all stay, targets untouched.
     stays = [run / "notes.txt", run / "vg-nothex1", vdir / ".hidden", state / "vgpus.json.bak"]
     for s in stays:
@@ -62,12 +65,15 @@ def test_orphan_blocks_and_temp_files_are_removed_at_start_and_nothing_else(
     try:
         assert not (run / "vg-0badc0de").exists()
         assert not [t for t in temps if t.exists()]
+        assert not (state / "vgpus.json").exists()
         assert all(s.exists() for s in stays)
         assert (run / "vg-0000feed").is_symlink() and (vdir / ".usage.lnk12345").is_symlink()
         assert (outside / "precious").read_text() == "x"
         assert again.get(kept.vgpu.id).usage.devices()[0].used == 0  # the recorded vGPU is whole
         removed = sorted(e["path"] for e in logs if e["event"].startswith("removed"))
-        assert removed == sorted(str(p) for p in [run / "vg-0badc0de", *temps])
+        assert removed == sorted(
+            str(p) for p in [run / "vg-0badc0de", *temps, state / "vgpus.json"]
+        )
     finally:
         again.close()
 
@@ -79,7 +85,7 @@ def test_a_second_daemon_on_the_same_state_dir_is_refused_before_touching_it(
     second = Daemon(tmp_path, base_env(), sim=False)
     try:
         first.start()
-        leftover = first.state_dir / ".vgpus.json.abcd1234"
+        leftover = first.state_dir / ".vgpus.state.abcd1234"
         leftover.write_text("the first daemon's write in flight")
         second.start(wait=False)
         assert second.wait() == EXIT_START_FAILED

@@ -1,6 +1,9 @@
 """A corrupt state file: the start is refused (exit 3) with one line that
 names the field, never a guess and never a traceback; nothing is made from
-it (no limit lifted, no block outside the run dir)."""
+it (no limit lifted, no block outside the run dir). The content is the
+newest slot of vgpus.state, its digest right (a save that ended, of a
+document that does not read: never passed over for the slot before), or
+vgpus.json, the format before."""
 
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ import pytest
 
 from tests.integration.daemon_harness import Daemon, base_env
 from vgpud.daemon import EXIT_START_FAILED
-from vgpud.vgpus.state import StateError, StateStore
+from vgpud.vgpus.state import HEADER_SIZE, MIN_SLOT, StateError, StateStore
 
 GIB = 1 << 30
 GPU = "GPU-5117a000-0000-4000-8000-000000000001"
@@ -89,20 +92,35 @@ CASES = {
 }
 
 
+def record(state_dir: Path, name: str, content: bytes) -> None:
+    """``content`` as the state: the newest slot of vgpus.state over a
+    valid older one, or vgpus.json."""
+    if name == "vgpus.state":
+        store = StateStore(state_dir)
+        store.write(doc(vgpu("vg-00000001")))
+        store.write(content)
+    else:
+        (state_dir / name).write_bytes(content)
+
+
+@pytest.mark.parametrize("name", ["vgpus.state", "vgpus.json"])
 @pytest.mark.parametrize(("content", "field"), CASES.values(), ids=CASES.keys())
 def test_a_corrupt_state_file_is_refused_naming_the_field(
-    tmp_path: Path, content: bytes, field: str
+    tmp_path: Path, content: bytes, field: str, name: str
 ) -> None:
-    (tmp_path / "vgpus.json").write_bytes(content)
+    record(tmp_path, name, content)
     with pytest.raises(StateError) as raised:
         StateStore(tmp_path).load()
-    assert field in str(raised.value)
+    assert field in str(raised.value) and name in str(raised.value)
     assert "\n" not in str(raised.value)
 
 
-def test_soft_shares_over_100_are_what_admission_allows(tmp_path: Path) -> None:
-    (tmp_path / "vgpus.json").write_bytes(
-        doc(vgpu("vg-00000001", share=90), vgpu("vg-00000002", share=90, mode="soft"))
+@pytest.mark.parametrize("name", ["vgpus.state", "vgpus.json"])
+def test_soft_shares_over_100_are_what_admission_allows(tmp_path: Path, name: str) -> None:
+    record(
+        tmp_path,
+        name,
+        doc(vgpu("vg-00000001", share=90), vgpu("vg-00000002", share=90, mode="soft")),
     )
     assert [v.id for v in StateStore(tmp_path).load()] == ["vg-00000001", "vg-00000002"]
 
@@ -117,7 +135,11 @@ def test_the_daemon_refuses_to_start_on_it_with_exit_3_and_one_line(
     content, field = CASES[case]
     daemon = Daemon(tmp_path, base_env(), sim=False)
     daemon.state_dir.mkdir()
-    (daemon.state_dir / "vgpus.json").write_bytes(content)
+    record(daemon.state_dir, "vgpus.state", content)
+    refused_with_one_line(daemon, field)
+
+
+def refused_with_one_line(daemon: Daemon, field: str) -> None:
     try:
         daemon.start(wait=False)
         assert daemon.wait() == EXIT_START_FAILED
@@ -132,10 +154,23 @@ def test_the_daemon_refuses_to_start_on_it_with_exit_3_and_one_line(
         daemon.cleanup()
 
 
+def test_the_daemon_refuses_to_start_when_neither_slot_is_whole(tmp_path: Path) -> None:
+    daemon = Daemon(tmp_path, base_env(), sim=False)
+    daemon.state_dir.mkdir()
+    store = StateStore(daemon.state_dir)
+    store.write(doc(vgpu("vg-00000001")))
+    store.write(doc(vgpu("vg-00000002")))
+    with open(store.path, "r+b") as f:  # a byte of each slot's payload
+        for slot in (0, 1):
+            f.seek(slot * MIN_SLOT + HEADER_SIZE + 3)
+            f.write(b"X")
+    refused_with_one_line(daemon, "vgpus.state is corrupt: neither slot holds a whole save")
+
+
 def test_a_vgpu_on_a_gpu_absent_now_is_kept_and_said(tmp_path: Path) -> None:
     daemon = Daemon(tmp_path, base_env(), sim=False)  # no driver here: no GPU present
     daemon.state_dir.mkdir()
-    (daemon.state_dir / "vgpus.json").write_bytes(doc(vgpu("vg-00000001")))
+    StateStore(daemon.state_dir).write(doc(vgpu("vg-00000001")))
     try:
         daemon.start()
         assert [v["id"] for v in daemon.client.get("/v1/vgpus")] == ["vg-00000001"]

@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from vgpud.ctl.client import Client, DaemonUnreachable
+from vgpud.vgpus.model import Vgpu
+from vgpud.vgpus.state import StateStore
 
 ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT = 30.0
@@ -94,6 +96,10 @@ class Daemon:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def recorded(self) -> list[Vgpu]:
+        """The vGPUs the state file holds, read as the daemon reads them."""
+        return StateStore(self.state_dir).load()
 
     def signal(self, sig: signal.Signals) -> None:
         assert self.proc is not None

@@ -15,6 +15,7 @@ import vgpud.surface.service as service_module
 from tests.unit.apiclient import Api, running_api, validate
 from tests.unit.fakes import GIB
 from vgpud.vgpus.blocks import ControlBlock
+from vgpud.vgpus.state import StateStore
 
 VG = "/v1/vgpus/{id}"
 
@@ -144,8 +145,7 @@ async def test_delete_refuses_while_in_use_unless_forced(api: Api) -> None:
     r = await api.client.delete(f"/v1/vgpus/{vg['id']}?force=true")
     validate(await r.json(), VG, "delete", 200)
     assert not (api.tmp / "run" / vg["id"]).exists()
-    state = json.loads((api.tmp / "state" / "vgpus.json").read_text())
-    assert state["vgpus"] == []
+    assert StateStore(api.tmp / "state").load() == []
     r = await api.client.get(f"/v1/vgpus/{vg['id']}")
     assert r.status == 404
 

@@ -167,7 +167,7 @@ class Registry:
     or pending, and counted from that instant. It is durable, and seen,
     once a save of the state file that holds it has ended: the writer
     (``_write``) saves on a thread, for every change that arrived while the
-    last save was in flight at once (group commit: one write and fsync for
+    last save was in flight at once (group commit: one write and flush for
     many). A second change to a vGPU waits for the first to be saved."""
 
     def __init__(
@@ -368,8 +368,9 @@ class Registry:
 
     def _clean_leftovers(self) -> None:
         """What a crash leaves: the blocks of a vGPU made but not recorded
-        (or recorded deleted but not yet removed), and temporary files of
-        writes never renamed into place. Only names vgpud makes, only real
+        (or recorded deleted but not yet removed), temporary files of
+        writes never renamed into place, and vgpus.json beside the
+        vgpus.state that replaced it. Only names vgpud makes, only real
         directories and files (never through a symlink). A process that
         still maps a removed block keeps its mapping; nothing is freed
         under it."""
@@ -384,6 +385,9 @@ class Registry:
         for directory in [self.store.dir, *dirs]:
             for temp in remove_temps(directory):
                 log.warning("removed a temporary file a crash left", path=str(temp))
+        superseded = self.store.remove_superseded()
+        if superseded is not None:
+            log.warning("removed a state file of the old format a crash left", path=str(superseded))
 
     def _orphans(self) -> list[Path]:
         try:

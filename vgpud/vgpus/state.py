@@ -1,8 +1,26 @@
-"""Durable state: the vGPUs, in state_dir/vgpus.json.
+"""Durable state: the vGPUs, in state_dir/vgpus.state.
 
-Written atomically (temporary file, fsync, rename, fsync of the directory)
-so that a crash at any instant leaves either the old or the new file, never
-a torn one. The format is versioned: {"version": 1, "vgpus": [...]}.
+The file holds two slots of equal capacity C (a power of two, at least
+256 KiB) at offsets 0 and C. A slot is a 128-byte ASCII header::
+
+    vgpud-state <container version> <generation> <length> <sha256>  (padded, then a newline)
+
+(generation and length in 16 hex digits; the sha256 covers the header's
+text before it and the payload) followed by the payload, the JSON document
+{"version": 1, "vgpus": [...]}. A save writes the slot that does not hold
+the newest generation, header and payload in one pwrite, with the next
+generation, then fdatasync: the file's blocks were written (zeros) when it
+was made, so overwriting them changes no metadata and costs one data flush,
+not the two journal commits of a rename and a directory fsync. A save cut
+short (a crash, a power cut) leaves a slot whose digest fails: it was never
+answered, and the other slot holds the last save that was. A payload that
+does not fit C, or no file yet, makes a whole new file (twice the room
+needed, rounded up to a power of two) through the atomic path: temporary
+file, fsync, rename, fsync of the directory.
+
+vgpus.json, the format before this one (the document alone, replaced whole
+at each save), is read when vgpus.state does not exist; the first save
+writes vgpus.state and removes it.
 
 Read back as strictly as the API reads a request, with the API's own field
 rules (``vgpud.vgpus.fields``) and admission's sums (``model.loads``):
@@ -10,21 +28,30 @@ the file is the truth the limits are written from, so a field out of range
 (a memory of -1 would be a limit of 2^64-1), an id that is not ours (it
 names a directory), two vGPUs with one id or one name, or hard shares over
 100 % of a GPU refuse the start, with the field named, rather than run a
-node whose limits nobody chose. What the file cannot know is not checked
+node whose limits nobody chose. A newest slot that is whole but does not
+read is refused too, never passed over for the older slot: that would
+bring back a state nobody chose. What the file cannot know is not checked
 here: whether its GPUs are present now (see ``Daemon._warn_absent_gpus``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import hashlib
 import json
 import math
 import os
 import re
+import stat
 import tempfile
+import weakref
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import structlog
 
 from vgpud.errors import Unprocessable
 from vgpud.vgpus import fields
@@ -32,8 +59,18 @@ from vgpud.vgpus.abi import MAX_DEVICES, UUID_LEN
 from vgpud.vgpus.blocks import ABSURD_BYTES
 from vgpud.vgpus.model import ID_PATTERN, ROOT_USER, Limits, Slice, Vgpu, loads, valid_name
 
-FORMAT_VERSION = 1
-STATE_FILE = "vgpus.json"
+log = structlog.get_logger(__name__)
+
+FORMAT_VERSION = 1  # of the JSON document
+STATE_FILE = "vgpus.state"
+OLD_STATE_FILE = "vgpus.json"  # the document alone, before vgpus.state
+CONTAINER_VERSION = 1  # of vgpus.state's slots and headers
+MAGIC = b"vgpud-state"
+HEADER_SIZE = 128
+MIN_SLOT = 256 << 10
+# The header's fields; the digest is checked by writing the header again.
+HEADER_FIELDS = re.compile(rb"%s %d ([0-9a-f]{16}) ([0-9a-f]{16}) " % (MAGIC, CONTAINER_VERSION))
+HEADER_VERSION = re.compile(rb"%s (\d{1,9}) " % MAGIC)
 DOC_FIELDS = frozenset({"version", "vgpus"})
 VGPU_FIELDS = frozenset(
     {
@@ -197,57 +234,194 @@ def check_node(vgpus: list[Vgpu]) -> None:
             raise StateError(f"exclusive: GPU {uuid} is held whole but shared ({', '.join(on)})")
 
 
+def _header(generation: int, payload: bytes) -> bytes:
+    fields = b"%s %d %016x %016x " % (MAGIC, CONTAINER_VERSION, generation, len(payload))
+    digest = hashlib.sha256(fields)
+    digest.update(payload)
+    return (fields + digest.hexdigest().encode()).ljust(HEADER_SIZE - 1) + b"\n"
+
+
+@dataclass(frozen=True)
+class _Slot:
+    index: int
+    generation: int
+    payload: bytes
+
+
+def _slot(image: bytes, index: int, capacity: int) -> _Slot | None:
+    """Slot ``index`` if it is whole: its header parses and its digest
+    matches (its generation and length included, so that no mix of two
+    saves passes)."""
+    start = index * capacity
+    head = image[start : start + HEADER_SIZE]
+    found = HEADER_FIELDS.match(head)
+    if found is None:
+        return None
+    generation, length = int(found[1], 16), int(found[2], 16)
+    if length > capacity - HEADER_SIZE:
+        return None
+    payload = image[start + HEADER_SIZE : start + HEADER_SIZE + length]
+    return _Slot(index, generation, payload) if _header(generation, payload) == head else None
+
+
+def _newest(path: Path, image: bytes) -> tuple[_Slot, bool]:
+    """The slot of the last save that ended, and whether the other slot
+    holds a save cut short. StateError when no slot is whole, or the file
+    is not two slots of this version."""
+    capacity = len(image) // 2
+    if len(image) != 2 * capacity or capacity < MIN_SLOT or capacity & (capacity - 1):
+        raise StateError(
+            f"{path} is corrupt: {len(image)} bytes is not two slots of a power of two "
+            f"of at least {MIN_SLOT} bytes"
+        )
+    for index in (0, 1):
+        # Never a torn write of ours (each writes this version at this place):
+        # a newer vgpud's file, read by no guess.
+        version = HEADER_VERSION.match(image, index * capacity)
+        if version is not None and int(version[1]) != CONTAINER_VERSION:
+            raise StateError(
+                f"{path} has container version {int(version[1])}, "
+                f"this vgpud reads {CONTAINER_VERSION}"
+            )
+    whole = [s for s in (_slot(image, i, capacity) for i in (0, 1)) if s is not None]
+    if not whole:
+        raise StateError(f"{path} is corrupt: neither slot holds a whole save")
+    newest = max(whole, key=lambda s: s.generation)
+    other = (1 - newest.index) * capacity
+    return newest, len(whole) == 1 and any(image[other : other + HEADER_SIZE])
+
+
+def _open(path: Path, flags: int) -> int:
+    """A regular file at ``path``, never through a symlink."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        raise OSError(errno.ELOOP, "a symlink (never followed)", str(path)) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
+    return fd
+
+
+def _read(path: Path) -> bytes | None:
+    """The file's bytes; None when there is none."""
+    try:
+        fd = _open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise StateError(f"cannot read {path}: {exc.strerror}") from exc
+    with os.fdopen(fd, "rb") as f:
+        try:
+            return f.read()
+        except OSError as exc:
+            raise StateError(f"cannot read {path}: {exc.strerror}") from exc
+
+
+def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view, offset = view[written:], offset + written
+
+
+def _parse(path: Path, raw: bytes) -> list[Vgpu]:
+    """The vGPUs of a JSON document (a slot's payload, or vgpus.json),
+    checked as the API checks a request; StateError names ``path`` and
+    the field, in one line."""
+    try:
+        doc = json.loads(raw.decode())
+    except UnicodeDecodeError as exc:
+        raise StateError(f"{path} is corrupt: not UTF-8 (byte {exc.start})") from None
+    except (ValueError, RecursionError) as exc:
+        raise StateError(f"{path} is corrupt: not JSON ({exc})") from None
+    if isinstance(doc, dict) and doc.get("version") != FORMAT_VERSION:
+        raise StateError(
+            f"{path} has format version {doc.get('version')!r}, this vgpud reads {FORMAT_VERSION}"
+        )
+    try:
+        vgpus = _fields(doc, DOC_FIELDS)["vgpus"]
+        if not isinstance(vgpus, list):
+            raise Unprocessable("vgpus: a list")
+    except Unprocessable as exc:
+        raise StateError(f"{path} is corrupt: {exc.detail}") from None
+    out = []
+    for i, d in enumerate(vgpus):
+        try:
+            out.append(vgpu_from_json(d))
+        except Unprocessable as exc:
+            raise StateError(f"{path} is corrupt: vgpus[{i}]: {exc.detail}") from None
+    try:
+        check_node(out)
+    except StateError as exc:
+        raise StateError(f"{path} is corrupt: {exc}") from None
+    return out
+
+
+@dataclass
+class _Open:
+    """vgpus.state, open for saves in place."""
+
+    fd: int
+    ident: tuple[int, int]  # (st_dev, st_ino): still the file at the path?
+    capacity: int
+    slot: int  # the slot that holds the newest save
+    generation: int
+
+
 class StateStore:
     def __init__(self, state_dir: Path) -> None:
         self.dir = Path(state_dir)
         self.path = self.dir / STATE_FILE
+        self.old_path = self.dir / OLD_STATE_FILE
         # Each vGPU's line, kept while its record is the same object (records
         # are immutable): a save encodes what changed, not the whole node.
         self._lines: dict[str, tuple[Vgpu, bytes]] = {}
+        self._file: _Open | None = None
+        # Closes the open file's fd when the store goes (never while a
+        # thread saves: that thread holds the store).
+        self._closer: weakref.finalize[Any, Any] | None = None
 
     def load(self) -> list[Vgpu]:
         """The recorded vGPUs; none when there is no file yet. StateError
         names what is wrong, never a traceback."""
-        try:
-            raw = self.path.read_bytes()
-        except FileNotFoundError:
-            return []
-        except OSError as exc:
-            raise StateError(f"cannot read {self.path}: {exc.strerror}") from exc
-        try:
-            doc = json.loads(raw.decode())
-        except UnicodeDecodeError as exc:
-            raise StateError(f"{self.path} is corrupt: not UTF-8 (byte {exc.start})") from None
-        except (ValueError, RecursionError) as exc:
-            raise StateError(f"{self.path} is corrupt: not JSON ({exc})") from None
-        if isinstance(doc, dict) and doc.get("version") != FORMAT_VERSION:
-            raise StateError(
-                f"{self.path} has format version {doc.get('version')!r}, "
-                f"this vgpud reads {FORMAT_VERSION}"
+        image = _read(self.path)
+        if image is None:
+            old = _read(self.old_path)
+            return [] if old is None else _parse(self.old_path, old)
+        newest, cut_short = _newest(self.path, image)
+        if cut_short:
+            log.info(
+                "the state file's newest save was cut short before it was answered: "
+                "the save before it is loaded",
+                path=str(self.path),
+                slot=newest.index,
+                generation=newest.generation,
             )
+        return _parse(self.path, newest.payload)
+
+    def remove_superseded(self) -> Path | None:
+        """Remove vgpus.json when vgpus.state exists (a crash between writing
+        the one and removing the other: vgpus.state is the later save).
+        Never a symlink. Returns what was removed; the caller logs it."""
         try:
-            vgpus = _fields(doc, DOC_FIELDS)["vgpus"]
-            if not isinstance(vgpus, list):
-                raise Unprocessable("vgpus: a list")
-        except Unprocessable as exc:
-            raise StateError(f"{self.path} is corrupt: {exc.detail}") from None
-        out = []
-        for i, d in enumerate(vgpus):
-            try:
-                out.append(vgpu_from_json(d))
-            except Unprocessable as exc:
-                raise StateError(f"{self.path} is corrupt: vgpus[{i}]: {exc.detail}") from None
-        try:
-            check_node(out)
-        except StateError as exc:
-            raise StateError(f"{self.path} is corrupt: {exc}") from None
-        return out
+            if not (
+                stat.S_ISREG(os.lstat(self.path).st_mode)
+                and stat.S_ISREG(os.lstat(self.old_path).st_mode)
+            ):
+                return None
+            os.unlink(self.old_path)
+        except FileNotFoundError:
+            return None
+        return self.old_path
 
     def save(self, vgpus: Iterable[Vgpu]) -> None:
         self.write(self.encode(vgpus))
 
     def encode(self, vgpus: Iterable[Vgpu]) -> bytes:
-        """The file's bytes: one vGPU a line (readable, and each line is
+        """The document's bytes: one vGPU a line (readable, and each line is
         encoded once per change of its vGPU, by the C encoder: indent= would
         use the pure-Python one, most of a write's cost at 100 vGPUs)."""
         lines = {}
@@ -261,21 +435,82 @@ class StateStore:
         return b'{"version": %d, "vgpus": [\n%s\n]}\n' % (FORMAT_VERSION, body)
 
     def write(self, data: bytes) -> None:
-        """Replace the file with ``data``, durably (see the module's
-        docstring). Blocking: the API calls it on a thread."""
+        """Save ``data`` durably (see the module's docstring): in place in
+        the older slot when it fits, else as a whole new file. Blocking: the
+        API calls it on a thread, one save at a time."""
+        file = self._opened()
+        if file is None or HEADER_SIZE + len(data) > file.capacity:
+            self._replace(data, 1 if file is None else file.generation + 1)
+            return
+        slot, generation = 1 - file.slot, file.generation + 1
+        _pwrite_all(file.fd, _header(generation, data) + data, slot * file.capacity)
+        os.fdatasync(file.fd)
+        # Only now: a save that failed leaves the newest slot as it was,
+        # and the next save writes the same older slot again.
+        file.slot, file.generation = slot, generation
+
+    def _opened(self) -> _Open | None:
+        """vgpus.state open for saves; None when it must be made whole (there
+        is none, or it does not read). Opened again when the file at the
+        path is not the one open (replaced, or removed)."""
+        if self._file is not None:
+            try:
+                now = os.stat(self.path, follow_symlinks=False)
+            except FileNotFoundError:
+                now = None
+            if now is None or (now.st_dev, now.st_ino) != self._file.ident:
+                self._adopt(None)
+        if self._file is None:
+            try:
+                fd = _open(self.path, os.O_RDWR)
+            except FileNotFoundError:
+                return None
+            self._adopt(self._reopened(fd))
+        return self._file
+
+    def _reopened(self, fd: int) -> _Open | None:
+        try:
+            st = os.fstat(fd)
+            newest, _ = _newest(self.path, os.pread(fd, st.st_size, 0))
+        except (OSError, StateError):
+            os.close(fd)
+            return None
+        ident = (st.st_dev, st.st_ino)
+        return _Open(fd, ident, st.st_size // 2, newest.index, newest.generation)
+
+    def _adopt(self, file: _Open | None) -> None:
+        """Make ``file`` the open one, closing the one before."""
+        if self._closer is not None:
+            self._closer()
+        self._file = file
+        self._closer = None if file is None else weakref.finalize(self, os.close, file.fd)
+
+    def _replace(self, data: bytes, generation: int) -> None:
+        """A whole new file, ``data`` in slot 0, through the atomic path: a
+        crash at any instant leaves the old file or the new one."""
+        capacity = max(MIN_SLOT, 1 << (2 * (HEADER_SIZE + len(data)) - 1).bit_length())
+        image = _header(generation, data) + data
         self.dir.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{STATE_FILE}.", dir=self.dir)
         try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
+            # Zeros written, not a hole nor fallocate's unwritten extents: a
+            # save in place must find its blocks there (no allocation, no
+            # metadata to commit, no ENOSPC).
+            _pwrite_all(fd, image + bytes(2 * capacity - len(image)), 0)
+            os.fsync(fd)
+            st = os.fstat(fd)
             os.rename(tmp, self.path)
         except BaseException:
+            os.close(fd)
             os.unlink(tmp)
             raise
+        self._adopt(_Open(fd, (st.st_dev, st.st_ino), capacity, 0, generation))
         dir_fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY)
         try:
             os.fsync(dir_fd)  # the rename itself must survive a power cut
         finally:
             os.close(dir_fd)
+        # vgpus.state is durable: vgpus.json is not needed any more. Its
+        # unlink needs no fsync: if a crash undoes it, vgpus.state still
+        # wins and the next start removes it again.
+        self.remove_superseded()
