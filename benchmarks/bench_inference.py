@@ -191,6 +191,10 @@ class Vgpus:
                 raise RuntimeError(f"vgpud did not start: see {workdir / 'vgpud.log'}")
             time.sleep(0.1)
         self.made: list[str] = []
+        # What the daemon gave each side: (time, quota ppm, calibrated), read
+        # from its control block every 100 ms while the case runs.
+        self.quotas: dict[str, list[tuple[float, int, bool]]] = {}
+        self._watching = threading.Event()
 
     def _answers(self) -> bool:
         from vgpud.ctl.client import DaemonUnreachable
@@ -210,11 +214,29 @@ class Vgpus:
         body = {"name": tag, "gpus": [self.device], "memory": "30%", "share": share, "mode": "hard"}
         vgpu = self.client.post("/v1/vgpus", body)
         self.made.append(vgpu["id"])
+        self._watching.set()
+        series = self.quotas[tag] = []
+        control = self.run_dir / vgpu["id"] / "control"
+        threading.Thread(target=self._watch, args=(control, series), daemon=True).start()
         env = {**base, **vgpu["host_env"], "LOGGER_LEVEL": "2"}
         return env, self.run_dir / vgpu["id"] / "usage"
 
+    def _watch(self, path: Path, series: list[tuple[float, int, bool]]) -> None:
+        from vgpud.vgpus.blocks import ControlBlock
+
+        control = ControlBlock.open(path)
+        try:
+            while self._watching.is_set():
+                device = control.devices()[0]
+                series.append((time.time(), device.throttle.quota_ppm, device.calibrated))
+                time.sleep(0.1)
+        finally:
+            control.close()
+
     def release(self) -> None:
         """Delete the vGPUs of the last case (their processes are gone)."""
+        self._watching.clear()
+        time.sleep(0.2)  # the watchers' last look, before their blocks go
         for vid in self.made:
             self.client.delete(f"/v1/vgpus/{vid}?force=true")
         self.made.clear()
@@ -294,6 +316,14 @@ def run_case(
         burn.finish(timeout=seconds + 60)
         case["neighbour_work"] = burn.work * 100
     tenancy.release()
+    if isinstance(tenancy, Vgpus):
+        # The quota the daemon gave, from the workload's first report on
+        # (times from the measured window's start; calibrated or not).
+        case["quotas"] = [
+            (round(t - start, 2), q, c)
+            for t, q, c in tenancy.quotas.get(f"{name}-{share}", [])
+            if t >= first
+        ]
     if other is not None and neighbour_workload is not None:
         case["neighbour_workload"] = neighbour_workload[0]
         case["neighbour_work"] = neighbour_work
@@ -319,7 +349,7 @@ def row(case: dict[str, Any], native: dict[str, Any] | None) -> str:
     return "| " + " | ".join(str(c) for c in cells) + " |"
 
 
-def report(cases: list[dict[str, Any]], out: Path) -> str:
+def report(cases: list[dict[str, Any]], failed: list[str], out: Path) -> str:
     native = {c["workload"]: c for c in cases if c["share"] is None and c["neighbour"] is None}
     lines = [
         "| workload | share | neighbour | work vs native | NVML busy (mean) | 1 s windows | "
@@ -327,6 +357,7 @@ def report(cases: list[dict[str, Any]], out: Path) -> str:
         "| --- | ---: | ---: | ---: | ---: | --- | ---: | ---: |",
     ]
     lines += [row(c, native.get(c["workload"])) for c in cases]
+    lines += ["", *(f"Failed: {f}" for f in failed)] if failed else []
     text = "\n".join(lines) + "\n"
     (out / "inference.md").write_text(text)
     (out / "inference.json").write_text(json.dumps(cases, indent=1))
@@ -371,9 +402,10 @@ def run_plan(
     sampler: Sampler,
     tenancy: Tenancy,
     cases: list[dict[str, Any]],
+    failed: list[str],
 ) -> None:
     """Every case the arguments ask for, each printed and added to `cases`
-    as it ends."""
+    as it ends; a workload that fails is added to `failed`."""
     neighbour_workload = None
     if args.neighbour != "burn" and pairs:
         alone = run_case(args.neighbour, None, None, args.seconds, sampler, tenancy)
@@ -384,16 +416,24 @@ def run_plan(
         plan: list[tuple[int | None, int | None]] = [(None, None)]
         plan += [(s, None) for s in shares] + [(s, n) for s, n in pairs]
         for share, neighbour in plan:
-            case = run_case(
-                name,
-                share,
-                neighbour,
-                args.seconds,
-                sampler,
-                tenancy,
-                args.neighbour_kernel_us,
-                neighbour_workload,
-            )
+            try:
+                case = run_case(
+                    name,
+                    share,
+                    neighbour,
+                    args.seconds,
+                    sampler,
+                    tenancy,
+                    args.neighbour_kernel_us,
+                    neighbour_workload,
+                )
+            except RuntimeError as exc:
+                # A workload this node cannot run (a library version, a
+                # crash): said, and the rest of the plan goes on.
+                tenancy.release()
+                print(f"{name} at share {share}: {exc}; its other cases skipped", flush=True)
+                failed.append(f"{name} (share {share}): {exc}")
+                break
             print(json.dumps(case), flush=True)
             cases.append(case)
 
@@ -404,6 +444,7 @@ def main(argv: list[str] | None = None) -> int:
     sampler = Sampler(dict(os.environ), args.device)
     sampler.wait_ready()
     cases: list[dict[str, Any]] = []
+    failed: list[str] = []
     shares = [int(s) for s in args.shares.split(",") if s]
     pairs = [parse_pair(p) for p in args.coloc.split(",") if p]
     try:
@@ -414,13 +455,13 @@ def main(argv: list[str] | None = None) -> int:
                 else Standalone(Path(tmp), args.separate_turns)
             )
             try:
-                run_plan(args, shares, pairs, sampler, tenancy, cases)
+                run_plan(args, shares, pairs, sampler, tenancy, cases, failed)
             finally:
                 if isinstance(tenancy, Vgpus):
                     tenancy.stop()
     finally:
         sampler.stop()
-    print(report(cases, args.out))
+    print(report(cases, failed, args.out))
     if importlib.util.find_spec("matplotlib") is None:  # a dev dependency: not on every GPU node
         print(f"no matplotlib: plot with benchmarks/plot_inference.py {args.out}/inference.json")
     else:

@@ -12,6 +12,9 @@ Workloads (launch-bound inference shapes; PyTorch, random weights, nothing downl
 - hf-b1, hf-b8: a Hugging Face transformers Llama decoder built from a
                config (random weights), greedy generation in eager mode at
                batch 1 or 8; a unit is a generated token (per sequence);
+- hf-b1-graph, hf-b8-graph: the same decoder with a static KV cache, its
+               one-token decode step captured once as a CUDA graph and
+               replayed token after token (as serving stacks run decode);
 - gemm:        the GPU-bound neighbour: 8192x8192 bf16 matmuls, 8 per
                synchronisation; a unit is one matmul. Unlike vgpu-burn's
                clock-timed spin kernels, its units are work done, so they
@@ -22,10 +25,12 @@ Workloads (launch-bound inference shapes; PyTorch, random weights, nothing downl
 
 from __future__ import annotations
 
+import inspect
 import json
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -77,7 +82,9 @@ def adds() -> Callable[[], int]:
     return thousand
 
 
-def hf(batch: int) -> Callable[[], int]:
+def decoder() -> tuple[Any, Any]:
+    """The transformers Llama decoder of the hf-* workloads (random weights)
+    and its config."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
@@ -90,21 +97,90 @@ def hf(batch: int) -> Callable[[], int]:
         max_position_embeddings=2048,
     )
     torch.manual_seed(0)
-    model = LlamaForCausalLM(config).to("cuda", torch.bfloat16).eval()
-    prompt = torch.randint(0, config.vocab_size, (batch, 32), device="cuda")
-    new_tokens = 16  # a step of about 0.4 s natively: several reports per window at low shares
+    return LlamaForCausalLM(config).to("cuda", torch.bfloat16).eval(), config
+
+
+PROMPT = 32
+NEW_TOKENS = 16  # a step of about 0.4 s natively in eager mode: several reports per window
+
+
+def hf(batch: int) -> Callable[[], int]:
+    model, config = decoder()
+    prompt = torch.randint(0, config.vocab_size, (batch, PROMPT), device="cuda")
 
     def generate() -> int:
         with torch.no_grad():
             model.generate(
                 prompt,
                 attention_mask=torch.ones_like(prompt),
-                max_new_tokens=new_tokens,
-                min_new_tokens=new_tokens,
+                max_new_tokens=NEW_TOKENS,
+                min_new_tokens=NEW_TOKENS,
                 do_sample=False,
                 pad_token_id=0,
             )
-        return new_tokens
+        return NEW_TOKENS
+
+    return generate
+
+
+def hf_graph(batch: int) -> Callable[[], int]:
+    """Greedy decode with a static KV cache: the prompt is prefilled once,
+    eagerly; the one-token step (forward, argmax) is captured as a CUDA
+    graph, and each call replays it NEW_TOKENS times from the prompt's end
+    (the cache positions past it are masked by the cache position)."""
+    from transformers import StaticCache
+
+    model, config = decoder()
+    prompt = torch.randint(0, config.vocab_size, (batch, PROMPT), device="cuda")
+    # The constructor's arguments moved between transformers versions: pass
+    # those this one takes.
+    wanted = {
+        "config": config,
+        "max_batch_size": batch,
+        "max_cache_len": PROMPT + NEW_TOKENS,
+        "device": "cuda",
+        "dtype": torch.bfloat16,
+    }
+    accepted = inspect.signature(StaticCache).parameters
+    cache = StaticCache(**{k: v for k, v in wanted.items() if k in accepted})
+    ids = torch.zeros(batch, 1, dtype=torch.long, device="cuda")
+    pos = torch.tensor([PROMPT], device="cuda")
+
+    def step() -> torch.Tensor:
+        logits = model(input_ids=ids, past_key_values=cache, cache_position=pos, use_cache=True)
+        return logits.logits[:, -1].argmax(-1, keepdim=True)
+
+    with torch.no_grad():
+        first = (
+            model(
+                input_ids=prompt,
+                past_key_values=cache,
+                cache_position=torch.arange(PROMPT, device="cuda"),
+                use_cache=True,
+            )
+            .logits[:, -1]
+            .argmax(-1, keepdim=True)
+        )
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):  # warm up outside the capture
+                ids.copy_(first)
+                step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = step()
+
+    def generate() -> int:
+        ids.copy_(first)
+        pos.fill_(PROMPT)
+        for _ in range(NEW_TOKENS):
+            graph.replay()
+            ids.copy_(out)
+            pos.add_(1)
+        out[0, 0].item()  # the CPU reads the tokens back, as a decoder does
+        return NEW_TOKENS
 
     return generate
 
@@ -129,6 +205,8 @@ WORKLOADS: dict[str, Callable[[], Callable[[], int]]] = {
     "adds": adds,
     "hf-b1": lambda: hf(1),
     "hf-b8": lambda: hf(8),
+    "hf-b1-graph": lambda: hf_graph(1),
+    "hf-b8-graph": lambda: hf_graph(8),
     "gemm": gemm,
 }
 UNITS = {name: "token" for name in WORKLOADS} | {"adds": "add", "gemm": "matmul"}
