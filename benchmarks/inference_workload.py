@@ -12,9 +12,10 @@ Workloads (launch-bound inference shapes; PyTorch, random weights, nothing downl
 - hf-b1, hf-b8: a Hugging Face transformers Llama decoder built from a
                config (random weights), greedy generation in eager mode at
                batch 1 or 8; a unit is a generated token (per sequence);
-- hf-b1-graph, hf-b8-graph: the same decoder with a static KV cache, its
-               one-token decode step captured once as a CUDA graph and
-               replayed token after token (as serving stacks run decode);
+- hf-b1-graph, hf-b8-graph: the same decoder's greedy step captured once
+               as a CUDA graph and replayed token after token: a forward over
+               a fixed 48-token window (no KV cache, so every shape is
+               static), the argmax at the last position written after it;
 - gemm:        the GPU-bound neighbour: 8192x8192 bf16 matmuls, 8 per
                synchronisation; a unit is one matmul. Unlike vgpu-burn's
                clock-timed spin kernels, its units are work done, so they
@@ -25,7 +26,6 @@ Workloads (launch-bound inference shapes; PyTorch, random weights, nothing downl
 
 from __future__ import annotations
 
-import inspect
 import json
 import sys
 import time
@@ -124,62 +124,45 @@ def hf(batch: int) -> Callable[[], int]:
 
 
 def hf_graph(batch: int) -> Callable[[], int]:
-    """Greedy decode with a static KV cache: the prompt is prefilled once,
-    eagerly; the one-token step (forward, argmax) is captured as a CUDA
-    graph, and each call replays it NEW_TOKENS times from the prompt's end
-    (the cache positions past it are masked by the cache position)."""
-    from transformers import StaticCache
-
+    """Greedy decode with the step captured once as a CUDA graph and replayed
+    token after token. The step is the decoder's forward over a fixed window
+    of PROMPT + NEW_TOKENS tokens (no KV cache: every shape is static, and
+    the causal mask keeps the tokens past the last one out of its logits),
+    then the argmax at the last position written after it; the position
+    lives on the GPU, so the graph moves it on by itself."""
     model, config = decoder()
-    prompt = torch.randint(0, config.vocab_size, (batch, PROMPT), device="cuda")
-    # The constructor's arguments moved between transformers versions: pass
-    # those this one takes.
-    wanted = {
-        "config": config,
-        "max_batch_size": batch,
-        "max_cache_len": PROMPT + NEW_TOKENS,
-        "device": "cuda",
-        "dtype": torch.bfloat16,
-    }
-    accepted = inspect.signature(StaticCache).parameters
-    cache = StaticCache(**{k: v for k, v in wanted.items() if k in accepted})
-    ids = torch.zeros(batch, 1, dtype=torch.long, device="cuda")
-    pos = torch.tensor([PROMPT], device="cuda")
+    window = torch.randint(0, config.vocab_size, (batch, PROMPT + NEW_TOKENS), device="cuda")
+    prompt = window[:, :PROMPT].clone()
+    last = torch.tensor([PROMPT - 1], device="cuda")  # the last token's position
 
-    def step() -> torch.Tensor:
-        logits = model(input_ids=ids, past_key_values=cache, cache_position=pos, use_cache=True)
-        return logits.logits[:, -1].argmax(-1, keepdim=True)
+    def step() -> None:
+        logits = model(input_ids=window, use_cache=False).logits
+        token = logits.index_select(1, last).argmax(-1)
+        window.index_copy_(1, last + 1, token)
+        last.add_(1)
+
+    def restart() -> None:
+        window[:, :PROMPT].copy_(prompt)
+        last.fill_(PROMPT - 1)
 
     with torch.no_grad():
-        first = (
-            model(
-                input_ids=prompt,
-                past_key_values=cache,
-                cache_position=torch.arange(PROMPT, device="cuda"),
-                use_cache=True,
-            )
-            .logits[:, -1]
-            .argmax(-1, keepdim=True)
-        )
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):  # warm up outside the capture
-                ids.copy_(first)
+                restart()
                 step()
         torch.cuda.current_stream().wait_stream(side)
+        restart()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            out = step()
+            step()
 
     def generate() -> int:
-        ids.copy_(first)
-        pos.fill_(PROMPT)
+        restart()
         for _ in range(NEW_TOKENS):
             graph.replay()
-            ids.copy_(out)
-            pos.add_(1)
-        out[0, 0].item()  # the CPU reads the tokens back, as a decoder does
+        window[0, -1].item()  # the CPU reads the tokens back, as a decoder does
         return NEW_TOKENS
 
     return generate
