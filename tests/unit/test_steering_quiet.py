@@ -7,6 +7,9 @@ tick, quiet or not."""
 
 from __future__ import annotations
 
+import ctypes
+import mmap
+import os
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,12 +21,14 @@ from hypothesis import strategies as st
 from tests.unit.fakes import create, gpus, update
 from vgpud.loops.control import Steering
 from vgpud.observe.nvml import GpuSample, NvmlSample
-from vgpud.observe.tracker import TrackSnapshot, VgpuUse
+from vgpud.observe.tracker import TrackSnapshot, VgpuBlocks, VgpuUse
 from vgpud.policy import controller as ctl
 from vgpud.policy.placement import Rules
 from vgpud.units import PPM_FULL, parse_memory, percent_to_ppm
+from vgpud.vgpus import abi
 from vgpud.vgpus.abi import DEV_CALIBRATED, DEV_SOFT
 from vgpud.vgpus.atomics import Atomics
+from vgpud.vgpus.blocks import UsageBlock
 from vgpud.vgpus.model import CreateRequest, Limits, UpdateRequest
 from vgpud.vgpus.registry import Entry, Registry
 from vgpud.vgpus.state import StateStore
@@ -272,3 +277,39 @@ def test_a_vgpu_alone_with_small_launches_is_calibrated_and_told_so() -> None:
         assert run(20, (1000,), 10_000) < 280_000  # alone again
         assert run(2, (1000,), 2_000_000) == 300_000
         assert not e.control._c.devices[0].flags & DEV_CALIBRATED
+
+
+def test_an_adopted_standalone_process_alone_is_not_calibrated(tmp_path: Path) -> None:
+    """A standalone process (CUDA_CORE_LIMIT 30) alone on its GPU with small
+    launches, NVML reading 40: its steering stays at its own limit. Its
+    steering may only lower that limit and its hook is not told, so a
+    correction would apply one way only (docs/compute.md)."""
+    path = tmp_path / "standalone.usage"
+    UsageBlock.create(path).close()
+    fd = os.open(path, os.O_RDWR)
+    mm = mmap.mmap(fd, ctypes.sizeof(abi.UsageC))
+    os.close(fd)
+    hook = abi.UsageC.from_buffer(mm)
+    hook.device_count = 1
+    hook.uuids[0].value = GPUS[0].uuid.encode()
+    hook.devices[0].share_ppm = 300_000
+    block = UsageBlock.open(path)
+    key = "standalone-1"
+    track = TrackSnapshot(0.0, {}, {key: VgpuUse(key, True, {}, (1000,), 1)}, (), {}, (), (), True)
+    steering = Steering(Atomics.load())
+    now = 0
+    try:
+        for n in range(20):
+            now += TICK_NS
+            hook.devices[0].gpu_time_ns += 30_000_000
+            hook.devices[0].launches += 3_000  # 10 us a launch
+            hook.devices[0].throttled_ns += TICK_NS // 2
+            sample = nvml(40, {}, (1000,)) if n % 2 else steering.last_sample
+            quotas = steering.tick([], {key: VgpuBlocks(block)}, track, sample, now)
+        assert quotas == {(key, GPUS[0].uuid): 300_000}
+        assert block.read_steer(0).quota_ppm == 300_000
+        assert not steering.state.slices[(key, GPUS[0].uuid)].calibrated
+    finally:
+        del hook
+        mm.close()
+        block.close()

@@ -169,7 +169,9 @@ class Steering:
                     pacing[key] = (d.gpu_time_ns, d.throttled_ns, d.launches)
                     writers[key] = partial(blocks.usage.write_steer, i, window_ns=ctl.WINDOW_NS)
 
-        snapshot = self._snapshot(allocations, pacing, track, sample, fresh, now_ns)
+        snapshot = self._snapshot(
+            allocations, len(plans.allocations), pacing, track, sample, fresh, now_ns
+        )
         quotas, self.state = ctl.compute_quotas(snapshot, allocations, self.state, self.tuning)
         for key, quota in quotas.items():
             if self._given.get(key) != quota or writers[key] is not self._writers.get(key):
@@ -245,6 +247,7 @@ class Steering:
     def _snapshot(
         self,
         allocations: list[ctl.Allocation],
+        owned: int,
         counters: Mapping[ctl.Key, tuple[int, ...]],
         track: TrackSnapshot | None,
         latest: NvmlSample | None,
@@ -256,10 +259,13 @@ class Steering:
         figures = self._figures(latest)
         device_util = {uuid: util for uuid, util, _ in figures}
         listed = {uuid: pids for uuid, _, pids in figures}
-        for a in allocations:
+        for i, a in enumerate(allocations):
             key = (a.vgpu_id, a.gpu)
             use = track.vgpus.get(a.vgpu_id) if track is not None else None
-            alone = use is not None and _alone(listed.get(a.gpu), use.pids)
+            # Only a daemon-owned vGPU (the first `owned` allocations) is
+            # calibrated: a standalone process's steering may only lower its
+            # own limit, and its hook is not told.
+            alone = i < owned and use is not None and _alone(listed.get(a.gpu), use.pids)
             util = None
             if fresh is not None and use is not None and a.gpu in fresh.gpus:
                 gpu = fresh.gpus[a.gpu]
