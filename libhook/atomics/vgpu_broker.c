@@ -10,18 +10,21 @@
  * broker is at work.
  *
  * The daemon is the only writer another vGPU reads: a tenant reaches the
- * broker through one 32-bit request word and one 64-bit stamp in its own
- * usage block, each read with a single load and taken for nothing but that
- * tenant's wish. Whatever it writes there, it gets at most its turn of the
- * round: a holder that is idle when others wait loses the turn at once; one
- * that stays busy past its time loses it by force TURN_REVOKE_GRACE_NS
- * later; and while others ask, a vGPU holds the turn for at most its quota
- * (the daemon's, in its control block) plus BROKER_SLACK_PPM of the time,
- * or it sits out until its credit is back (a vGPU that claims turns it
- * does not use cannot squeeze the others below their shares); a stamp
- * counts only while the daemon's own quota for that vGPU is below 100 % and
- * reaches at most BROKER_STAMP_CAP_NS ahead; a request word that keeps
- * changing wakes the broker at most BROKER_WAKES_PER_PERIOD times a period.
+ * broker through one 32-bit request word, one 32-bit overrun claim and one
+ * 64-bit stamp in its own usage block, each read with a single load and
+ * taken for nothing but that tenant's wish. Whatever it writes there, it
+ * gets at most its turn of the round: a holder that is idle when others
+ * wait loses the turn at once; one that stays busy past its time loses it
+ * by force TURN_REVOKE_GRACE_NS later, or, in a round where it claims a
+ * longer batch (overrun_ms) with turn credit left, as much later as it
+ * claims and at most BROKER_OVERRUN_CAP_NS past its time; and while others
+ * ask, a vGPU holds the turn for at most its quota (the daemon's, in its
+ * control block) plus BROKER_SLACK_PPM of the time, or it sits out until
+ * its credit is back (a vGPU that claims turns, or batches, it does not use
+ * cannot take more than that); a stamp counts only while the daemon's own
+ * quota for that vGPU is below 100 % and reaches at most
+ * BROKER_STAMP_CAP_NS ahead; a request word that keeps changing wakes the
+ * broker at most BROKER_WAKES_PER_PERIOD times a period.
  *
  * One thread for every GPU, asleep in futex_waitv on the words whose change
  * it must answer (a holder's request while others wait, the requests of the
@@ -67,8 +70,13 @@ VGPU_BROKER_API void vgpu_broker_stop(void);
 /* A holder busy this long past turn_until_ns loses the turn by force: the
  * hook stops opening batches at turn_until_ns and drains them
  * (TURN_DRAIN_NS, a batch that only its thread can close; a 20 ms kernel
- * still running), so an honest one has passed it on before. */
+ * still running), so an honest one has passed it on before. A holder whose
+ * batches opened in its time run longer (a graph launch of 300 ms) says so
+ * in overrun_ms; that claim, capped at BROKER_OVERRUN_CAP_NS, replaces the
+ * grace in a round where the holder has turn credit left when the grace
+ * runs out (revoke_at). */
 #define TURN_REVOKE_GRACE_NS (TURN_DRAIN_NS + 30000000ull)
+#define BROKER_OVERRUN_CAP_NS TURN_BATCH_CAP_NS
 /* Turn time a vGPU may hold while others ask, beyond its quota: an honest
  * holder also holds the turn through its own gaps between launches, the
  * hand-offs and the linger. */
@@ -76,7 +84,18 @@ VGPU_BROKER_API void vgpu_broker_stop(void);
 /* Turn credit saved while not contended is capped: a vGPU idle for long
  * cannot then hold the GPU for long. */
 #define BROKER_CREDIT_CAP_NS 100000000ll
-#define BROKER_CREDIT_FLOOR_NS (-1000000000ll)
+/* An overrun (revoke_at) is granted to a holder whose credit, when its
+ * grace runs out, is above minus the cap: one that just spent its credit
+ * on its own honest work (a first batch of unknown cost) keeps its batch
+ * whole; one that keeps holding past its share has none. */
+#define BROKER_OVERRUN_CREDIT_NS (-BROKER_CREDIT_CAP_NS)
+#define BROKER_CREDIT_FLOOR_NS (-2000000000ll)
+/* The floor forgives nothing a round can cost: an overrun starts at no
+ * less than BROKER_OVERRUN_CREDIT_NS and lasts at most the cap less the
+ * grace. */
+_Static_assert(BROKER_OVERRUN_CAP_NS - TURN_REVOKE_GRACE_NS - BROKER_OVERRUN_CREDIT_NS <
+                   (uint64_t)-BROKER_CREDIT_FLOOR_NS,
+               "an overrun could take a holder's credit below the floor");
 /* A pacing stamp is published at most this far ahead (hooks stamp 0.5 s
  * ahead plus their expected wait; republished every period anyway). */
 #define BROKER_STAMP_CAP_NS 1000000000ull
@@ -118,6 +137,7 @@ struct gpu {
     uint32_t next_id;
     uint64_t granted_at;
     uint64_t until;       /* 0: nobody else waited */
+    uint64_t revoke_at;   /* when a busy holder loses the grant by force; 0: not decided */
     bool contended;       /* others asked at the last look */
     bool taken_up;        /* the holder worked under this grant (echoed it) */
 };
@@ -224,13 +244,48 @@ static void publish_stamp(struct gpu *g, uint64_t now)
 
 /* ---- the turn --------------------------------------------------------------- */
 
+/* The holder's time is over or unbounded again: the next one is decided
+ * afresh. */
+static void clear_time(struct gpu *g)
+{
+    g->until = 0;
+    g->revoke_at = 0;
+}
+
 static void take_back(struct gpu *g, struct member *h)
 {
     atomic_store(&h->ctl->turn_until_ns, 0);
     atomic_store(&h->ctl->turn_grant, 0);
     wake_all(&h->ctl->turn_grant);
     g->holder = -1;
-    g->until = 0;
+    clear_time(g);
+}
+
+/*
+ * When a busy holder loses the grant by force: TURN_REVOKE_GRACE_NS past
+ * its time; or, if its batches opened in that time run longer (its claim,
+ * overrun_ms, read once per grant when the grace runs out) and its turn
+ * credit then is above BROKER_OVERRUN_CREDIT_NS, as long as it claims, at
+ * most BROKER_OVERRUN_CAP_NS past its time. The claim is the tenant's word:
+ * the cap bounds the round; the credit, spent in the overrun as in any
+ * held time, bounds how often such a round comes and how much of the GPU
+ * all its rounds take together (its quota plus BROKER_SLACK_PPM while
+ * others ask, as without claims).
+ */
+static uint64_t revoke_at(struct gpu *g, const struct member *h, uint64_t now)
+{
+    uint64_t grace = g->until + TURN_REVOKE_GRACE_NS;
+    if (now < grace)
+        return grace;
+    if (g->revoke_at == 0) {
+        uint64_t claim = (uint64_t)atomic_load_explicit(&h->turn->overrun_ms,
+                                                        memory_order_relaxed) * 1000000ull;
+        if (claim > BROKER_OVERRUN_CAP_NS)
+            claim = BROKER_OVERRUN_CAP_NS;
+        bool overrun = h->credit_ns > BROKER_OVERRUN_CREDIT_NS && claim > TURN_REVOKE_GRACE_NS;
+        g->revoke_at = overrun ? g->until + claim : grace;
+    }
+    return g->revoke_at;
 }
 
 /* An idle holder's turn goes to those who wait; the hand-shake of grant.c:
@@ -281,6 +336,7 @@ static void give(struct gpu *g, int pos, bool others_wait, uint64_t now)
     g->last = pos;
     g->granted_at = now;
     g->taken_up = false;
+    clear_time(g);
     g->until = others_wait ? now + TURN_HOLD_NS : 0;
     atomic_store(&m->ctl->turn_until_ns, g->until);
     atomic_store(&m->ctl->turn_grant, g->grant);
@@ -355,7 +411,7 @@ static void step(struct gpu *g, uint64_t now, bool new_period, struct watch *w)
         }
         if (asking == 0) {
             if (g->until != 0) { /* the others gave up: no time limit */
-                g->until = 0;
+                clear_time(g);
                 atomic_store(&h->ctl->turn_until_ns, 0);
             }
         } else if (!busy) {
@@ -367,21 +423,26 @@ static void step(struct gpu *g, uint64_t now, bool new_period, struct watch *w)
                 holder_pos = -1;
             }
         } else {
-            /* Others ask: the holder's time runs from its grant, and ends
-             * now if it has held more than its credit. */
-            uint64_t until = g->until != 0 ? g->until : g->granted_at + TURN_HOLD_NS;
+            /* Others ask: the holder's time runs from its grant, but not
+             * from before now (one that held the GPU alone for long has its
+             * grace to drain what runs, as any other), and ends now if it
+             * has held more than its credit. */
+            uint64_t until = g->until;
+            if (until == 0)
+                until = g->granted_at + TURN_HOLD_NS > now ? g->granted_at + TURN_HOLD_NS : now;
             if (h->credit_ns < 0 && until > now)
                 until = now;
             if (until != g->until) {
                 g->until = until;
                 atomic_store(&h->ctl->turn_until_ns, until);
             }
-            if (now >= g->until + TURN_REVOKE_GRACE_NS) {
+            uint64_t revoke = revoke_at(g, h, now);
+            if (now >= revoke) {
                 take_back(g, h);
                 holder_pos = -1;
             } else {
                 watch_word(w, &h->turn->request, g->grant);
-                watch_until(w, g->until + TURN_REVOKE_GRACE_NS);
+                watch_until(w, revoke);
             }
         }
     }
@@ -515,6 +576,9 @@ int vgpu_broker_add(const char *gpu, struct vgpu_control *control, int dev,
                          .ctl = &control->devices[dev],
                          .beat = &control->turn_beat_ns,
                          .turn = &usage->devices[usage_dev].turn,
+                         /* What any vGPU idle for a moment has: enough for
+                          * its first long batch to overrun (revoke_at). */
+                         .credit_ns = BROKER_CREDIT_CAP_NS,
                          .credit_stamp = now_ns()};
     atomic_store(&m->ctl->turn_until_ns, 0);
     atomic_store(&m->ctl->paced_until_ns, 0);

@@ -185,8 +185,10 @@ struct vgpu_steer {
  * turns among themselves: a FIFO ticket lock with a lease, no lock a dead
  * process can hold (libhook/src/arbiter.c):
  *   take     t = next++; the turn is t's when serving == t;
- *   hold     the holder renews lease_ns as it opens batches;
- *   pass     serving = t + 1 (CAS from t), lease_ns = a hand-off grace;
+ *   hold     the holder pushes lease_ns forward as it opens batches (to
+ *            the batch's expected end, when that is further: never back);
+ *   pass     lease_ns = a hand-off grace, then serving = t + 1 (each by
+ *            CAS from what the passer saw);
  *            waiters sleep on `serving` (futex, shared mapping, timed);
  *   skip     anyone may CAS serving s -> s + 1 once lease_ns has passed.
  * paced_until_ns: a process here paces until then (it pushes it forward).
@@ -194,6 +196,11 @@ struct vgpu_steer {
  * GPU; the grant id from turn_grant = the holder works under that grant;
  * any other value = wants the GPU. Written by the tenant: the broker takes
  * it for nothing but this vGPU's wish.
+ * overrun_ms (vGPU mode, read by the broker): how long past its time
+ * (turn_until_ns) the batches the holder opened under its grant may still
+ * run; 0 when it takes a grant up and when it lets it go. The broker holds
+ * back its force-revoke that long, capped (TURN_BATCH_CAP_NS) and only for
+ * a holder with turn credit left (libhook/atomics/vgpu_broker.c).
  */
 struct vgpu_turn {
     _Atomic uint32_t next;
@@ -201,7 +208,7 @@ struct vgpu_turn {
     _Atomic uint64_t lease_ns;
     _Atomic uint64_t paced_until_ns;
     _Atomic uint32_t request;
-    uint32_t reserved0;
+    _Atomic uint32_t overrun_ms;
 };
 
 /* vgpu_turn.request: wants the GPU, holds no grant (grants are >= 2). */

@@ -18,8 +18,9 @@
 #include "pacer.h"
 #include "vgpu_abi.h"
 
-/* A holder that stops renewing (dead, hung, or one batch longer than this)
- * may be skipped this long after its last renewal. */
+/* A holder that stops renewing (dead or hung) may be skipped this long
+ * after its last renewal; a batch expected to run longer gets a longer
+ * lease when it opens (arbiter_extend; turn.c, TURN_BATCH_CAP_NS). */
 #define ARBITER_LEASE_NS 100000000ull
 /* A turn just passed on: how long its ticket's owner has to claim it (it
  * is asleep on the futex and wakes in microseconds; a dead waiter's ticket
@@ -39,10 +40,17 @@ bool arbiter_holds(const struct vgpu_turn *a, uint32_t ticket);
 /* Does anyone queue behind `ticket`? */
 bool arbiter_contended(const struct vgpu_turn *a, uint32_t ticket);
 
-/* The holder is alive and working: push its lease forward. */
+/* The holder is alive and working: its lease reaches at least
+ * ARBITER_LEASE_NS past now (never shortened: a long batch it opened
+ * before keeps the lease it was given). */
 void arbiter_renew(struct vgpu_turn *a, uint64_t now);
 
-/* Pass the turn on (no-op if it was skipped meanwhile). */
+/* The holder's batches may run until `until`: its lease reaches at least
+ * that far (never shortened). */
+void arbiter_extend(struct vgpu_turn *a, uint64_t until);
+
+/* Pass the turn on (no-op if it was skipped meanwhile: then it leaves the
+ * new holder's lease alone too). */
 void arbiter_release(struct vgpu_turn *a, uint32_t ticket, uint64_t now);
 
 /* A process paces on the GPU and wants turns until `until`: raise

@@ -43,6 +43,9 @@ uint32_t grant_acquire(const struct grant_dev *g, const struct pacer_clock *cloc
          * if we took it up again, would only be passed on at once): wait
          * for the next one rather than spin. */
         if (id > VGPU_TURN_WANT && !grant_expired(g, now)) {
+            /* No claim of the last grant's outlives it: cleared before the
+             * echo, which is what makes the broker read it. */
+            atomic_store(&g->turn->overrun_ms, 0);
             set_request(g, id);
             if (atomic_load(&g->control->turn_grant) == id)
                 return id;
@@ -72,5 +75,21 @@ bool grant_others_wait(const struct grant_dev *g)
 
 void grant_release(const struct grant_dev *g, bool want)
 {
+    atomic_store(&g->turn->overrun_ms, 0);
     set_request(g, want ? VGPU_TURN_WANT : 0);
+}
+
+void grant_overrun(const struct grant_dev *g, uint64_t end, uint64_t now)
+{
+    /* Past its time if the broker set one; else past now, for any time the
+     * broker sets later is no earlier than now (vgpu_broker.c). */
+    uint64_t until = atomic_load_explicit(&g->control->turn_until_ns, memory_order_relaxed);
+    uint64_t base = until != 0 ? until : now;
+    if (end <= base)
+        return;
+    uint64_t ms = (end - base + 999999) / 1000000;
+    if (ms > UINT32_MAX)
+        ms = UINT32_MAX;
+    if (ms > atomic_load(&g->turn->overrun_ms))
+        atomic_store(&g->turn->overrun_ms, (uint32_t)ms);
 }

@@ -57,4 +57,10 @@ bool grant_others_wait(const struct grant_dev *g);
  * queues for the GPU next. */
 void grant_release(const struct grant_dev *g, bool want);
 
+/* The holder's batches may run until `end` (its clock; `now` is): tell the
+ * broker how far past its time that is (vgpu_turn.overrun_ms, which only
+ * grows under one grant), so that it does not take the grant back by force
+ * while a batch opened within that time still runs. */
+void grant_overrun(const struct grant_dev *g, uint64_t end, uint64_t now);
+
 #endif

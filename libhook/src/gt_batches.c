@@ -157,6 +157,18 @@ static struct gt_batch *free_record(struct gt_stream *s)
     return NULL;
 }
 
+/* What a batch that opens may cost at most, as far as we know: the stream's
+ * last graph run, or its target number of launches at their running cost;
+ * TURN_COST_UNKNOWN before the first measurement. */
+static uint64_t batch_cost(const struct gt_stream *s, const struct gt_dev *d, bool graph,
+                           uint32_t target)
+{
+    int64_t cost = graph ? atomic_load_explicit(&s->graph_cost_ns, memory_order_relaxed)
+                         : (int64_t)atomic_load_explicit(&d->launch_cost_ns,
+                                                         memory_order_relaxed) * target;
+    return cost > 0 ? (uint64_t)cost : TURN_COST_UNKNOWN;
+}
+
 /*
  * Open a batch on the stream (lock held; it is released while waiting).
  * Returns the stream's open batch (maybe opened meanwhile by another
@@ -238,6 +250,8 @@ struct gt_batch *gt_open_batch(struct gt_stream *s, struct gt_dev *d, bool graph
                              : (int64_t)(cost * (expect < target ? expect : target));
         if (paced)
             pacer_charge(d->pacer.bucket, b->precharge);
+        if (b->turn)
+            turn_cover(b->dev, batch_cost(s, d, graph, target));
         atomic_store_explicit(&b->state, BATCH_OPEN, memory_order_release);
         s->open = b;
         atomic_fetch_add_explicit(&gt.open_batches, 1, memory_order_relaxed);

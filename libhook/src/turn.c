@@ -35,6 +35,7 @@ struct turn_dev {
     uint32_t ticket;
     uint32_t grant_id;             /* 0: no grant held (standalone, or no broker at work) */
     uint64_t held_since;
+    uint64_t busy_until;           /* a long batch of ours may run until then (turn_cover) */
     _Atomic uint64_t linger_until; /* holding with no batch: pass on at this time */
     unsigned batches;              /* counted by turn_enter, not yet left */
 };
@@ -133,6 +134,7 @@ static void pass_on(struct turn_dev *t, uint64_t now)
         grant_release(&t->grant, arbiter_contended(t->local, t->ticket));
     arbiter_release(t->local, t->ticket, now);
     t->holding = false;
+    t->busy_until = 0;
     t->linger_until = 0;
 }
 
@@ -208,9 +210,11 @@ bool turn_enter(int index)
                 continue;
             }
             /* Others queue and we had our turn: let our batches drain (the
-             * monitor passes the turn on), then queue behind them. */
+             * monitor passes the turn on), then queue behind them. A long
+             * batch of ours is waited for, not run beside (turn_cover). */
             if (drain_deadline == 0)
-                drain_deadline = now + TURN_DRAIN_NS;
+                drain_deadline = t->busy_until > now + TURN_DRAIN_NS ? t->busy_until
+                                                                     : now + TURN_DRAIN_NS;
             struct timespec until = {.tv_sec = (time_t)(drain_deadline / 1000000000ull),
                                      .tv_nsec = (long)(drain_deadline % 1000000000ull)};
             pthread_cond_timedwait(&t->cond, &t->lock, &until);
@@ -237,6 +241,37 @@ bool turn_enter(int index)
     }
     pthread_mutex_unlock(&t->lock);
     return true;
+}
+
+/* How long a batch expected to run `cost_ns` may keep the turn: twice its
+ * cost, at most the cap (TURN_COST_UNKNOWN: the cap). */
+static uint64_t cover_ns(uint64_t cost_ns)
+{
+    if (cost_ns >= TURN_BATCH_CAP_NS / 2)
+        return TURN_BATCH_CAP_NS;
+    return 2 * cost_ns;
+}
+
+void turn_cover(int index, uint64_t cost_ns)
+{
+    struct turn_dev *t = &turns[index];
+    uint64_t cover = cover_ns(cost_ns);
+    /* Most batches: turn_enter's renewal covers them, and the broker's
+     * grace their drain. Nothing to write. */
+    if (cover <= TURN_DRAIN_NS)
+        return;
+    pthread_mutex_lock(&t->lock);
+    /* Skipped meanwhile (a lease that lapsed): the turn_enter of our next
+     * batch queues again; nothing here is ours to push. */
+    if (t->holding && arbiter_holds(t->local, t->ticket)) {
+        uint64_t now = now_ns(), end = now + cover;
+        arbiter_extend(t->local, end);
+        if (end > t->busy_until)
+            t->busy_until = end;
+        if (t->grant_id != 0)
+            grant_overrun(&t->grant, end, now);
+    }
+    pthread_mutex_unlock(&t->lock);
 }
 
 bool turn_contended(int index)
@@ -313,6 +348,7 @@ void turn_reset(void)
     for (int i = 0; i < VGPU_MAX_DEVICES; i++) {
         turns[i].holding = turns[i].queueing = false;
         turns[i].batches = 0;
+        turns[i].busy_until = 0;
         turns[i].linger_until = 0;
         turns[i].own_stamp = 0; /* the parent's */
     }

@@ -34,8 +34,24 @@
 #define TURN_HOLD_NS 48000000ull
 #endif
 /* How long a holder that must yield waits for its batches to drain before
- * it opens one anyway (a batch only its own thread can close). */
+ * it opens one anyway (a batch only its own thread can close); longer
+ * while a batch it opened is expected to run longer (turn_cover). */
 #define TURN_DRAIN_NS 20000000ull
+
+/* A batch longer than the lease (one huge kernel, a graph launch: a
+ * training step replayed as a graph) keeps its process's turn, and its
+ * vGPU's grant, until it is expected to end: twice its expected cost (a
+ * batch of the same stream may be queued ahead of it), and at most this
+ * long from its opening. So a process that dies in the middle of such a
+ * batch costs the others of its vGPU (or user) at most this long, and the
+ * broker lets a holder's batches run at most this long past its time
+ * (docs/security.md, "The GPU turn"). Longer batches are still skipped
+ * (lease) or taken back (broker) before their end, and overlap the next
+ * holder's as before. */
+#define TURN_BATCH_CAP_NS 1000000000ull
+/* turn_cover: the batch's cost was never measured (its stream's first
+ * graph, the process's first kernel on the device): covered to the cap. */
+#define TURN_COST_UNKNOWN UINT64_MAX
 
 /* A holder whose batches have all been measured keeps the turn this long,
  * for its next launch (a program that synchronises between steps), before
@@ -81,6 +97,12 @@ bool turn_wanted(int index);
 /* Before opening a batch on device `index`: wait for the turn, and count the
  * batch. False when the device has no turn (then no turn_leave). */
 bool turn_enter(int index);
+
+/* A batch that holds this process's turn on device `index` (turn_enter
+ * counted it) was opened, expected to run `cost_ns`: if that may outlast
+ * the lease, push the lease (and, under a grant, the broker's overrun
+ * claim) forward to cover it, up to TURN_BATCH_CAP_NS. */
+void turn_cover(int index, uint64_t cost_ns);
 
 /* Does anyone wait for the turn this process holds on device `index`:
  * another process of its vGPU (or of its user, standalone), or another

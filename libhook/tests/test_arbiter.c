@@ -15,8 +15,9 @@
 
 #include "check.h"
 
-/* The real clock, shifted: a test jumps past a lease without waiting it out. */
-static uint64_t skew_ns;
+/* The real clock, shifted: a test jumps past a lease without waiting it out
+ * (atomic: a waiting thread reads it while the test moves it). */
+static _Atomic uint64_t skew_ns;
 static uint64_t skewed_now(void *ctx)
 {
     (void)ctx;
@@ -130,6 +131,52 @@ static void test_a_dead_waiter_costs_one_handoff(void)
     CHECK(w.ticket == 2 && arbiter_holds(&arb, 2));
 }
 
+/* A holder whose batch runs longer than the lease (a 300 ms graph) pushed
+ * its lease to the batch's expected end when it opened it: a waiter does not
+ * skip it once ARBITER_LEASE_NS has passed (both batches would then run at
+ * once, each measuring the other's), only once that end has; and renewing
+ * for a short batch of the same holder does not cut the lease back. */
+static void test_a_long_batch_keeps_its_lease(void)
+{
+    reset();
+    uint32_t holder = arbiter_acquire(&arb, &clock_);
+    uint64_t now = clock_.now(NULL), end = now + 3 * ARBITER_LEASE_NS;
+    arbiter_extend(&arb, end);
+    arbiter_renew(&arb, now);
+    CHECK(atomic_load(&arb.lease_ns) == end);
+    skew_ns = ARBITER_LEASE_NS + 1; /* past what a renewal alone covers */
+    struct waiter w = {0};
+    pthread_create(&w.th, NULL, wait_turn, &w);
+    CHECK(await_next(holder + 2));
+    struct timespec slices = {0, 4 * ARBITER_WAIT_SLICE_NS}; /* it looked again meanwhile */
+    nanosleep(&slices, NULL);
+    CHECK(!atomic_load(&w.got) && arbiter_holds(&arb, holder));
+    skew_ns = 3 * ARBITER_LEASE_NS + 1; /* past the batch's end: the holder died in it */
+    pthread_join(w.th, NULL);
+    CHECK(w.ticket == holder + 1 && arbiter_holds(&arb, w.ticket));
+}
+
+/* A holder that was skipped (stopped for a while, or its batch outran the
+ * lease) releases late: that moves nothing, neither the turn nor the new
+ * holder's lease, which covers the new holder's own long batch. (Before,
+ * the late release reset the lease to a hand-off grace, and the new
+ * holder was skipped in turn 20 ms later, mid-batch.) */
+static void test_a_late_release_leaves_the_new_holder_alone(void)
+{
+    reset();
+    uint32_t old = arbiter_acquire(&arb, &clock_);
+    skew_ns = ARBITER_LEASE_NS + 1;
+    uint32_t t = arbiter_acquire(&arb, &clock_);
+    CHECK(t == old + 1);
+    uint64_t now = clock_.now(NULL), end = now + 5 * ARBITER_LEASE_NS;
+    arbiter_extend(&arb, end);
+    arbiter_release(&arb, old, now);
+    CHECK(arbiter_holds(&arb, t));
+    CHECK(atomic_load(&arb.lease_ns) == end);
+    arbiter_release(&arb, t, now); /* its own release does pass it on */
+    CHECK(!arbiter_holds(&arb, t) && atomic_load(&arb.lease_ns) == now + ARBITER_HANDOFF_NS);
+}
+
 static void test_the_pacing_stamp_only_moves_forward_and_rarely(void)
 {
     reset();
@@ -202,6 +249,8 @@ int main(void)
     test_waiters_are_served_in_order();
     test_a_dead_holder_is_skipped_after_its_lease();
     test_a_dead_waiter_costs_one_handoff();
+    test_a_long_batch_keeps_its_lease();
+    test_a_late_release_leaves_the_new_holder_alone();
     test_the_pacing_stamp_only_moves_forward_and_rarely();
     test_a_pacer_takes_back_only_its_own_stamp();
     test_unpaced_processes_take_turns_only_while_the_stamp_is_fresh();

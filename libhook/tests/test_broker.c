@@ -145,6 +145,75 @@ static void test_a_holder_that_never_lets_go_loses_the_turn(void)
     teardown();
 }
 
+static uint64_t now_ms(void)
+{
+    return pacer_monotonic.now(NULL) / 1000000ull;
+}
+
+static void sleep_ms(long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000l};
+    nanosleep(&ts, NULL);
+}
+
+/* A holder whose batch, opened in its time, runs longer (a 300 ms graph)
+ * says so (grant_overrun, as turn.c does when it opens the batch): the
+ * broker leaves it the grant until the batch is done, rather than hand the
+ * GPU to the other vGPU while the batch still runs (each would then measure
+ * the other's work; before, it took the grant back 48 + 50 ms after the
+ * other asked). */
+static void test_a_long_batch_keeps_the_grant_until_it_ends(void)
+{
+    setup();
+    uint32_t id = grant_acquire(&vgpus[0]->grant, &pacer_monotonic);
+    uint64_t now = pacer_monotonic.now(NULL);
+    grant_overrun(&vgpus[0]->grant, now + 2 * 300000000ull, now);
+    CHECK(atomic_load(&vgpus[0]->usage.devices[0].turn.overrun_ms) == 600);
+    struct asker other = {.vgpu = 1};
+    pthread_create(&other.th, NULL, ask, &other);
+    sleep_ms(250); /* well past its time and grace */
+    CHECK(grant_holds(&vgpus[0]->grant, id) && atomic_load(&other.got) == 0);
+    grant_release(&vgpus[0]->grant, false); /* the batch ended */
+    CHECK(atomic_load(&vgpus[0]->usage.devices[0].turn.overrun_ms) == 0);
+    pthread_join(other.th, NULL);
+    CHECK(atomic_load(&other.got) > VGPU_TURN_WANT && grant_of(0) == 0);
+    grant_release(&vgpus[1]->grant, false);
+    teardown();
+}
+
+/* A hostile vGPU echoes its grant for ever and claims the longest batch
+ * there is: the broker holds its revoke back at most BROKER_OVERRUN_CAP_NS
+ * past the holder's time, and the holder, having spent its turn credit so,
+ * gets no more than the grace in its next round. */
+static void test_an_overrun_claim_is_capped_and_paid_for(void)
+{
+    setup();
+    struct vgpu_turn *h = &vgpus[0]->usage.devices[0].turn; /* quota 30 % */
+    uint32_t hostile = grant_acquire(&vgpus[0]->grant, &pacer_monotonic);
+    atomic_store(&h->overrun_ms, UINT32_MAX);
+    uint64_t asked = now_ms();
+    uint32_t got = grant_acquire(&vgpus[1]->grant, &pacer_monotonic);
+    uint64_t waited = now_ms() - asked;
+    CHECK(got > VGPU_TURN_WANT && !grant_holds(&vgpus[0]->grant, hostile));
+    /* Its claim was heard once, and cut to the cap. */
+    CHECK(waited * 1000000ull > TURN_HOLD_NS + TURN_REVOKE_GRACE_NS + 100000000ull);
+    CHECK(waited * 1000000ull < TURN_HOLD_NS + BROKER_OVERRUN_CAP_NS + 200000000ull);
+    grant_release(&vgpus[1]->grant, false);
+
+    /* It asks again, is served (nobody else asks), and holds on the same way. */
+    atomic_store(&h->request, VGPU_TURN_WANT);
+    wake_all(&h->request);
+    AWAIT(grant_of(0) != 0);
+    atomic_store(&h->request, grant_of(0));
+    asked = now_ms();
+    got = grant_acquire(&vgpus[1]->grant, &pacer_monotonic);
+    waited = now_ms() - asked;
+    CHECK(got > VGPU_TURN_WANT && grant_of(0) == 0);
+    CHECK(waited * 1000000ull < TURN_HOLD_NS + TURN_REVOKE_GRACE_NS + 100000000ull);
+    grant_release(&vgpus[1]->grant, false);
+    teardown();
+}
+
 /* What a tenant writes in its turn reaches no other vGPU: garbage in its
  * request is a wish for the GPU and nothing more, a stamp from a vGPU whose
  * quota is 100 % paces nobody, and a far one is cut down. */
@@ -251,6 +320,8 @@ int main(void)
     test_one_vgpu_at_a_time_in_turn();
     test_an_idle_holder_gives_way();
     test_a_holder_that_never_lets_go_loses_the_turn();
+    test_a_long_batch_keeps_the_grant_until_it_ends();
+    test_an_overrun_claim_is_capped_and_paid_for();
     test_hostile_words_move_nothing_of_another_vgpu();
     test_a_vgpu_sees_the_others_pacing_not_its_own();
     test_a_dead_asker_is_not_heard_again_at_once();

@@ -22,6 +22,7 @@ import pytest
 from tests.conftest import BUILD
 from tests.helpers.vgpus import BrokeredVgpus
 from tests.integration.compute_harness import Burn, Sampler, device_util
+from vgpud.vgpus.blocks import UsageBlock
 
 SECONDS = 4.5
 WARMUP = 1.0
@@ -134,4 +135,107 @@ def test_paced_tenant_next_to_an_unlimited_one(
     got, busy = colocate(sim_env, tmp_path, tenants)
     assert got[0] == pytest.approx(30, abs=TOLERANCE), f"work {got}"
     assert got[1] >= 55, f"work {got}"
+    assert busy >= 90, f"device busy {busy:.1f} %, work {got}"
+
+
+# --- batches longer than the turn's lease and the broker's hold ----------------
+
+LONG_US = 300_000  # one kernel, or one graph launch, of 300 ms
+LONG_SECONDS = 9.0  # a 300 ms batch is 3 points of a 9 s run
+LONG_BATCHES = {
+    "kernel": ["--kernel-us", str(LONG_US)],
+    "graph": ["--kernel-us", str(LONG_US // 10), "--graph", "10"],
+}
+
+
+def long_batch_tenants(
+    sim_env: dict[str, str], tenants: list[dict[str, str]], how: str
+) -> tuple[list[float], float, float]:
+    """Run processes that launch one 300 ms batch at a time (a kernel, or a
+    graph of ten 30 ms kernels), each synchronising after it; `tenants`:
+    each process's hook environment (two processes of one vGPU share one).
+    Returns the work each did (% of the device); how far the hooks' summed
+    charge (their usage blocks' gpu_time_ns) exceeded the GPU time NVML saw
+    the device busy, in points of the run (the time two overlapping batches
+    both charged); and NVML's device figure after the warm-up."""
+    sampler = Sampler(sim_env, device=0)
+    usages = sorted({t["VGPU_USAGE"] for t in tenants})
+    try:
+        sampler.wait_ready()
+        start = time.time()
+        burns = [
+            Burn.start(
+                [str(BUILD / "vgpu-burn"), "--json", "--seconds", str(LONG_SECONDS)]
+                + LONG_BATCHES[how],
+                {**sim_env, "LD_PRELOAD": str(BUILD / "libvgpu.so"), **t},
+                kernel_us=LONG_US,
+            )
+            for t in tenants
+        ]
+        for b in burns:
+            b.finish(timeout=LONG_SECONDS + 60)
+        end = time.time()
+        sampler.wait_past(end)
+        run_busy = device_util(sampler.samples, start, end)
+        busy = device_util(sampler.samples, start + WARMUP, start + LONG_SECONDS)
+    finally:
+        sampler.stop()
+    charged_ns = 0
+    for path in usages:
+        block = UsageBlock.open(Path(path), device_count=1)
+        charged_ns += block.devices()[0].gpu_time_ns
+        block.close()
+    surplus = 100 * charged_ns / 1e9 / (end - start) - run_busy
+    return [round(100 * b.work, 1) for b in burns], round(surplus, 1), busy
+
+
+@pytest.mark.parametrize("how", ["kernel", "graph"])
+def test_long_batches_of_one_user_do_not_overlap(
+    sim_env: dict[str, str], tmp_path: Path, how: str
+) -> None:
+    """Two standalone processes of one user at 30/70 (one arbiter file), each
+    launching 300 ms batches: longer than the turn's 100 ms lease, so a
+    waiter that skipped the holder ran its batch while the holder's still
+    ran, and its event pair spanned both (before: 29.5/54.6 and 19.7/60.2
+    with kernels, 21.5/58.8 and 29.8/52.5 with graphs; 16-22 points of the
+    run charged twice)."""
+    tenants = [
+        {"CUDA_CORE_LIMIT": str(share), "VGPU_USAGE": str(tmp_path / f"usage-{share}")}
+        for share in (30, 70)
+    ]
+    got, surplus, busy = long_batch_tenants(sim_env, tenants, how)
+    for share, work in zip((30, 70), got, strict=True):
+        assert work == pytest.approx(share, abs=TOLERANCE), f"work {got}, surplus {surplus}"
+    assert surplus <= TOLERANCE, f"charged {surplus} points over NVML's busy time, work {got}"
+    assert busy >= 90, f"device busy {busy:.1f} %, work {got}"
+
+
+def test_long_batches_within_a_vgpu_do_not_overlap(
+    sim_env: dict[str, str], vgpus: BrokeredVgpus
+) -> None:
+    """Two processes of one vGPU at 90 (its own turn; alone on the GPU, so
+    the broker's grant stays with it), each launching 300 ms graphs:
+    together they get the vGPU's share, and neither's graph runs inside the
+    other's event pair (before: 22.2/58.9 and 46.5/25.6, 14-18 points of the
+    run charged twice)."""
+    env = vgpus.make("a", {SIM_GPU0: 90})
+    got, surplus, busy = long_batch_tenants(sim_env, [env, env], "graph")
+    assert sum(got) == pytest.approx(90, abs=TOLERANCE), f"work {got}, surplus {surplus}"
+    assert surplus <= TOLERANCE, f"charged {surplus} points over NVML's busy time, work {got}"
+    assert busy >= 90 - TOLERANCE, f"device busy {busy:.1f} %, work {got}"
+
+
+def test_long_graphs_of_two_vgpus_do_not_overlap(
+    sim_env: dict[str, str], vgpus: BrokeredVgpus
+) -> None:
+    """Two vGPUs at 30/70 through the broker, each launching 300 ms graphs:
+    longer than the broker's 48 ms hold plus its 50 ms grace, after which
+    it took the grant back by force and the other vGPU's graph ran inside
+    the holder's event pair (before: 24.3/58.1 and 24.3/52.8, 21 points
+    charged twice)."""
+    tenants = [vgpus.make("a", {SIM_GPU0: 30}), vgpus.make("b", {SIM_GPU0: 70})]
+    got, surplus, busy = long_batch_tenants(sim_env, tenants, "graph")
+    for share, work in zip((30, 70), got, strict=True):
+        assert work == pytest.approx(share, abs=TOLERANCE), f"work {got}, surplus {surplus}"
+    assert surplus <= TOLERANCE, f"charged {surplus} points over NVML's busy time, work {got}"
     assert busy >= 90, f"device busy {busy:.1f} %, work {got}"

@@ -131,7 +131,7 @@ class TurnC(AbiStruct):
         ("lease_ns", u64),
         ("paced_until_ns", u64),
         ("request", u32),
-        ("reserved0", u32),
+        ("overrun_ms", u32),
     )
 
 
