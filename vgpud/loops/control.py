@@ -82,7 +82,9 @@ class _Plans:
         self.allocations = tuple(a for o in owned for a in o.allocations)
         self.keys = tuple((a.vgpu_id, a.gpu) for a in self.allocations)
         self.writers = tuple(w for o in owned for w in o.writers)
-        self.calibrators = tuple(c for o in owned for c in o.calibrators)
+        self.calibrators = dict(
+            zip(self.keys, (c for o in owned for c in o.calibrators), strict=True)
+        )
         loads = [addr for o in owned for addr in o.usage.pacing_addresses()]
         beats = [o.control.heartbeat_address() for o in owned]
         self._loads = (ctypes.c_void_p * len(loads))(*loads)
@@ -128,8 +130,9 @@ class Steering:
         self._quiet: _Quiet | None = None
         self._gpu_figures: tuple[NvmlSample | None, _GpuFigures] = (None, ())
         self._calibrated: dict[ctl.Key, bool] = {}
-        self._calibrators: dict[ctl.Key, Callable[[bool], object]] = {}
-        self._track_pids: tuple[TrackSnapshot | None, frozenset[int]] = (None, frozenset())
+        self._calibrators: Mapping[ctl.Key, Callable[[bool], object]] = {}
+        # Which vGPU the last scan counted each pid for (worked out once per scan).
+        self._track_owners: tuple[TrackSnapshot | None, dict[int, str]] = (None, {})
 
     def tick(
         self,
@@ -156,7 +159,10 @@ class Steering:
 
         allocations = list(plans.allocations)
         words = memoryview(counters).cast("Q")
-        pacing = {key: tuple(words[3 * i : 3 * i + 3]) for i, key in enumerate(plans.keys)}
+        pacing = {
+            key: (words[3 * i], words[3 * i + 1], words[3 * i + 2])
+            for i, key in enumerate(plans.keys)
+        }
         writers = dict(zip(plans.keys, plans.writers, strict=True))
         for vgpu_id, blocks in standalone.items():
             limits = blocks.usage.standalone_limits()
@@ -192,13 +198,13 @@ class Steering:
         gate them); written where it changed, or to a block not written yet.
         Standalone processes are not told: their steering may only lower
         their own limit, so a bias upward cannot be corrected there."""
+        slices, marked, known = self.state.slices, self._calibrated, self._calibrators
         marks: dict[ctl.Key, bool] = {}
-        calibrators = dict(zip(plans.keys, plans.calibrators, strict=True))
-        for key, calibrate in calibrators.items():
-            marks[key] = on = self.state.slices[key].calibrated and quotas[key] < PPM_FULL
-            if self._calibrated.get(key) != on or calibrate is not self._calibrators.get(key):
+        for key, calibrate in plans.calibrators.items():
+            marks[key] = on = slices[key].calibrated and quotas[key] < PPM_FULL
+            if marked.get(key) != on or calibrate is not known.get(key):
                 calibrate(on)
-        self._calibrated, self._calibrators = marks, calibrators
+        self._calibrated, self._calibrators = marks, plans.calibrators
 
     def _plans_of(self, entries: list[Entry]) -> _Plans:
         """This tick's plans: last tick's while every entry is as it was."""
@@ -233,16 +239,26 @@ class Steering:
         return figures
 
     def _figures_for_vgpus(self, fresh: NvmlSample | None, track: TrackSnapshot | None) -> bool:
-        """Whether a new NVML sample has a utilization figure of a process
-        the last scan counted for a vGPU (the sample then changes that
-        vGPU's input)."""
+        """Whether a new NVML sample has a figure for a vGPU (the sample
+        then changes that vGPU's input): a utilization figure of a process
+        the last scan counted for a vGPU, or the device figure of a GPU on
+        which NVML lists one vGPU's processes alone (the figure is then
+        that vGPU's own: _alone)."""
         if fresh is None or track is None:
             return False
-        known, pids = self._track_pids
+        known, owners = self._track_owners
         if track is not known:
-            pids = frozenset(pid for use in track.vgpus.values() for pid in use.pids)
-            self._track_pids = (track, pids)
-        return any(not pids.isdisjoint(g.process_util) for g in fresh.gpus.values())
+            owners = {pid: vid for vid, use in track.vgpus.items() for pid in use.pids}
+            self._track_owners = (track, owners)
+        for g in fresh.gpus.values():
+            if any(pid in owners for pid in g.process_util):
+                return True
+            listed = iter(g.processes)
+            first = owners.get(next(listed, -1))
+            # Stops at the first process of another vGPU, or of none.
+            if first is not None and all(owners.get(pid) == first for pid in listed):
+                return True
+        return False
 
     def _snapshot(
         self,
@@ -279,10 +295,17 @@ class Steering:
                     util = sum(seen) if seen else None
             gpu_time, throttled, launches = counters[key]
             active = use is not None and use.live_slots > 0
-            s = ctl.SliceSample(active, util, gpu_time, throttled, launches, alone)
-            kept = self._samples.get(key)
-            if kept == s:
-                s = kept
+            fields = (active, util, gpu_time, throttled, launches, alone)
+            s = self._samples.get(key)
+            if s is None or fields != (
+                s.active,
+                s.util,
+                s.gpu_time_ns,
+                s.throttled_ns,
+                s.launches,
+                s.alone,
+            ):
+                s = ctl.SliceSample(*fields)
             samples[key] = s
             gpus.setdefault(a.gpu, {})[a.vgpu_id] = s
         self._samples = samples
