@@ -12,11 +12,24 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from tests.conftest import BUILD
 from tests.integration.daemon_harness import Daemon, wait_for
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def terminal_job() -> dict[str, Any]:
+    """Popen arguments that start a command as a shell's foreground job:
+    a process group of its own, and SIGINT at its default. A test run in
+    the background (`make test &`) inherits SIGINT ignored, and so would
+    the command, which Ctrl-C then could not interrupt."""
+    return {"start_new_session": True, "preexec_fn": _default_sigint}
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +131,7 @@ def test_run_cleans_up_when_interrupted(daemon: Daemon) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "vgpud.ctl.main", "run", "--memory", "64m", "--", "sleep", "60"],
         env=env,
-        start_new_session=True,  # its own process group, like a terminal job
+        **terminal_job(),
     )
     wait_for(lambda: len(json.loads(ctl(daemon, "list", "--json").stdout)) == 1, 20, "the vGPU")
     os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the whole foreground group
@@ -179,7 +192,7 @@ def test_show_lists_the_processes_and_delete_says_how_to_force(daemon: Daemon) -
     proc = subprocess.Popen(
         [*run, "--", *burn],
         env=env,
-        start_new_session=True,
+        **terminal_job(),
     )
     try:
 
