@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -61,6 +62,15 @@ def slow(reg: Registry, monkeypatch: pytest.MonkeyPatch) -> SlowDisk:
 async def create(reg: Registry, limits: Limits, name: str | None = None) -> Entry:
     req = CreateRequest(name=name)
     return await reg.create(req, limits, placement.placer(req, gpus(1), Rules()))
+
+
+def saved_once(disk: SlowDisk) -> None:
+    """On the blocks' thread: until the save made beside them has been tried."""
+    for _ in range(5000):
+        if disk.writes:
+            return
+        time.sleep(0.001)
+    raise AssertionError("no save beside the blocks")
 
 
 async def until(condition: Callable[[], bool]) -> None:
@@ -169,3 +179,81 @@ async def test_a_create_whose_blocks_fail_fails_alone_in_its_save(
     assert isinstance(good, Entry) and isinstance(fine, Entry)
     assert sorted(v.name or "" for v in reg.store.load()) == ["fine", "good"]
     assert sorted(e.vgpu.name or "" for e in reg.entries.values()) == ["fine", "good"]
+
+
+async def test_the_state_file_is_flushed_while_the_blocks_are_made(
+    reg: Registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The blocks wait for the save to have started: a writer that made them
+    # first (the flush then adds their time to every create) never saves.
+    saving = threading.Event()
+    write = reg.store.write
+
+    def write_flagged(data: bytes) -> None:
+        saving.set()
+        write(data)
+
+    make_blocks = reg._make_blocks
+
+    def blocks_after_the_save_starts(v: Vgpu) -> Entry:
+        assert saving.wait(5), "the state file's save waited for the blocks"
+        return make_blocks(v)
+
+    monkeypatch.setattr(reg.store, "write", write_flagged)
+    monkeypatch.setattr(reg, "_make_blocks", blocks_after_the_save_starts)
+    made = await asyncio.wait_for(create(reg, SOFT, "v0"), 10)
+    assert made.paths.control.exists() and made.paths.usage.exists()
+    assert [v.id for v in reg.store.load()] == [made.vgpu.id]
+
+
+async def test_a_failed_save_waits_for_the_blocks_it_then_removes(
+    reg: Registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The save fails while the blocks are still being made: they are
+    # removed once made, never left behind by an undo that ran first.
+    disk = slow(reg, monkeypatch)
+    disk.fail = OSError(28, "No space left on device")
+    disk.go.set()
+    make_blocks = reg._make_blocks
+
+    def blocks_after_the_save_failed(v: Vgpu) -> Entry:
+        saved_once(disk)
+        return make_blocks(v)
+
+    monkeypatch.setattr(reg, "_make_blocks", blocks_after_the_save_failed)
+    with pytest.raises(InsufficientStorage):
+        await asyncio.wait_for(create(reg, SOFT, "v0"), 10)
+    assert reg.entries == {} and list(reg.run_dir.iterdir()) == []
+
+
+async def test_blocks_that_fail_are_saved_away_and_kept_counted_when_that_save_fails(
+    reg: Registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    disk = slow(reg, monkeypatch)
+    disk.go.set()
+    make_blocks = reg._make_blocks
+
+    def full_for_bad(v: Vgpu) -> Entry:
+        if v.name == "bad":
+            saved_once(disk)
+            disk.fail = OSError(28, "No space left on device")  # the next save fails
+            raise InsufficientStorage("cannot create the blocks: No space left on device")
+        return make_blocks(v)
+
+    monkeypatch.setattr(reg, "_make_blocks", full_for_bad)
+    with pytest.raises(InsufficientStorage, match="stays recorded and counted"):
+        await create(reg, HARD_60, "bad")
+    # The file names it (its first save held it): it is counted, so its
+    # capacity is not given twice, and a start makes its blocks.
+    assert [v.name for v in reg.store.load()] == ["bad"]
+    assert reg.entries == {} and [v.name for v in reg.skipped.values()] == ["bad"]
+    with pytest.raises(Conflict):
+        await create(reg, HARD_60, "other")
+    disk.fail = None
+    monkeypatch.setattr(reg, "_make_blocks", make_blocks)
+    reg.close()
+    again = Registry(reg.run_dir, StateStore(reg.store.dir), reg.library, reg.atomics)
+    try:
+        assert [v.name for v in again.adopt().adopted] == ["bad"]
+    finally:
+        again.close()

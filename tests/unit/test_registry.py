@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -68,6 +69,22 @@ def test_a_missing_or_corrupt_block_is_recreated_and_reported(tmp_path: Path, da
     assert adopted.control.devices()[0].share_ppm == 300_000
     ControlBlock.open(entry.paths.control).close()
     UsageBlock.open(entry.paths.usage, device_count=1).close()
+    again.close()
+
+
+def test_a_vgpu_with_no_directory_gets_its_blocks_made_unreported(tmp_path: Path) -> None:
+    """A run dir emptied by a reboot, or a create cut between its save and
+    its blocks: blocks are made, and no damage is reported."""
+    reg = make(tmp_path)
+    entry = create(reg, CreateRequest(), LIMITS, gpus(1), Rules())
+    reg.close()
+    shutil.rmtree(entry.paths.control.parent)
+    again = unadopted(tmp_path)
+    adoption = again.adopt()
+    assert adoption.repairs == [] and [v.id for v in adoption.adopted] == [entry.vgpu.id]
+    adopted = again.get(entry.vgpu.id)
+    assert adopted.control.devices()[0].share_ppm == 300_000
+    assert os.stat(entry.paths.control.parent).st_mode & 0o777 == 0o711
     again.close()
 
 

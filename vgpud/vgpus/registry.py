@@ -15,7 +15,9 @@ entered in the turn broker (``TurnBroker``), which grants each GPU's turn to
 one vGPU at a time through the control blocks (docs/security.md, "The GPU turn").
 Adoption at start: each recorded vGPU's blocks are opened and validated, not
 recreated, so running processes do not notice; a missing or corrupt block is
-recreated and reported. What a crash left is removed and logged: directories
+recreated and reported; a vGPU with no directory at all (a run dir emptied
+by a reboot, a create cut between its save and its blocks) gets its blocks
+made, not reported as damage. What a crash left is removed and logged: directories
 in run_dir named like a vGPU with no state entry, and temporary files of
 unfinished writes (a process that maps a removed file keeps its mapping).
 """
@@ -27,7 +29,7 @@ import os
 import secrets
 import shutil
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -35,6 +37,7 @@ from pathlib import Path
 import structlog
 
 from vgpud.errors import (
+    ApiError,
     Conflict,
     InUse,
     NotFound,
@@ -110,12 +113,14 @@ class Deleted:
 class _Pending:
     """A change decided and counted by admission, waiting for the state
     file. ``record`` is the vGPU as the file will hold it (None: deleted).
-    On the writer's thread: ``prepare`` makes what must exist before the
-    file names it (a new vGPU's blocks; if it fails, the change alone
-    fails), ``publish`` what follows the saved file on disk (CDI, removing a
-    deleted vGPU's directory). On the loop: ``apply`` makes the change seen
-    in the instant the save ends, ``undo`` removes what ``prepare`` made
-    when the save fails."""
+    On the loop, while the writer's thread writes and flushes the file:
+    ``prepare`` makes what the change needs before it is seen (a new
+    vGPU's blocks; if it fails, the change alone fails, and the file is
+    saved again without it). On the writer's thread: ``publish`` what
+    follows the saved file on disk (CDI, removing a deleted vGPU's
+    directory). On the loop: ``apply`` makes the change seen in the
+    instant the save ends, ``undo`` removes what ``prepare`` made when the
+    save fails."""
 
     vgpu_id: str
     record: Vgpu | None
@@ -124,6 +129,15 @@ class _Pending:
     done: asyncio.Future[None]
     prepare: Callable[[], None] | None = None
     undo: Callable[[], None] | None = None
+
+
+@dataclass(frozen=True)
+class _Saved:
+    """What a save left: the changes that failed, by vGPU id, and whether
+    the file still names those (their second save failed too)."""
+
+    unmade: Mapping[str, Exception]
+    still_recorded: bool = False
 
 
 @dataclass
@@ -139,6 +153,17 @@ class Entry:
     def close(self) -> None:
         self.control.close()
         self.usage.close()
+
+
+def _still_recorded(vgpu_id: str, err: Exception, save: OSError) -> ApiError:
+    """A create whose blocks failed, and whose removal from the state file
+    failed too: the caller's error, saying what the node keeps."""
+    detail = (
+        f"{err}; the state file could not be saved without vGPU {vgpu_id} either "
+        f"({save.strerror or save}): it stays recorded and counted, without blocks, "
+        "until the next start makes them"
+    )
+    return type(err)(detail) if isinstance(err, ApiError) else ServerError(detail)
 
 
 def device_slices(v: Vgpu) -> list[DeviceSlice]:
@@ -264,7 +289,7 @@ class Registry:
         for v in recorded:
             try:
                 entry = self._adopt_one(v)
-            except (OSError, BlockError) as exc:
+            except (OSError, BlockError, ApiError) as exc:
                 log.error(
                     "vGPU skipped: its blocks cannot be made (it stays recorded and counted; "
                     "the next start tries again)",
@@ -282,6 +307,13 @@ class Registry:
 
     def _adopt_one(self, v: Vgpu) -> Entry:
         paths = self.paths(v.id)
+        if not os.path.lexists(paths.control.parent):
+            # Nothing of it on disk: a run dir the node emptied (a reboot,
+            # /run is a tmpfs) or a create the daemon died in, between its
+            # save and its blocks (they are made beside the save). Not a
+            # damage to report.
+            log.info("blocks made for a recorded vGPU that had none", vgpu=v.id)
+            return self._make_blocks(v)
         paths.control.parent.mkdir(mode=DIR_MODE, exist_ok=True)
         os.chmod(paths.control.parent, DIR_MODE)
         try:
@@ -438,7 +470,11 @@ class Registry:
                 entry.close()
                 shutil.rmtree(entry.paths.control.parent, ignore_errors=True)
 
-        pending = self._reserve(vgpu.id, vgpu, apply, lambda: self.cdi.publish(vgpu, made[0].paths))
+        # Published by the writer's thread once saved, maybe before the
+        # loop has made the blocks (their paths are known): a spec whose
+        # blocks fail is withdrawn, one a crash leaves is removed at start.
+        paths = self.paths(vgpu.id)
+        pending = self._reserve(vgpu.id, vgpu, apply, lambda: self.cdi.publish(vgpu, paths))
         pending.prepare = lambda: made.append(self._make_blocks(vgpu))
         pending.undo = undo
         await self._saved(pending, "cannot record the vGPU")
@@ -546,23 +582,44 @@ class Registry:
             self._writer = None
 
     async def _commit(self, batch: list[_Pending]) -> None:
-        """One save, on a thread (one hop for the whole batch). Its changes
-        are applied together in the instant it ends (no await between the
-        save and the applying, so no vGPU is ever neither counted nor
-        served), then their callers are answered."""
-        unmade = await asyncio.to_thread(self._save, batch, self._recorded())
+        """One save: the file is written and flushed on a thread (one hop
+        for the whole batch) while the loop prepares (a create's blocks,
+        whose time the disk's flush then hides). Its changes are applied
+        together in the instant it ends (no await between the save and the
+        applying, so no vGPU is ever neither counted nor served), then
+        their callers are answered."""
+        records = self._recorded()
+        # Submitted here, not at the next await: the disk starts at once.
+        saving = asyncio.get_running_loop().run_in_executor(
+            None, self._save, batch, self.store.encode(records)
+        )
+        unmade = self._prepare(batch)
+        await saving
+        saved = _Saved(unmade)
+        if unmade:
+            saved = await asyncio.to_thread(self._save_without, records, unmade)
         for p in batch:
             self._release(p)
-            if p.vgpu_id in unmade:
-                p.done.set_exception(unmade[p.vgpu_id])
-            else:
+            failed = saved.unmade.get(p.vgpu_id)
+            if failed is None:
                 p.apply()
                 p.done.set_result(None)
+                continue
+            if saved.still_recorded and p.record is not None:
+                # The file still names it: counted, as a vGPU adoption
+                # could not make blocks for, until a start makes them.
+                self.skipped[p.vgpu_id] = p.record
+            p.done.set_exception(failed)
 
-    def _save(self, batch: list[_Pending], records: list[Vgpu]) -> dict[str, Exception]:
-        """The writer's thread: prepare, save what was prepared, publish.
-        Returns the changes that could not be prepared, by vGPU id."""
+    def _save(self, batch: list[_Pending], data: bytes) -> None:
+        """The writer's thread: the file, then what follows it on disk."""
         name_this_thread("vgpud-save")  # a pool's thread, named for what it does now
+        self.store.write(data)
+        for p in batch:
+            p.publish()
+
+    def _prepare(self, batch: list[_Pending]) -> dict[str, Exception]:
+        """The changes that could not be prepared, by vGPU id."""
         unmade: dict[str, Exception] = {}
         for p in batch:
             if p.prepare is not None:
@@ -570,12 +627,27 @@ class Registry:
                     p.prepare()
                 except Exception as exc:
                     unmade[p.vgpu_id] = exc
-        if len(unmade) < len(batch):
-            self.store.write(self.store.encode(v for v in records if v.id not in unmade))
-        for p in batch:
-            if p.vgpu_id not in unmade:
-                p.publish()
         return unmade
+
+    def _save_without(self, records: list[Vgpu], unmade: dict[str, Exception]) -> _Saved:
+        """On a thread: the file just saved names vGPUs whose blocks could
+        not be made; save it again without them, and withdraw their CDI
+        specs. If that save fails too, the file still names them: they stay
+        counted and are made at the next start, and their callers are told
+        so."""
+        for vid in unmade:
+            self.cdi.withdraw(vid)
+        try:
+            self.store.write(self.store.encode(v for v in records if v.id not in unmade))
+        except OSError as exc:
+            log.error(
+                "vGPUs recorded without blocks: counted, made at the next start",
+                vgpus=sorted(unmade),
+                error=str(exc),
+            )
+            told = {vid: _still_recorded(vid, err, exc) for vid, err in unmade.items()}
+            return _Saved(told, still_recorded=True)
+        return _Saved(unmade)
 
     def _recorded(self) -> list[Vgpu]:
         """What the next save holds: the recorded vGPUs with the waiting
