@@ -61,6 +61,7 @@ from benchmarks.plot_inference import plot  # noqa: E402
 from tests.integration.compute_harness import (  # noqa: E402
     Burn,
     Sampler,
+    Samples,
     device_series,
     windows,
 )
@@ -111,6 +112,23 @@ class Workload:
     def stop(self) -> None:
         self.proc.terminate()
         self.proc.wait(30)
+
+
+def process_busy(samples: Samples, pids: list[int], start: float, end: float) -> dict[str, float]:
+    """NVML's per-process figures for `pids` over [start, end): the mean of
+    each process's samples stamped in it (a sample covers up to a second
+    before its stamp on 580 drivers, so the first second is left out),
+    summed over the processes, and how many samples came. Set beside the
+    device figure and the work done, it says whether NVML's per-process
+    figures can be trusted with several processes on the GPU
+    (docs/compute.md, "The correction")."""
+    total, count = 0.0, 0
+    for pid in pids:
+        utils = [u for ts, u in samples.procs.get(pid, []) if start + 1.0 <= ts < end + 0.2]
+        if utils:
+            total += sum(utils) / len(utils)
+            count += len(utils)
+    return {"mean": total, "samples": count}
 
 
 def hook_counters(usage: Path | None) -> tuple[int, int, int] | None:
@@ -312,7 +330,11 @@ def run_case(
         case["neighbour_hook_busy"] = (nafter[0] - nbefore[0]) / 1e7 / seconds
     steps = device_series(sampler.samples, start, end)
     case.update(rate=rate, busy=sum(steps) / len(steps), busy_windows=windows(steps))
+    case["proc_busy"] = process_busy(sampler.samples, [work.proc.pid], start, end)
+    if other is not None:
+        case["neighbour_proc_busy"] = process_busy(sampler.samples, [other.proc.pid], start, end)
     if burn is not None:
+        case["neighbour_proc_busy"] = process_busy(sampler.samples, burn.pids, start, end)
         burn.finish(timeout=seconds + 60)
         case["neighbour_work"] = burn.work * 100
     tenancy.release()
@@ -344,8 +366,13 @@ def row(case: dict[str, Any], native: dict[str, Any] | None) -> str:
         beside = f"{case['neighbour_workload']} {beside}"
     if case.get("separate_turns"):
         beside = f"{beside}, no turns"
+    per_process = ""
+    if "proc_busy" in case:  # runs before 2026-11-26 had none
+        per_process = f"{case['proc_busy']['mean']:.1f}"
+        if "neighbour_proc_busy" in case:
+            per_process += f" / {case['neighbour_proc_busy']['mean']:.1f}"
     cells = [case["workload"], case["share"] or "native", beside, vs]
-    cells += [f"{case['busy']:.1f}", span, target, neighbour]
+    cells += [f"{case['busy']:.1f}", span, target, neighbour, per_process]
     return "| " + " | ".join(str(c) for c in cells) + " |"
 
 
@@ -353,8 +380,8 @@ def report(cases: list[dict[str, Any]], failed: list[str], out: Path) -> str:
     native = {c["workload"]: c for c in cases if c["share"] is None and c["neighbour"] is None}
     lines = [
         "| workload | share | neighbour | work vs native | NVML busy (mean) | 1 s windows | "
-        "target | neighbour work |",
-        "| --- | ---: | ---: | ---: | ---: | --- | ---: | ---: |",
+        "target | neighbour work | NVML per process (it / neighbour) |",
+        "| --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |",
     ]
     lines += [row(c, native.get(c["workload"])) for c in cases]
     lines += ["", *(f"Failed: {f}" for f in failed)] if failed else []
