@@ -44,8 +44,11 @@
 /* The window over which use and waits are looked at: several decode steps. */
 #define TURNLESS_WINDOW_NS 100000000ull
 /* The most GPU time a turnless vGPU may use on the device, of the window:
- * what it adds to a turn holder's spans when their work interleaves. */
+ * what it adds to a turn holder's spans when their work interleaves
+ * (overridable at build time to compare; 0: never turnless). */
+#ifndef TURNLESS_MAX_USE_PPM
 #define TURNLESS_MAX_USE_PPM 300000u
+#endif
 /* The most GPU time, of its quota, a process whose gates are sampled may
  * use over the window (overridable at build time, CFLAGS=-D..., to
  * compare). */
