@@ -241,8 +241,8 @@ def main() -> int:
                 f"{errors} errors, daemon {daemon_cpu:.0f} % / client {client_cpu:.0f} % of a core"
             )
         # (clients, paced or closed, method, calls, errors, p50, p99, answered by the
-        # daemon within 5 ms, writes/s, daemon CPU %)
-        write_rows: list[tuple[int, str, str, int, int, float, float, str, float, float]] = []
+        # client and daemon within 5 ms, writes/s, daemon CPU %)
+        write_rows: list[tuple[int, str, str, int, int, float, float, int, str, float, float]] = []
         for rate, kind in ((a.write_rate, "paced"), (0.0, "closed")):
             for n in counts:
                 counted = asyncio.run(daemon_counts(sock))
@@ -259,7 +259,22 @@ def main() -> int:
                     within = now_counted[method][0] - counted[method][0]
                     answered = now_counted[method][1] - counted[method][1]
                     inside = f"{within} of {answered}"
-                    row = (n, kind, method, len(ms), errors, p50, p99, inside, per_s, daemon_cpu)
+                    # The p99 target in counts: under 5 ms for 99 % of the calls
+                    # at the client, which pools across runs (a p99 does not).
+                    fast = sum(v < 5.0 for v in ms)
+                    row = (
+                        n,
+                        kind,
+                        method,
+                        len(ms),
+                        errors,
+                        p50,
+                        p99,
+                        fast,
+                        inside,
+                        per_s,
+                        daemon_cpu,
+                    )
                     write_rows.append(row)
                 print(f"{n} clients, {kind} writes: {per_s:.0f} writes/s, {errors} errors")
     finally:
@@ -300,18 +315,18 @@ def main() -> int:
         f"{1 / a.write_rate * 1000:.0f} ms for {write_seconds:g} s (the latency figure). "
         f"Closed: back to back for {a.seconds:g} s "
         "(the throughput figure; its latency is mostly the wait behind the other clients). "
-        'p50 and p99 are the client\'s; "daemon within 5 ms" counts the answers the daemon '
-        "itself gave within 5 ms of reading the request, by its own request histogram "
-        "(`vgpud_api_request_duration_seconds`), the client's share of the machine and the "
-        "socket's wake-ups left out.",
+        'p50, p99 and "client under 5 ms" are the client\'s; "daemon within 5 ms" counts the '
+        "answers the daemon itself gave within 5 ms of reading the request, by its own "
+        "request histogram (`vgpud_api_request_duration_seconds`), the client's share of "
+        "the machine and the socket's wake-ups left out.",
         "",
-        "| clients | loop | method | calls | errors | p50 ms | p99 ms | daemon within 5 ms "
-        "| writes/s | daemon CPU % |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| clients | loop | method | calls | errors | p50 ms | p99 ms | client under 5 ms "
+        "| daemon within 5 ms | writes/s | daemon CPU % |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         *(
             f"| {n} | {kind} | {method} | {count} | {errors} | {p50:.2f} | {p99:.2f} "
-            f"| {inside} | {per_s:.0f} | {dcpu:.0f} |"
-            for n, kind, method, count, errors, p50, p99, inside, per_s, dcpu in write_rows
+            f"| {fast} of {count} | {inside} | {per_s:.0f} | {dcpu:.0f} |"
+            for n, kind, method, count, errors, p50, p99, fast, inside, per_s, dcpu in write_rows
         ),
         "",
     ]
