@@ -42,6 +42,7 @@ got next to a context that takes no turns with it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -81,8 +82,12 @@ class Workload:
     reports: list[tuple[float, int]] = field(default_factory=list)
 
     @classmethod
-    def start(cls, name: str, env: dict[str, str]) -> Workload:
-        cmd = [sys.executable, str(WORKLOAD), name]
+    def start(cls, name: str, side: Side) -> Workload:
+        return cls.launch([*side.prefix, sys.executable, str(WORKLOAD), name], side.env)
+
+    @classmethod
+    def launch(cls, cmd: list[str], env: dict[str, str]) -> Workload:
+        """Any command that reports its progress as inference_workload.py does."""
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
         run = cls(proc)
         threading.Thread(target=run._read, daemon=True).start()
@@ -148,6 +153,37 @@ def hook_counters(usage: Path | None) -> tuple[int, int, int] | None:
         block.close()
 
 
+@dataclass
+class Side:
+    """How one side of a case runs: its environment, its usage block (None:
+    native), and what its command is run under (`prefix`)."""
+
+    env: dict[str, str]
+    usage: Path | None = None
+    prefix: tuple[str, ...] = ()
+
+
+def own_cgroup(name: str) -> Path | None:
+    """A new cgroup v2 beside nothing else, under this process's own: the
+    daemon charges a process that holds no slot of a vGPU to the vGPU whose
+    slot holders share its cgroup (docs/tracking.md), so sides that shared
+    one would be one tenant. None where none can be made (cgroup v1, not
+    root): said once by the caller."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+        own = next(line[3:] for line in lines if line.startswith("0::"))
+        path = Path("/sys/fs/cgroup") / own.lstrip("/") / name
+        path.mkdir(exist_ok=True)
+    except (OSError, StopIteration):
+        return None
+    return path
+
+
+def in_cgroup(path: Path) -> tuple[str, ...]:
+    """A command prefix that moves the process into `path`, then execs."""
+    return ("sh", "-c", 'echo $$ > "$0" && exec "$@"', str(path / "cgroup.procs"))
+
+
 class Standalone:
     """Hooked sides at a standalone share (`CUDA_CORE_LIMIT`), no daemon."""
 
@@ -155,15 +191,13 @@ class Standalone:
         self.workdir = workdir
         self.separate_turns = separate_turns
 
-    def side(
-        self, base: dict[str, str], share: int | None, tag: str
-    ) -> tuple[dict[str, str], Path | None]:
-        """The environment of one side of a case, and its usage block:
-        `base` unchanged when it runs natively (share None), else the hook
-        at a standalone share; with separate turns, an arbiter directory of
-        its own keeps it out of the other side's turns."""
+    def side(self, base: dict[str, str], share: int | None, tag: str) -> Side:
+        """One side of a case: `base` unchanged when it runs natively (share
+        None), else the hook at a standalone share; with separate turns, an
+        arbiter directory of its own keeps it out of the other side's
+        turns."""
         if share is None:
-            return base, None
+            return Side(base)
         usage = self.workdir / f"{tag}.usage"
         env = dict(base, LD_PRELOAD=str(HOOK), VGPU_USAGE=str(usage), LOGGER_LEVEL="2")
         env["CUDA_CORE_LIMIT"] = str(share)
@@ -171,7 +205,7 @@ class Standalone:
             arbiter = self.workdir / f"arbiter-{tag}"
             arbiter.mkdir(mode=0o700, exist_ok=True)
             env["VGPU_ARBITER_DIR"] = str(arbiter)
-        return env, usage
+        return Side(env, usage)
 
     def release(self) -> None:
         """Nothing to undo between cases."""
@@ -213,6 +247,8 @@ class Vgpus:
         # from its control block every 100 ms while the case runs.
         self.quotas: dict[str, list[tuple[float, int, bool]]] = {}
         self._watching = threading.Event()
+        self.cgroups: list[Path] = []
+        self._no_cgroup_said = False
 
     def _answers(self) -> bool:
         from vgpud.ctl.client import DaemonUnreachable
@@ -222,13 +258,20 @@ class Vgpus:
         except DaemonUnreachable:
             return False
 
-    def side(
-        self, base: dict[str, str], share: int | None, tag: str
-    ) -> tuple[dict[str, str], Path | None]:
-        """A native side's `base`, or a new vGPU (hard share, 30 % of the GPU's memory) and
-        the recipe's environment on top of `base`."""
+    def side(self, base: dict[str, str], share: int | None, tag: str) -> Side:
+        """A native side's `base`, or a new vGPU (hard share, 30 % of the
+        GPU's memory) and the recipe's environment on top of `base`; either
+        in a cgroup of its own, so that the daemon does not take a native
+        side for a process of the hooked side's vGPU."""
+        cgroup = own_cgroup(f"bench-{tag}")
+        if cgroup is not None:
+            self.cgroups.append(cgroup)
+        elif not self._no_cgroup_said:
+            print("no cgroup of its own for each side: a native side may count as a vGPU's")
+            self._no_cgroup_said = True
+        prefix = () if cgroup is None else in_cgroup(cgroup)
         if share is None:
-            return base, None
+            return Side(base, None, prefix)
         body = {"name": tag, "gpus": [self.device], "memory": "30%", "share": share, "mode": "hard"}
         vgpu = self.client.post("/v1/vgpus", body)
         self.made.append(vgpu["id"])
@@ -237,7 +280,7 @@ class Vgpus:
         control = self.run_dir / vgpu["id"] / "control"
         threading.Thread(target=self._watch, args=(control, series), daemon=True).start()
         env = {**base, **vgpu["host_env"], "LOGGER_LEVEL": "2"}
-        return env, self.run_dir / vgpu["id"] / "usage"
+        return Side(env, self.run_dir / vgpu["id"] / "usage", prefix)
 
     def _watch(self, path: Path, series: list[tuple[float, int, bool]]) -> None:
         from vgpud.vgpus.blocks import ControlBlock
@@ -258,6 +301,10 @@ class Vgpus:
         for vid in self.made:
             self.client.delete(f"/v1/vgpus/{vid}?force=true")
         self.made.clear()
+        for cgroup in self.cgroups:  # their processes have exited
+            with contextlib.suppress(OSError):
+                cgroup.rmdir()
+        self.cgroups.clear()
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -284,23 +331,27 @@ def run_case(
     (with its native rate)."""
     base = dict(os.environ)
     base.pop("LD_PRELOAD", None)
-    env, usage = tenancy.side(base, share, f"{name}-{share}")
+    # A vGPU's name: lower case, so a native side (None) is "n".
+    side = "n" if share is None else share
+    own = tenancy.side(base, share, f"{name}-{side}")
+    usage = own.usage
     busage: Path | None = None
-    work = Workload.start(name, env)
+    work = Workload.start(name, own)
     burn: Burn | None = None
     other: Workload | None = None
     try:
         first = work.wait_started()
         start = first + WARMUP_S
         if neighbour is not None:
-            benv, busage = tenancy.side(base, neighbour or None, f"neighbour-{name}-{share}")
+            theirs = tenancy.side(base, neighbour or None, f"neighbour-{name}-{side}")
+            busage = theirs.usage
             if neighbour_workload is not None:
-                other = Workload.start(neighbour_workload[0], benv)
+                other = Workload.start(neighbour_workload[0], theirs)
                 other.wait_started()
             else:
-                cmd = [str(BURN), "--seconds", str(seconds + WARMUP_S + 1), "--json"]
-                cmd += ["--kernel-us", str(neighbour_kernel_us)]
-                burn = Burn.start(cmd, benv, neighbour_kernel_us)
+                cmd = [*theirs.prefix, str(BURN), "--seconds", str(seconds + WARMUP_S + 1)]
+                cmd += ["--json", "--kernel-us", str(neighbour_kernel_us)]
+                burn = Burn.start(cmd, theirs.env, neighbour_kernel_us)
             start = time.time() + WARMUP_S
         end = start + seconds
         time.sleep(max(0.0, start - time.time()))
