@@ -186,6 +186,8 @@ class Daemon:
             Steering(atomics, _tuning(c)),
         )
         self.node = node
+        # Each save's time, told on the loop (the histogram takes no lock).
+        self.registry.on_saved = node.metrics.save_seconds.labels().observe
         await self._serve(service, node.metrics)
         self.loops = [
             self._loop(node, "control", c.control_interval, self._control),

@@ -137,7 +137,15 @@ def test_metrics_follow_vgpus(daemon: Daemon) -> None:
     status, text = daemon.client.raw("GET", "/metrics")
     assert status == 200 and f'vgpu="{vg["id"]}"' in text.decode()
     daemon.client.delete(f"/v1/vgpus/{vg['id']}")
-    assert vg["id"] not in daemon.client.raw("GET", "/metrics")[1].decode()
+    after = daemon.client.raw("GET", "/metrics")[1].decode()
+    assert vg["id"] not in after
+    # Both saves timed (the create's and the delete's), and any before.
+    saves = next(
+        line
+        for line in after.splitlines()
+        if line.startswith("vgpud_state_save_duration_seconds_count")
+    )
+    assert float(saves.split()[-1]) >= 2
 
 
 def test_a_create_whose_client_hangs_up_is_made_whole_and_kept(daemon: Daemon) -> None:

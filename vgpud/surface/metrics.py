@@ -176,6 +176,13 @@ class Metrics:
             ["method", "route", "status"],
             buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5),
         )
+        self.save_seconds = Histogram(
+            "vgpud_state_save_duration_seconds",
+            "Time one save of the state file took to write and flush: the disk's share "
+            "of the answer to a create, update or delete.",
+            [],
+            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0),
+        )
         self._service = service
         # A vGPU's lines, kept while the snapshot hands back the same object for it.
         self._lines: dict[str, tuple[object, Samples]] = {}
@@ -186,7 +193,8 @@ class Metrics:
         scrapers need not multiply it)."""
         snap = self._service.shown()
         if self._rendered[0] is not snap:
-            text = self.loop_seconds.text() + self.request_seconds.text() + self._state(snap)
+            histograms = (self.loop_seconds, self.request_seconds, self.save_seconds)
+            text = "".join(h.text() for h in histograms) + self._state(snap)
             self._rendered = (snap, text.encode())
         return self._rendered[1]
 

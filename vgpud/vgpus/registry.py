@@ -222,6 +222,9 @@ class Registry:
         self.broker = TurnBroker(atomics)
         self._pending: dict[str, _Pending] = {}
         self._writer: asyncio.Task[None] | None = None
+        # Told, on the loop, how long each save of the state file took to
+        # write and flush (seconds): the disk's share of a change's answer.
+        self.on_saved: Callable[[float], None] = lambda seconds: None
         # Repairs made since the last ``adopt``/``repair_lost_usage`` answer.
         self._repairs: list[Repair] = []
 
@@ -594,7 +597,7 @@ class Registry:
             None, self._save, batch, self.store.encode(records)
         )
         unmade = self._prepare(batch)
-        await saving
+        self.on_saved(await saving)
         saved = _Saved(unmade)
         if unmade:
             saved = await asyncio.to_thread(self._save_without, records, unmade)
@@ -611,12 +614,16 @@ class Registry:
                 self.skipped[p.vgpu_id] = p.record
             p.done.set_exception(failed)
 
-    def _save(self, batch: list[_Pending], data: bytes) -> None:
-        """The writer's thread: the file, then what follows it on disk."""
+    def _save(self, batch: list[_Pending], data: bytes) -> float:
+        """The writer's thread: the file, then what follows it on disk.
+        Returns how long the file took (seconds)."""
         name_this_thread("vgpud-save")  # a pool's thread, named for what it does now
+        start = time.perf_counter()
         self.store.write(data)
+        seconds = time.perf_counter() - start
         for p in batch:
             p.publish()
+        return seconds
 
     def _prepare(self, batch: list[_Pending]) -> dict[str, Exception]:
         """The changes that could not be prepared, by vGPU id."""
