@@ -172,9 +172,19 @@ def own_cgroup(name: str) -> Path | None:
     try:
         lines = Path("/proc/self/cgroup").read_text().splitlines()
         own = next(line[3:] for line in lines if line.startswith("0::"))
-        path = Path("/sys/fs/cgroup") / own.lstrip("/") / name
+        parent = Path("/sys/fs/cgroup") / own.lstrip("/")
+        if not (parent / "cgroup.procs").is_file():  # not a cgroup v2 mounted there
+            return None
+        path = parent / name
         path.mkdir(exist_ok=True)
     except (OSError, StopIteration):
+        return None
+    # Made is not enough: moving a process there may still be refused (a
+    # cgroup tree delegated to someone else). Tried once with a process
+    # that exits at once, so that a side never fails to start for it.
+    if subprocess.run([*in_cgroup(path), "true"], stderr=subprocess.DEVNULL).returncode != 0:
+        with contextlib.suppress(OSError):
+            path.rmdir()
         return None
     return path
 
