@@ -159,6 +159,17 @@ ROUTE_OF = {"POST": "/v1/vgpus", "DELETE": "/v1/vgpus/{id}"}
 STATUS_OF = {"POST": "201", "DELETE": "200"}
 
 
+def buckets(text: str, family: str, labels: str = "") -> dict[str, int]:
+    """A histogram series' cumulative counts by bound (its "le"), from
+    /metrics text: the lines of `family`'s buckets that hold `labels`."""
+    out = {}
+    for line in text.splitlines():
+        if line.startswith(f"{family}_bucket{{") and labels in line:
+            le = line.split('le="')[1].split('"')[0]
+            out[le] = int(float(line.rsplit(" ", 1)[1]))
+    return out
+
+
 async def daemon_counts(sock: str) -> dict[str, tuple[int, int]]:
     """Per write method: (answers within 5 ms, all answers) so far, from the
     daemon's vgpud_api_request_duration_seconds; and under "save": (saves of
@@ -170,29 +181,16 @@ async def daemon_counts(sock: str) -> dict[str, tuple[int, int]]:
         session.get("http://vgpud/metrics") as r,
     ):
         text = await r.text()
-    out = {}
-    for method, route in ROUTE_OF.items():
-        labels = f'method="{method}",route="{route}",status="{STATUS_OF[method]}"'
-        within = total = 0
-        for line in text.splitlines():
-            if (
-                not line.startswith("vgpud_api_request_duration_seconds_bucket{")
-                or labels not in line
-            ):
-                continue
-            if 'le="0.005"' in line:
-                within = int(float(line.rsplit(" ", 1)[1]))
-            elif 'le="+Inf"' in line:
-                total = int(float(line.rsplit(" ", 1)[1]))
-        out[method] = (within, total)
-    saves = {"0.005": 0, "+Inf": 0}
-    for line in text.splitlines():
-        if line.startswith("vgpud_state_save_duration_seconds_bucket{"):
-            le = line.split('le="')[1].split('"')[0]
-            if le in saves:
-                saves[le] = int(float(line.rsplit(" ", 1)[1]))
-    out["save"] = (saves["0.005"], saves["+Inf"])
-    return out
+    series = {
+        method: buckets(
+            text,
+            "vgpud_api_request_duration_seconds",
+            f'method="{method}",route="{route}",status="{STATUS_OF[method]}"',
+        )
+        for method, route in ROUTE_OF.items()
+    }
+    series["save"] = buckets(text, "vgpud_state_save_duration_seconds")
+    return {key: (b.get("0.005", 0), b.get("+Inf", 0)) for key, b in series.items()}
 
 
 def main() -> int:

@@ -342,8 +342,8 @@ def run_case(
     base = dict(os.environ)
     base.pop("LD_PRELOAD", None)
     # A vGPU's name: lower case, so a native side (None) is "n".
-    side = "n" if share is None else share
-    own = tenancy.side(base, share, f"{name}-{side}")
+    label = "n" if share is None else share
+    own = tenancy.side(base, share, f"{name}-{label}")
     usage = own.usage
     busage: Path | None = None
     work = Workload.start(name, own)
@@ -353,7 +353,7 @@ def run_case(
         first = work.wait_started()
         start = first + WARMUP_S
         if neighbour is not None:
-            theirs = tenancy.side(base, neighbour or None, f"neighbour-{name}-{side}")
+            theirs = tenancy.side(base, neighbour or None, f"neighbour-{name}-{label}")
             busage = theirs.usage
             if neighbour_workload is not None:
                 other = Workload.start(neighbour_workload[0], theirs)
