@@ -17,7 +17,7 @@ busy) within 3 points, mean and every 1 s window.
                                        [--shares 30,60] [--coloc 30:60,n:n]
                                        [--neighbour-kernel-us 20000]
                                        [--separate-turns] [--neighbour NAME]
-                                       [--daemon [--no-calibrate]]
+                                       [--daemon [--no-calibrate]] [--rounds N]
 
 With --daemon each hooked side is a vGPU of a vgpud started for the run
 (hard share, the recipe's environment, the real driver, or the simulator
@@ -26,6 +26,12 @@ controller steers it: a vGPU alone on the GPU with small kernels is
 calibrated by NVML's device figure unless --no-calibrate
 (docs/compute.md, "Calibrated by NVML while alone"). Without it, sides
 run standalone (`CUDA_CORE_LIMIT`) and no daemon is involved.
+
+With --rounds N the whole plan runs N times, natives included, and each
+case is judged against its own round's native; the report adds each
+case's mean and range over the rounds. The lent VM's CPU moves a
+launch-bound workload's native rate by up to a third within minutes, so
+a comparison of builds wants alternated runs of several rounds.
 
 In a --coloc pair, "n" runs that side natively (no hook). With
 --separate-turns the two hooked sides get arbiter files of their own, so
@@ -58,7 +64,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.plot_inference import plot  # noqa: E402
+from benchmarks.plot_inference import native_of, natives, plot  # noqa: E402
 from tests.integration.compute_harness import (  # noqa: E402
     Burn,
     Sampler,
@@ -413,8 +419,20 @@ def run_case(
     return case
 
 
-def row(case: dict[str, Any], native: dict[str, Any] | None) -> str:
-    """One table row: work vs native, NVML busy, its 1 s windows, the target."""
+def beside(case: dict[str, Any]) -> str:
+    """What ran beside a case: nothing, a neighbour's share ("native" for
+    none), and which neighbour."""
+    text = str({None: "", 0: "native"}.get(case["neighbour"], case["neighbour"]))
+    if "neighbour_workload" in case:
+        text = f"{case['neighbour_workload']} {text}"
+    if case.get("separate_turns"):
+        text = f"{text}, no turns"
+    return text
+
+
+def row(case: dict[str, Any], native: dict[str, Any] | None, rounds: bool) -> str:
+    """One table row: work vs native, NVML busy, its 1 s windows, the target
+    (and, in a run of several rounds, the case's round first)."""
     vs = f"{case['rate'] / native['rate']:.2f}" if native else ""
     target = ""
     if case["share"] is not None and native is not None:
@@ -422,29 +440,65 @@ def row(case: dict[str, Any], native: dict[str, Any] | None) -> str:
     win = case["busy_windows"]
     span = f"{min(win):.1f} to {max(win):.1f}" if win else ""
     neighbour = f"{case['neighbour_work']:.1f}" if "neighbour_work" in case else ""
-    beside = {None: "", 0: "native"}.get(case["neighbour"], case["neighbour"])
-    if "neighbour_workload" in case:
-        beside = f"{case['neighbour_workload']} {beside}"
-    if case.get("separate_turns"):
-        beside = f"{beside}, no turns"
     per_process = ""
     if "proc_busy" in case:  # runs before 2026-11-26 had none
         per_process = f"{case['proc_busy']['mean']:.1f}"
         if "neighbour_proc_busy" in case:
             per_process += f" / {case['neighbour_proc_busy']['mean']:.1f}"
-    cells = [case["workload"], case["share"] or "native", beside, vs]
+    cells = [case.get("round", 0) + 1] if rounds else []
+    cells += [case["workload"], case["share"] or "native", beside(case), vs]
     cells += [f"{case['busy']:.1f}", span, target, neighbour, per_process]
     return "| " + " | ".join(str(c) for c in cells) + " |"
 
 
-def report(cases: list[dict[str, Any]], failed: list[str], out: Path) -> str:
-    native = {c["workload"]: c for c in cases if c["share"] is None and c["neighbour"] is None}
+def spread(values: list[float], digits: int) -> str:
+    """Rounds' figures as their mean and range."""
+    if len(values) == 1:
+        return f"{values[0]:.{digits}f}"
+    mean = sum(values) / len(values)
+    return f"{mean:.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
+
+
+def summary(cases: list[dict[str, Any]]) -> list[str]:
+    """Each case over the rounds: the VM's pace moves a launch-bound
+    workload's native rate by up to a third within minutes
+    (docs/benchmarks/inference-coloc-h200.md), so one round says little."""
+    ref = natives(cases)
+    groups: dict[tuple[str, int | None, str], list[dict[str, Any]]] = {}
+    for c in cases:
+        if c["share"] is not None or c["neighbour"] is not None:
+            groups.setdefault((c["workload"], c["share"], beside(c)), []).append(c)
     lines = [
-        "| workload | share | neighbour | work vs native | NVML busy (mean) | 1 s windows | "
-        "target | neighbour work | NVML per process (it / neighbour) |",
-        "| --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |",
+        "| workload | share | neighbour | rounds | work vs native | NVML busy | neighbour work |",
+        "| --- | ---: | ---: | ---: | --- | --- | --- |",
     ]
-    lines += [row(c, native.get(c["workload"])) for c in cases]
+    for (name, share, next_to), group in groups.items():
+        works = [
+            c["rate"] / native["rate"] for c in group if (native := native_of(ref, c)) is not None
+        ]
+        theirs = [c["neighbour_work"] for c in group if "neighbour_work" in c]
+        cells = [name, share or "native", next_to, len(group)]
+        cells += [spread(works, 2) if works else "", spread([c["busy"] for c in group], 1)]
+        cells += [spread(theirs, 1) if theirs else ""]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    return lines
+
+
+def report(cases: list[dict[str, Any]], failed: list[str], out: Path) -> str:
+    """The report so far, written to OUT (after every case: a run cut short
+    keeps what it measured)."""
+    ref = natives(cases)
+    rounds = max((c.get("round", 0) for c in cases), default=0) > 0
+    lines = [
+        ("| round " if rounds else "")
+        + "| workload | share | neighbour | work vs native | NVML busy (mean) | 1 s windows | "
+        "target | neighbour work | NVML per process (it / neighbour) |",
+        ("| ---: " if rounds else "")
+        + "| --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |",
+    ]
+    lines += [row(c, native_of(ref, c), rounds) for c in cases]
+    if rounds:
+        lines += ["", "Over the rounds (mean, range):", "", *summary(cases)]
     lines += ["", *(f"Failed: {f}" for f in failed)] if failed else []
     text = "\n".join(lines) + "\n"
     (out / "inference.md").write_text(text)
@@ -468,6 +522,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
         help="burn (vgpu-burn), or an inference_workload.py workload: gemm, hf-b1, ...",
     )
     p.add_argument("--neighbour-kernel-us", type=int, default=NEIGHBOUR_KERNEL_US)
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run the whole plan this many times, natives included, each case against "
+        "its own round's native",
+    )
     p.add_argument("--device", type=int, default=0)
     p.add_argument("--daemon", action="store_true", help="hooked sides are vGPUs of a vgpud")
     p.add_argument(
@@ -492,38 +553,49 @@ def run_plan(
     cases: list[dict[str, Any]],
     failed: list[str],
 ) -> None:
-    """Every case the arguments ask for, each printed and added to `cases`
-    as it ends; a workload that fails is added to `failed`."""
-    neighbour_workload = None
-    if args.neighbour != "burn" and pairs:
-        alone = run_case(args.neighbour, None, None, args.seconds, sampler, tenancy)
-        print(json.dumps(alone), flush=True)
-        cases.append(alone)
-        neighbour_workload = (args.neighbour, alone["rate"])
-    for name in args.workloads.split(","):
-        plan: list[tuple[int | None, int | None]] = [(None, None)]
-        plan += [(s, None) for s in shares] + [(s, n) for s, n in pairs]
-        for share, neighbour in plan:
-            try:
-                case = run_case(
-                    name,
-                    share,
-                    neighbour,
-                    args.seconds,
-                    sampler,
-                    tenancy,
-                    args.neighbour_kernel_us,
-                    neighbour_workload,
-                )
-            except RuntimeError as exc:
-                # A workload this node cannot run (a library version, a
-                # crash): said, and the rest of the plan goes on.
-                tenancy.release()
-                print(f"{name} at share {share}: {exc}; its other cases skipped", flush=True)
-                failed.append(f"{name} (share {share}): {exc}")
-                break
-            print(json.dumps(case), flush=True)
-            cases.append(case)
+    """Every case the arguments ask for, round by round, each printed,
+    added to `cases` and saved as it ends; a workload that fails is added
+    to `failed` and skipped for the rest of the run."""
+
+    def done(case: dict[str, Any], round_: int) -> None:
+        case["round"] = round_
+        print(json.dumps(case), flush=True)
+        cases.append(case)
+        report(cases, failed, args.out)
+
+    broken: set[str] = set()
+    for round_ in range(args.rounds):
+        neighbour_workload = None
+        if args.neighbour != "burn" and pairs:
+            alone = run_case(args.neighbour, None, None, args.seconds, sampler, tenancy)
+            done(alone, round_)
+            neighbour_workload = (args.neighbour, alone["rate"])
+        for name in args.workloads.split(","):
+            if name in broken:
+                continue
+            plan: list[tuple[int | None, int | None]] = [(None, None)]
+            plan += [(s, None) for s in shares] + [(s, n) for s, n in pairs]
+            for share, neighbour in plan:
+                try:
+                    case = run_case(
+                        name,
+                        share,
+                        neighbour,
+                        args.seconds,
+                        sampler,
+                        tenancy,
+                        args.neighbour_kernel_us,
+                        neighbour_workload,
+                    )
+                except RuntimeError as exc:
+                    # A workload this node cannot run (a library version, a
+                    # crash): said, and the rest of the plan goes on.
+                    tenancy.release()
+                    print(f"{name} at share {share}: {exc}; its other cases skipped", flush=True)
+                    failed.append(f"{name} (share {share}): {exc}")
+                    broken.add(name)
+                    break
+                done(case, round_)
 
 
 def main(argv: list[str] | None = None) -> int:

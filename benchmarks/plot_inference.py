@@ -12,8 +12,8 @@ workload's work, the neighbour's work and the GPU's busy, as bars.
 An input file is a bench run's inference.json (a list of cases) or an
 object {"label": ..., "note": ..., "cases": [...]} (figures transcribed
 from a report). Each file is one run: a case's native is the native case
-(share and neighbour null) of the same workload in the same file, so runs
-on machines of different speeds can share a figure.
+(share and neighbour null) of the same workload and round in the same
+file, so runs on machines of different speeds can share a figure.
 """
 
 from __future__ import annotations
@@ -57,9 +57,19 @@ class Point:
         return self.share is None and self.neighbour is None
 
 
-def natives(cases: list[Case]) -> dict[str, Case]:
-    """Each workload's native case (as bench_inference.py's report takes it)."""
-    return {c["workload"]: c for c in cases if c["share"] is None and c["neighbour"] is None}
+def natives(cases: list[Case]) -> dict[tuple[str, int], Case]:
+    """Each workload's native case in each round of the run (runs before
+    bench_inference.py's --rounds had one round, 0)."""
+    return {
+        (c["workload"], c.get("round", 0)): c
+        for c in cases
+        if c["share"] is None and c["neighbour"] is None
+    }
+
+
+def native_of(ref: dict[tuple[str, int], Case], case: Case) -> Case | None:
+    """The native a case is measured against: its workload's, of its round."""
+    return ref.get((case["workload"], case.get("round", 0)))
 
 
 def target(share: float, native_busy: float) -> float:
@@ -94,7 +104,7 @@ def point(case: Case, native: Case | None, run: str) -> Point:
 def points(cases: list[Case], run: str = "") -> list[Point]:
     """The cases of one run, each against that run's native."""
     ref = natives(cases)
-    return [point(c, ref.get(c["workload"]), run) for c in cases]
+    return [point(c, native_of(ref, c), run) for c in cases]
 
 
 def load(path: Path) -> tuple[str, list[Case]]:

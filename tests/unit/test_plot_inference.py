@@ -125,3 +125,18 @@ def test_without_co_located_cases_the_figure_has_two_panels(tmp_path: Path) -> N
     out = tmp_path / "alone.png"
     subprocess.run([sys.executable, str(SCRIPT), str(alone), "--out", str(out)], check=True)
     assert png_size(out) == (1000, 300)  # adds has no case beside its native
+
+
+def test_in_a_run_of_rounds_each_case_is_against_its_own_rounds_native() -> None:
+    """bench_inference.py --rounds: the VM's pace moves between rounds, so a
+    case's work is its rate against the native of its round."""
+    cases = [
+        case("adds", None, 100.0, 45.0, round=0),
+        case("adds", 30, 60.0, 30.0, round=0),
+        case("adds", None, 70.0, 32.0, round=1),
+        case("adds", 30, 56.0, 29.0, round=1),
+    ]
+    _, first, _, second = points(cases)
+    assert first.work == pytest.approx(0.6)
+    assert second.work == pytest.approx(0.8)
+    assert (first.target, second.target) == (30, 30)
