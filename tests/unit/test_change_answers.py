@@ -13,9 +13,11 @@ from typing import Any
 import pytest
 
 from tests.unit.apiclient import Api, get_ok, running_api
+from vgpud.surface import snapshot
 from vgpud.surface.api import schemas
 from vgpud.surface.metrics import Metrics
 from vgpud.vgpus.model import Credentials
+from vgpud.vgpus.registry import Entry
 
 
 @pytest.fixture
@@ -59,3 +61,24 @@ async def test_a_read_in_the_same_loop_round_as_a_change_sees_it(api: Api) -> No
     await service.delete(new, force=False)
     assert [v["id"] for v in json.loads(service.list_body(None, None, None))] == [kept.vgpu.id]
     assert f'vgpu="{new}"' not in metrics.render().decode()
+
+
+async def test_the_fold_after_a_change_takes_its_answers_definition(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The answer's definition is made once: the fold that takes the change
+    in reuses it, for a create and for an update."""
+    made: list[str] = []
+    of = snapshot.Definition.of.__func__  # type: ignore[attr-defined]
+
+    def counted(cls: type[snapshot.Definition], entry: Entry, env: Any) -> snapshot.Definition:
+        made.append(entry.vgpu.id)
+        return of(cls, entry, env)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(snapshot.Definition, "of", classmethod(counted))
+    r = await api.client.post("/v1/vgpus", json={"name": "once", "memory": "1g"})
+    vid = (await r.json())["id"]
+    assert (await get_ok(api, "/v1/vgpus/once"))["id"] == vid
+    await api.client.patch("/v1/vgpus/once", json={"memory": "2g"})
+    assert (await get_ok(api, "/v1/vgpus/once"))["gpus"][0]["memory_limit"] == 2 << 30
+    assert made == [vid, vid]

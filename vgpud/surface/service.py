@@ -24,7 +24,7 @@ from vgpud.policy import placement
 from vgpud.policy.placement import Rules
 from vgpud.surface import events as ev
 from vgpud.surface.events import EventLog
-from vgpud.surface.snapshot import NodeSnapshot, Sources, fold, managed
+from vgpud.surface.snapshot import Definition, NodeSnapshot, Sources, fold, managed
 from vgpud.units import parse_memory
 from vgpud.vgpus.model import (
     BlockUser,
@@ -90,6 +90,9 @@ class Service:
         # Looks at a vGPU's blocks before a delete unmaps them (Watch's last
         # look at its counters: an OOM since the last scan is still news).
         self._before_delete: Callable[[Entry], None] = lambda _entry: None
+        # The definitions of the vGPUs whose change was answered since the
+        # last fold (``vgpu_body``): the next fold takes them in.
+        self._made: dict[str, Definition] = {}
         # The node's state as every read route and /metrics show it
         # (snapshot.py): folded again whenever one of its sources changes,
         # never per request; each route's answer is rendered once per snapshot.
@@ -191,7 +194,9 @@ class Service:
             drift_repairs=self.drift_repairs,
             drift_bytes=self.drift_bytes,
             driver_env=self.driver_env,
+            made=self._made,
         )
+        self._made = {}  # each is an entry's that this fold takes in, or one deleted since
         version = previous.version + 1 if previous is not None else 0
         return fold(sources, previous, version, time.monotonic(), reread=reread)
 
@@ -324,7 +329,10 @@ class Service:
         shown = self._snapshot.vgpus.get(entry.vgpu.id)
         if shown is not None and shown.vgpu is entry.vgpu:
             return shown.body
-        return managed(entry, self._snapshot, self._quotas, self.driver_env).body
+        # Kept for the fold that takes the change in (the next): made once,
+        # not again there (~0.15 ms of a paced create's on the development VM).
+        definition = self._made[entry.vgpu.id] = Definition.of(entry, self.driver_env)
+        return managed(entry, definition, self._snapshot, self._quotas).body
 
     def devices_json(self) -> list[dict[str, Any]]:
         return [g.to_json() for g in self.snapshot.gpus]

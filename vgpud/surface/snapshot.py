@@ -133,6 +133,16 @@ class Definition:
             json.dumps(tail)[1:].encode(),
         )
 
+    @classmethod
+    def reused(
+        cls, made: Definition | None, entry: Entry, driver_env: Mapping[str, str]
+    ) -> Definition:
+        """``made`` when it is the entry's definition (the same vGPU and
+        paths), else the entry's made now."""
+        if made is not None and made.vgpu is entry.vgpu and made.paths is entry.paths:
+            return made
+        return cls.of(entry, driver_env)
+
 
 @dataclass(frozen=True, eq=False)
 class ManagedVgpu:
@@ -284,6 +294,9 @@ class Sources:
     drift_repairs: int
     drift_bytes: int
     driver_env: Mapping[str, str]
+    # Definitions made since the previous snapshot, by vGPU id: those the
+    # answers to changes made before this fold (Service.vgpu_body).
+    made: Mapping[str, Definition]
 
 
 def fold(
@@ -305,7 +318,7 @@ def fold(
         v = entry.vgpu
         before = known.get(v.id)
         if before is None or before.vgpu is not v or before.definition.paths is not entry.paths:
-            definition = Definition.of(entry, sources.driver_env)
+            definition = Definition.reused(sources.made.get(v.id), entry, sources.driver_env)
             vgpus[v.id] = _managed(entry, definition, None, sources.quotas, utilization)
         elif reread:
             vgpus[v.id] = _managed(entry, before.definition, before, sources.quotas, utilization)
@@ -344,15 +357,15 @@ def fold(
 
 def managed(
     entry: Entry,
+    definition: Definition,
     previous: NodeSnapshot,
     quotas: Mapping[tuple[str, str], int],
-    driver_env: Mapping[str, str],
 ) -> ManagedVgpu:
     """One daemon-owned vGPU whose definition changed, as the fold of a
     change through the API (``fold`` without ``reread``) after
     ``previous`` shows it: the change's answer, before that fold."""
     utilization = _Utilization(previous.sample, previous.track, previous)
-    return _managed(entry, Definition.of(entry, driver_env), None, quotas, utilization)
+    return _managed(entry, definition, None, quotas, utilization)
 
 
 def _same_objects(now: Mapping[str, object], before: Mapping[str, object]) -> bool:
