@@ -294,8 +294,9 @@ class Sources:
     drift_repairs: int
     drift_bytes: int
     driver_env: Mapping[str, str]
-    # Definitions made since the previous snapshot, by vGPU id: those the
-    # answers to changes made before this fold (Service.vgpu_body).
+    # Definitions made since the previous snapshot, by vGPU id: those that
+    # the answers to changes before this fold were rendered from
+    # (Service.vgpu_body).
     made: Mapping[str, Definition]
 
 
