@@ -233,12 +233,19 @@ bool gt_before(struct gt_launch *l, CUstream h, bool ptsz, bool graph)
      * little busy goes without the turn, and so announces nothing
      * (turnless.h). */
     bool turn = false;
+    bool shared = false;
     if (open == NULL) {
         bool needed = true;
         if (paced) {
             int64_t balance =
                 atomic_load_explicit(&d->pacer.bucket->pacer_balance_ns, memory_order_relaxed);
             needed = turnless_turn_needed(&d->turnless, d->pacer.bucket, balance, q.ppm, now);
+            if (!needed && turn_wanted(s->dev) && gt_gate_wanted(s, graph, paced)) {
+                /* Beside another paced tenant: charged at a cost of its
+                 * own, measured with the turn (gputime.h). */
+                shared = gt_gated_cost_fresh(s, now);
+                needed = !shared;
+            }
             if (needed)
                 turn_pacing(s->dev, pacer_deficit_ns(balance, q.ppm));
             else
@@ -250,7 +257,7 @@ bool gt_before(struct gt_launch *l, CUstream h, bool ptsz, bool graph)
     pthread_mutex_lock(&s->lock);
     if (graph)
         gt_close_open(s); /* a graph launch is a batch of its own */
-    struct gt_batch *b = gt_open_batch(s, d, graph, paced, &turn);
+    struct gt_batch *b = gt_open_batch(s, d, graph, paced, shared, &turn);
     if (turn)
         turn_leave(s->dev, false); /* another thread opened the batch: ours was not needed */
     if (b == NULL) {

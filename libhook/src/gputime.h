@@ -69,6 +69,25 @@
  * batches); then its use leaves no room and every batch is gated again.
  */
 #define GT_GATE_SAMPLE 8u
+/*
+ * A paced process that goes without the turn beside another paced tenant
+ * (turnless.h) shares the GPU's time-slicing with it, and its event spans
+ * take in the other tenant's slices: on an H200 a decode chain at 30
+ * beside a GEMM tenant at 60 charged its whole quota for 17-22 points of
+ * work, so its pacer held it, it took turns, and the GEMM tenant waited
+ * for them (64.9-66.8 % of its native work, 70-72 beside a tenant that
+ * stays without the turn). So such a
+ * "shared" batch is charged its launches at the stream's gated cost per
+ * launch, or its span if less, as an estimated one is: a cost measured
+ * apart from the other tenant, by gated batches that held the turn or had
+ * the GPU to themselves, within the last GT_SHARED_FRESH_NS
+ * (gt_gated_cost_fresh). Without such a cost, the batch takes the turn
+ * and measures one: one wait for the other's hold every couple of seconds.
+ * Measured on the H200, alternated with the build before, two runs each:
+ * the chain charged 21.4 and 20.9 for 20.4 and 20.7 points of work, and
+ * the GEMM tenant beside it did 71.2 and 71.3 (docs/compute.md).
+ */
+#define GT_SHARED_FRESH_NS 2000000000ull
 
 struct gt_stream;
 

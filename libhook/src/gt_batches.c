@@ -174,10 +174,11 @@ static uint64_t batch_cost(const struct gt_stream *s, const struct gt_dev *d, bo
  * Returns the stream's open batch (maybe opened meanwhile by another
  * thread), or NULL if none can be had: the launch then goes unmeasured.
  * A new batch takes over the caller's GPU turn count (*turn), if any.
- * `paced`: its cost is debited from the bucket (else only measured).
+ * `paced`: its cost is debited from the bucket (else only measured);
+ * `shared`: it runs without the turn beside another paced tenant (gputime.h).
  */
 struct gt_batch *gt_open_batch(struct gt_stream *s, struct gt_dev *d, bool graph, bool paced,
-                                   bool *turn)
+                               bool shared, bool *turn)
 {
     uint64_t deadline = 0;
     bool gate = gt_gate_wanted(s, graph, paced);
@@ -220,6 +221,7 @@ struct gt_batch *gt_open_batch(struct gt_stream *s, struct gt_dev *d, bool graph
             return NULL;
         b->gated = false;
         b->estimated = estimated;
+        b->shared = shared;
         atomic_store_explicit(&b->gate_shut, false, memory_order_relaxed);
         /* Quiet counts from here: the last launch may be long past (the
          * pacer just held this one back), and neither the gate watcher nor

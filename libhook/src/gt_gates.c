@@ -99,6 +99,14 @@ bool gt_gate_skip(struct gt_stream *s, bool turn)
     return draw % GT_GATE_SAMPLE != 0;
 }
 
+/* Has the stream's gated cost been measured apart from the GPU's other
+ * tenants lately (gputime.h, GT_SHARED_FRESH_NS)? */
+bool gt_gated_cost_fresh(const struct gt_stream *s, uint64_t now)
+{
+    uint64_t at = atomic_load_explicit(&s->gated_at_ns, memory_order_relaxed);
+    return at != 0 && now - at < GT_SHARED_FRESH_NS;
+}
+
 /* Queue the stream's next work behind a new gate, for batch b (stream lock
  * held). The gate shuts on value `gates + 1`: the word holds `gates`. */
 void gt_gate_shut(struct gt_stream *s, struct gt_batch *b)

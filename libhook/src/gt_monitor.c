@@ -123,8 +123,9 @@ static struct gt_batch *settle(struct gt_batch *b)
     }
     /* else the context went away under the batch: the estimate stands. */
     atomic_store_explicit(&b->done, true, memory_order_relaxed);
-    if (b->estimated) {
-        /* Its span may hold the gaps between its launches (gputime.h). */
+    if (b->estimated || b->shared) {
+        /* Its span may hold the gaps between its launches, or the other
+         * tenant's slices (gputime.h). */
         uint64_t cost = atomic_load_explicit(&b->stream->gated_cost_ns, memory_order_relaxed);
         if (cost > 0 && (uint64_t)busy > cost * b->launches)
             busy = (int64_t)(cost * b->launches);
@@ -136,8 +137,10 @@ static struct gt_batch *settle(struct gt_batch *b)
         atomic_store_explicit(&b->stream->graph_cost_ns, busy, memory_order_relaxed);
     } else if (b->launches > 0) {
         average_in(&d->launch_cost_ns, (uint64_t)busy / b->launches);
-        if (b->gated)
+        if (b->gated && !b->shared) {
             average_in(&b->stream->gated_cost_ns, (uint64_t)busy / b->launches);
+            atomic_store_explicit(&b->stream->gated_at_ns, now_ns(), memory_order_relaxed);
+        }
     }
     return freed;
 }

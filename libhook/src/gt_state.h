@@ -52,6 +52,7 @@ struct gt_batch {
     bool turn;              /* counted by turn_enter: turn_leave when measured */
     bool gated;             /* queued behind a gate (gputime.h) */
     bool estimated;         /* not gated in its stead: charged at most its stream's gated cost */
+    bool shared;            /* opened without the turn beside another paced tenant: the same */
     _Atomic bool gate_shut; /* that gate is not yet opened (the monitor may open it unlocked) */
     _Atomic uint32_t gate;  /* the gate's value: the stream's count of gated batches */
     uint32_t launches;
@@ -82,6 +83,7 @@ struct gt_stream {
     uint32_t last_size;     /* launches in its previous batch */
     _Atomic int64_t graph_cost_ns; /* its last measured graph launch */
     _Atomic uint64_t gated_cost_ns; /* running GPU time per launch of its gated batches */
+    _Atomic uint64_t gated_at_ns;   /* when the last of them was measured */
     uint32_t gates;         /* gated batches so far: the value of the next gate minus one */
     uint64_t draws;         /* batches that might have gone ungated (gt_gate_skip) */
     struct gt_batch ring[GT_RING];
@@ -154,7 +156,7 @@ void gt_streams_forget_thread(void);
 
 uint32_t gt_batch_target(const struct gt_dev *d);
 struct gt_batch *gt_open_batch(struct gt_stream *s, struct gt_dev *d, bool graph, bool paced,
-                               bool *turn);
+                               bool shared, bool *turn);
 void gt_close_open(struct gt_stream *s);
 void gt_abandon_open(struct gt_stream *s);
 /* A batch is done with: its turn count left (gt_batch_measured), its
@@ -167,6 +169,7 @@ void gt_release_batch(struct gt_batch *b);
 
 bool gt_gate_wanted(const struct gt_stream *s, bool graph, bool paced);
 bool gt_gate_skip(struct gt_stream *s, bool turn);
+bool gt_gated_cost_fresh(const struct gt_stream *s, uint64_t now);
 void gt_gate_shut(struct gt_stream *s, struct gt_batch *b);
 void gt_gate_open(struct gt_stream *s, struct gt_batch *b);
 uint32_t gt_gate_target(const struct gt_stream *s);

@@ -35,34 +35,51 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def tenant(sim_env: dict[str, str], tmp_path: Path, name: str, limits: dict[str, str]) -> Burn:
+# Synchronising every 8 launches, like a training loop: the device is never
+# left idle waiting for one CPU thread to wake up (a program that
+# synchronises after every kernel idles the GPU in its own gaps while it
+# holds the turn; docs/compute.md).
+GPU_BOUND = ("--kernel-us", "2000", "--sync", "8")
+# Eager inference's shape: 50 us kernels, each after 250 us of CPU (a sixth
+# of the device natively on an idle box).
+LAUNCH_BOUND = ("--kernel-us", "50", "--gap-us", "250", "--sync", "50")
+
+
+def tenant(
+    sim_env: dict[str, str],
+    tmp_path: Path,
+    name: str,
+    limits: dict[str, str],
+    work: tuple[str, ...] = GPU_BOUND,
+) -> Burn:
     """A standalone hooked process under `limits` (the hook's environment)
-    with its own usage block (its own bucket)."""
+    with its own usage block (its own bucket), running vgpu-burn `work`."""
     env = {
         **sim_env,
         "LD_PRELOAD": str(BUILD / "libvgpu.so"),
         "VGPU_USAGE": str(tmp_path / f"usage-{name}"),
         **limits,
     }
-    # Synchronising every 8 launches, like a training loop: the device is
-    # never left idle waiting for one CPU thread to wake up (a program that
-    # synchronises after every kernel idles the GPU in its own gaps while it
-    # holds the turn; docs/compute.md).
-    cmd = [str(BUILD / "vgpu-burn"), "--json", "--seconds", str(SECONDS), "--kernel-us", "2000"]
-    cmd += ["--sync", "8"]
-    return Burn.start(cmd, env, kernel_us=2000)
+    cmd = [str(BUILD / "vgpu-burn"), "--json", "--seconds", str(SECONDS), *work]
+    return Burn.start(cmd, env, kernel_us=int(work[work.index("--kernel-us") + 1]))
 
 
 def colocate(
-    sim_env: dict[str, str], tmp_path: Path, tenants: list[dict[str, str]]
+    sim_env: dict[str, str],
+    tmp_path: Path,
+    tenants: list[dict[str, str]],
+    works: list[tuple[str, ...]] | None = None,
 ) -> tuple[list[float], float]:
-    """Run the tenants at once: the work each did (% of the device) and how
-    busy NVML saw the device."""
+    """Run the tenants at once (each its `works` entry, GPU-bound if none):
+    the work each did (% of the device) and how busy NVML saw the device."""
     sampler = Sampler(sim_env, device=0)
     try:
         sampler.wait_ready()
         start = time.time()
-        burns = [tenant(sim_env, tmp_path, str(i), t) for i, t in enumerate(tenants)]
+        burns = [
+            tenant(sim_env, tmp_path, str(i), t, works[i] if works else GPU_BOUND)
+            for i, t in enumerate(tenants)
+        ]
         for b in burns:
             b.finish(timeout=SECONDS + 60)
         sampler.wait_past(start + SECONDS)
@@ -136,6 +153,34 @@ def test_paced_tenant_next_to_an_unlimited_one(
     assert got[0] == pytest.approx(30, abs=TOLERANCE), f"work {got}"
     assert got[1] >= 55, f"work {got}"
     assert busy >= 90, f"device busy {busy:.1f} %, work {got}"
+
+
+def test_a_launch_bound_tenant_beside_a_paced_one_is_charged_its_own_kernels(
+    sim_env: dict[str, str], tmp_path: Path
+) -> None:
+    """A launch-bound process at 30 that uses a sixth of the device goes
+    without the turn beside a GPU-bound one at 60 (docs/compute.md, "Next
+    to a GPU-bound tenant"), and its event spans take in the other's
+    kernels. It is charged at its own gated cost per launch, measured with
+    the turn ("Shared batches"), so it does its native work and charges
+    about that. Charged its spans it charged ~27 for 8-10 points of work:
+    its pacer held it and it took turns."""
+    native = tenant(sim_env, tmp_path, "native", {}, LAUNCH_BOUND)
+    native.finish(timeout=SECONDS + 60)
+    want = 100 * native.work
+    got, _ = colocate(
+        sim_env,
+        tmp_path,
+        [{"CUDA_CORE_LIMIT": "30"}, {"CUDA_CORE_LIMIT": "60"}],
+        [LAUNCH_BOUND, GPU_BOUND],
+    )
+    block = UsageBlock.open(tmp_path / "usage-0", device_count=1)
+    charged = 100 * block.devices()[0].gpu_time_ns / 1e9 / SECONDS
+    block.close()
+    seen = f"work {got} (native {want:.1f}), the launch-bound one charged {charged:.1f}"
+    assert got[0] == pytest.approx(min(30, want), abs=TOLERANCE), seen
+    assert charged == pytest.approx(got[0], abs=TOLERANCE), seen
+    assert got[1] == pytest.approx(60, abs=TOLERANCE), seen
 
 
 # --- batches longer than the turn's lease and the broker's hold ----------------
