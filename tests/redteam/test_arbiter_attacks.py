@@ -34,6 +34,7 @@ import pytest
 
 from tests.conftest import BUILD
 from tests.integration.compute_harness import Burn
+from tests.integration.test_compute_coloc import LAUNCH_BOUND
 from tests.integration.daemon_harness import Daemon
 from vgpud.vgpus.abi import MAX_DEVICES, ControlC, ControlDeviceC, TurnC, UsageC, UsageDeviceC
 
@@ -225,6 +226,33 @@ def test_a_hostile_tenant_cannot_stop_or_starve_another_vgpu(
         assert daemon.client.get(f"/v1/vgpus/{vgpu['id']}")["id"] == vgpu["id"]
     # The hostile tenant could open none of the victim's files.
     assert report["opened"] == dict.fromkeys(theirs, "EACCES"), report
+
+
+def test_a_stamping_neighbour_costs_a_launch_bound_vgpu_no_more_than_its_turns(
+    daemon: Daemon, sim_env: dict[str, str]
+) -> None:
+    """A launch-bound vGPU at 30 goes without the turn, and beside a tenant
+    that stamps the GPU as paced it charges its batches at its own cost,
+    measured with the turn every 2 s (docs/compute.md, "Shared batches").
+    A hostile tenant that stamps for ever and echoes its grant makes it wait
+    for that turn now and then, each wait bounded by the broker (the
+    holder's time plus 50 ms): the victim keeps its native work within the
+    co-location tolerance."""
+    victim = create(daemon, 30, VICTIM)
+    hostile = create(daemon, 70, HOSTILE)
+    theirs = [victim["host_env"]["VGPU_CONTROL"], victim["host_env"]["VGPU_USAGE"]]
+    cmd = [str(BUILD / "vgpu-burn"), "--json", "--seconds", str(SECONDS), *LAUNCH_BOUND]
+    alone = Burn.start(cmd, {**sim_env, **victim["host_env"]}, kernel_us=50)
+    alone.finish(timeout=SECONDS + 60)
+    attacker = attack(hostile["host_env"], SECONDS + 1, "scribble", theirs)
+    time.sleep(0.2)
+    attacked = Burn.start(cmd, {**sim_env, **victim["host_env"]}, kernel_us=50)
+    attacked.finish(timeout=SECONDS + 60)
+    _, err = attacker.communicate(timeout=60)
+    assert attacker.returncode == 0, err
+    got = (round(100 * alone.work, 1), round(100 * attacked.work, 1))
+    assert got[1] >= got[0] - TOLERANCE, f"victim work alone / beside the attack: {got}"
+    assert daemon.proc is not None and daemon.proc.poll() is None, daemon.log()
 
 
 def test_claiming_long_batches_harms_no_more_than_running_them(
