@@ -238,6 +238,11 @@ def windows(values: list[float], per_window: int = 5) -> list[float]:
     ]
 
 
+# vgpu-burn shaped like eager inference: 50 us kernels, each after 250 us
+# of CPU (a sixth of the simulated device natively on an idle box).
+LAUNCH_BOUND = ("--kernel-us", "50", "--gap-us", "250", "--sync", "50")
+
+
 @dataclass
 class Burn:
     """A vgpu-burn run and its JSON answer."""

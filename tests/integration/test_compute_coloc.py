@@ -21,7 +21,7 @@ import pytest
 
 from tests.conftest import BUILD
 from tests.helpers.vgpus import BrokeredVgpus
-from tests.integration.compute_harness import Burn, Sampler, device_util
+from tests.integration.compute_harness import LAUNCH_BOUND, Burn, Sampler, device_util
 from vgpud.vgpus.blocks import UsageBlock
 
 SECONDS = 4.5
@@ -40,9 +40,6 @@ pytestmark = pytest.mark.skipif(
 # synchronises after every kernel idles the GPU in its own gaps while it
 # holds the turn; docs/compute.md).
 GPU_BOUND = ("--kernel-us", "2000", "--sync", "8")
-# Eager inference's shape: 50 us kernels, each after 250 us of CPU (a sixth
-# of the device natively on an idle box).
-LAUNCH_BOUND = ("--kernel-us", "50", "--gap-us", "250", "--sync", "50")
 
 
 def tenant(

@@ -33,8 +33,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import BUILD
-from tests.integration.compute_harness import Burn
-from tests.integration.test_compute_coloc import LAUNCH_BOUND
+from tests.integration.compute_harness import LAUNCH_BOUND, Burn
 from tests.integration.daemon_harness import Daemon
 from vgpud.vgpus.abi import MAX_DEVICES, ControlC, ControlDeviceC, TurnC, UsageC, UsageDeviceC
 
