@@ -26,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -193,6 +193,20 @@ def attack(
     )
 
 
+def under_attack(
+    hostile: dict[str, Any], mode: str, theirs: list[str], start: Callable[[], Burn]
+) -> Burn:
+    """The victim's run that `start` begins, while the hostile vGPU attacks
+    (`mode`) from a moment before; both must end well."""
+    attacker = attack(hostile["host_env"], SECONDS + 1, mode, theirs)
+    time.sleep(0.2)  # the attack is under way before the victim starts
+    burn = start()
+    burn.finish(timeout=SECONDS + 60)
+    _, err = attacker.communicate(timeout=60)
+    assert attacker.returncode == 0, err
+    return burn
+
+
 def victim_burn(sim_env: dict[str, str], vgpu: dict[str, Any]) -> Burn:
     """A paced process of the victim vGPU, as in the co-location tests."""
     cmd = [str(BUILD / "vgpu-burn"), "--json", "--seconds", str(SECONDS), "--kernel-us", "2000"]
@@ -241,14 +255,13 @@ def test_a_stamping_neighbour_costs_a_launch_bound_vgpu_no_more_than_its_turns(
     hostile = create(daemon, 70, HOSTILE)
     theirs = [victim["host_env"]["VGPU_CONTROL"], victim["host_env"]["VGPU_USAGE"]]
     cmd = [str(BUILD / "vgpu-burn"), "--json", "--seconds", str(SECONDS), *LAUNCH_BOUND]
-    alone = Burn.start(cmd, {**sim_env, **victim["host_env"]}, kernel_us=50)
+
+    def start() -> Burn:
+        return Burn.start(cmd, {**sim_env, **victim["host_env"]}, kernel_us=50)
+
+    alone = start()
     alone.finish(timeout=SECONDS + 60)
-    attacker = attack(hostile["host_env"], SECONDS + 1, "scribble", theirs)
-    time.sleep(0.2)
-    attacked = Burn.start(cmd, {**sim_env, **victim["host_env"]}, kernel_us=50)
-    attacked.finish(timeout=SECONDS + 60)
-    _, err = attacker.communicate(timeout=60)
-    assert attacker.returncode == 0, err
+    attacked = under_attack(hostile, "scribble", theirs, start)
     got = (round(100 * alone.work, 1), round(100 * attacked.work, 1))
     assert got[1] >= got[0] - TOLERANCE, f"victim work alone / beside the attack: {got}"
     assert daemon.proc is not None and daemon.proc.poll() is None, daemon.log()
@@ -279,12 +292,7 @@ def test_claiming_long_batches_harms_no_more_than_running_them(
     beside_honest.finish(timeout=SECONDS + 60)
     honest.finish(timeout=SECONDS + 60)
     # The same vGPU, hostile: it claims such batches and runs none.
-    attacker = attack(other["host_env"], SECONDS + 1, "claim", theirs)
-    time.sleep(0.2)
-    beside_hostile = victim_burn(sim_env, victim)
-    beside_hostile.finish(timeout=SECONDS + 60)
-    _, err = attacker.communicate(timeout=60)
-    assert attacker.returncode == 0, err
+    beside_hostile = under_attack(other, "claim", theirs, lambda: victim_burn(sim_env, victim))
     got = (round(100 * beside_honest.work, 1), round(100 * beside_hostile.work, 1))
     assert got[1] >= got[0] - TOLERANCE, f"victim work next to honest / hostile: {got}"
     assert daemon.proc is not None and daemon.proc.poll() is None, daemon.log()
