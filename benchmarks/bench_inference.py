@@ -120,6 +120,19 @@ class Workload:
         (t0, u0), (t1, u1) = inside[0], inside[-1]
         return (u1 - u0) / (t1 - t0)
 
+    def window_rates(self, start: float, end: float, width: float = 1.0) -> list[float]:
+        """Its rate over every `width`-second run of reports inside the
+        window (sliding by one report): a tenant that loses its share for
+        a second shows it here, not in the mean."""
+        inside = [r for r in self.reports if start <= r[0] <= end]
+        rates = []
+        for i, (t0, u0) in enumerate(inside):
+            later = next(((t, u) for t, u in inside[i + 1 :] if t - t0 >= width), None)
+            if later is None:
+                break
+            rates.append((later[1] - u0) / (later[0] - t0))
+        return rates
+
     def stop(self) -> None:
         self.proc.terminate()
         self.proc.wait(30)
@@ -378,6 +391,9 @@ def run_case(
         rate = work.rate(start, end)
         if other is not None and neighbour_workload is not None:
             neighbour_work = other.rate(start, end) / neighbour_workload[1] * 100
+            neighbour_windows = [
+                r / neighbour_workload[1] * 100 for r in other.window_rates(start, end)
+            ]
     finally:
         work.stop()
         if other is not None:
@@ -416,6 +432,7 @@ def run_case(
     if other is not None and neighbour_workload is not None:
         case["neighbour_workload"] = neighbour_workload[0]
         case["neighbour_work"] = neighbour_work
+        case["neighbour_work_windows"] = neighbour_windows
     return case
 
 
@@ -440,6 +457,8 @@ def row(case: dict[str, Any], native: dict[str, Any] | None, rounds: bool) -> st
     win = case["busy_windows"]
     span = f"{min(win):.1f} to {max(win):.1f}" if win else ""
     neighbour = f"{case['neighbour_work']:.1f}" if "neighbour_work" in case else ""
+    if case.get("neighbour_work_windows"):  # older runs had none
+        neighbour += f" (1 s: {min(case['neighbour_work_windows']):.1f} worst)"
     per_process = ""
     if "proc_busy" in case:  # runs before 2026-11-26 had none
         per_process = f"{case['proc_busy']['mean']:.1f}"

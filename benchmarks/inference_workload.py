@@ -16,6 +16,11 @@ Workloads (launch-bound inference shapes; PyTorch, random weights, nothing downl
                as a CUDA graph and replayed token after token: a forward over
                a fixed 48-token window (no KV cache, so every shape is
                static), the argmax at the last position written after it;
+- phases:      the chain's shape, switching every 3 s between decode
+               (the chain) and prefill (each matvec a 1024-column matmul,
+               kernels ~15x longer, still launched one by one): how long a
+               tenant whose kernels grow is charged at its old cost; a unit
+               is one pass of either kind;
 - gemm:        the GPU-bound neighbour: 8192x8192 bf16 matmuls, 8 per
                synchronisation; a unit is one matmul. Unlike vgpu-burn's
                clock-timed spin kernels, its units are work done, so they
@@ -37,15 +42,23 @@ import torch
 REPORT_EVERY_S = 0.25
 
 
-def chain(graph: bool) -> Callable[[], int]:
+def chain_pass(columns: int) -> Callable[[], torch.Tensor]:
+    """One pass of the decode chain over `columns` tokens at once: 32
+    matmuls with 4096x4096 bf16 weights, launched one by one."""
     weights = [torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16) / 64 for _ in range(32)]
-    x = torch.randn(4096, 1, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(4096, columns, device="cuda", dtype=torch.bfloat16)
 
     def passes() -> torch.Tensor:
         y = x
         for w in weights:
             y = w @ y
         return y
+
+    return passes
+
+
+def chain(graph: bool) -> Callable[[], int]:
+    passes = chain_pass(1)
 
     def token() -> int:
         passes()[0, 0].item()  # the CPU reads each token back, as a decoder does
@@ -68,6 +81,21 @@ def chain(graph: bool) -> Callable[[], int]:
         return 1
 
     return replay
+
+
+PHASE_S = 3.0
+PREFILL_COLUMNS = 1024
+
+
+def phases() -> Callable[[], int]:
+    decode, prefill = chain_pass(1), chain_pass(PREFILL_COLUMNS)
+
+    def one() -> int:
+        in_prefill = int(time.monotonic() / PHASE_S) % 2
+        (prefill if in_prefill else decode)()[0, 0].item()
+        return 1
+
+    return one
 
 
 def adds() -> Callable[[], int]:
@@ -190,9 +218,10 @@ WORKLOADS: dict[str, Callable[[], Callable[[], int]]] = {
     "hf-b8": lambda: hf(8),
     "hf-b1-graph": lambda: hf_graph(1),
     "hf-b8-graph": lambda: hf_graph(8),
+    "phases": phases,
     "gemm": gemm,
 }
-UNITS = {name: "token" for name in WORKLOADS} | {"adds": "add", "gemm": "matmul"}
+UNITS = {name: "token" for name in WORKLOADS} | {"adds": "add", "gemm": "matmul", "phases": "pass"}
 
 
 def main(argv: list[str]) -> int:

@@ -65,8 +65,8 @@
  * the stream's GPU time per launch, and each ungated batch is charged its
  * launches at that cost, or its span if less (a span is all GPU time at
  * most; launch-bound, it also spans the gaps). A stream whose kernels grow
- * is under-charged until the running cost has caught up (8 samples, ~64
- * batches); then its use leaves no room and every batch is gated again.
+ * is under-charged until its next gated batch (running_cost.h); then its use
+ * leaves no room and every batch is gated again.
  */
 #define GT_GATE_SAMPLE 8u
 /*
@@ -82,12 +82,18 @@
  * apart from the other tenant, by gated batches that held the turn or had
  * the GPU to themselves, within the last GT_SHARED_FRESH_NS
  * (gt_gated_cost_fresh). Without such a cost, the batch takes the turn
- * and measures one: one wait for the other's hold every couple of seconds.
+ * and measures one: one wait for the other's hold every GT_SHARED_FRESH_NS.
  * Measured on the H200, alternated with the build before, two runs each:
  * the chain charged 21.4 and 20.9 for 20.4 and 20.7 points of work, and
  * the GEMM tenant beside it did 71.2 and 71.3 (docs/compute.md).
+ * The freshness bounds how long kernels that grow run at the old price:
+ * at 2 s, a decode chain that switched to 1024-token prefills beside the
+ * GEMM tenant left it 42-44 of its 60 points for each 3 s prefill (H200),
+ * and a simulated one whose kernels grew twentyfold left its neighbour
+ * 0-16 points for seconds. A measure costs each side about one batch of
+ * waiting (~1 ms), so ten a second cost ~1 % of the time.
  */
-#define GT_SHARED_FRESH_NS 2000000000ull
+#define GT_SHARED_FRESH_NS 100000000ull
 
 struct gt_stream;
 

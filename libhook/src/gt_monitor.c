@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "gt_state.h"
+#include "running_cost.h"
 #include "turn.h"
 
 bool gt_start_thread(void *(*main_fn)(void *), const char *what)
@@ -39,15 +40,6 @@ bool gt_use_ctx(CUcontext ctx)
     current = ctx;
     return true;
 }
-
-/* Running average over ~8 samples: adapts within a few ms of work. */
-static void average_in(_Atomic uint64_t *avg, uint64_t sample)
-{
-    uint64_t seen = atomic_load_explicit(avg, memory_order_relaxed);
-    seen = seen == 0 ? sample : seen - seen / 8 + sample / 8;
-    atomic_store_explicit(avg, seen > 0 ? seen : 1, memory_order_relaxed);
-}
-
 
 /* GPU time from event a to event b, if b did not come before a (false:
  * it did, or they are not comparable: another context's, a context gone). */
@@ -136,9 +128,9 @@ static struct gt_batch *settle(struct gt_batch *b)
     if (b->graph) {
         atomic_store_explicit(&b->stream->graph_cost_ns, busy, memory_order_relaxed);
     } else if (b->launches > 0) {
-        average_in(&d->launch_cost_ns, (uint64_t)busy / b->launches);
+        running_cost_in(&d->launch_cost_ns, (uint64_t)busy / b->launches);
         if (b->gated && !b->shared) {
-            average_in(&b->stream->gated_cost_ns, (uint64_t)busy / b->launches);
+            running_cost_in_or_jump(&b->stream->gated_cost_ns, (uint64_t)busy / b->launches);
             atomic_store_explicit(&b->stream->gated_at_ns, now_ns(), memory_order_relaxed);
         }
     }

@@ -252,6 +252,8 @@ struct options {
     int lockstep_in, lockstep_out; /* -1: no --lockstep */
     double seconds;
     uint64_t kernel_ns;
+    uint64_t grow_ns;     /* --grow-kernel-us: 0, or the kernel time from --grow-after on */
+    double grow_after;    /* seconds */
     uint64_t gap_ns; /* --gap-us: CPU time between launches */
     unsigned blocks; /* 0: the device's SM count */
     double duty;
@@ -277,6 +279,9 @@ static void usage(FILE *out)
           "  --duty F              fraction of wall time to keep the GPU busy, 0<F<=1 (default 1)\n"
           "  --gap-us US           keep the CPU busy this long after each launch: launch-bound\n"
           "                        work, like eager inference (default 0)\n"
+          "  --grow-kernel-us US   from --grow-after on, kernels of US microseconds (a decoder\n"
+          "                        that starts a long prefill)\n"
+          "  --grow-after S        seconds into the run (default: never)\n"
           "  --streams N           threads, one stream each (default 1)\n"
           "  --procs N             fork N processes, each with its own context (default 1)\n"
           "  --sync N              synchronise every N launches (default 1)\n"
@@ -463,12 +468,14 @@ static int parse_options(int argc, char **argv, struct options *o)
     /* OPT_, not O_: fcntl.h owns O_SYNC and friends. */
     enum { OPT_DEVICE = 256, OPT_SECONDS, OPT_KERNEL_US, OPT_BLOCKS, OPT_DUTY, OPT_GAP_US, OPT_STREAMS, OPT_PROCS, OPT_SYNC,
            OPT_GRAPH, OPT_ALLOC, OPT_CHUNK, OPT_ALLOC_API, OPT_BEST_EFFORT, OPT_HOLD, OPT_VERIFY, OPT_MEMINFO,
-           OPT_JSON, OPT_RESOLVE, OPT_TRACE, OPT_LOCKSTEP, OPT_HELP };
+           OPT_JSON, OPT_RESOLVE, OPT_TRACE, OPT_LOCKSTEP, OPT_GROW_KERNEL_US, OPT_GROW_AFTER, OPT_HELP };
     static const struct option LONG[] = {
         {"device", required_argument, NULL, OPT_DEVICE},       {"seconds", required_argument, NULL, OPT_SECONDS},
         {"kernel-us", required_argument, NULL, OPT_KERNEL_US}, {"blocks", required_argument, NULL, OPT_BLOCKS},
         {"duty", required_argument, NULL, OPT_DUTY},           {"streams", required_argument, NULL, OPT_STREAMS},
         {"gap-us", required_argument, NULL, OPT_GAP_US},
+        {"grow-kernel-us", required_argument, NULL, OPT_GROW_KERNEL_US},
+        {"grow-after", required_argument, NULL, OPT_GROW_AFTER},
         {"procs", required_argument, NULL, OPT_PROCS},         {"sync", required_argument, NULL, OPT_SYNC},
         {"graph", required_argument, NULL, OPT_GRAPH},         {"alloc", required_argument, NULL, OPT_ALLOC},
         {"chunk", required_argument, NULL, OPT_CHUNK},         {"alloc-api", required_argument, NULL, OPT_ALLOC_API},
@@ -499,6 +506,11 @@ static int parse_options(int argc, char **argv, struct options *o)
             r = parse_double("gap-us", optarg, 0, 1e6, false, &d);
             o->gap_ns = (uint64_t)(d * 1000);
             break;
+        case OPT_GROW_KERNEL_US:
+            r = parse_double("grow-kernel-us", optarg, 0, 60e6, true, &d);
+            o->grow_ns = (uint64_t)(d * 1000);
+            break;
+        case OPT_GROW_AFTER: r = parse_double("grow-after", optarg, 0, 86400, false, &o->grow_after); break;
         case OPT_STREAMS:
             r = parse_uint("streams", optarg, 1, MAX_STREAMS, &o->streams);
             streams_given = true;
@@ -552,6 +564,10 @@ static int parse_options(int argc, char **argv, struct options *o)
         return bad_usage("--hold, --verify and --alloc-best-effort need --alloc");
     if (o->verify && o->alloc_api == API_ARRAY)
         return bad_usage("--verify cannot read back --alloc-api array (arrays have no device pointer)");
+    if ((o->grow_ns != 0) != (o->grow_after > 0))
+        return bad_usage("--grow-kernel-us and --grow-after go together");
+    if (o->grow_ns != 0 && o->graph != 0)
+        return bad_usage("--grow-kernel-us cannot change a captured --graph");
     if (o->graph != 0 && o->sync != 1)
         return bad_usage("--graph launches are synchronised one by one: leave --sync at 1");
     if (o->trace != NULL && o->trace[0] == '\0')
@@ -792,7 +808,7 @@ struct worker {
     const struct device_ctx *dc;
     struct trace *trace;
     double start, deadline;
-    uint64_t launches, kernels;
+    uint64_t launches, kernels, grown; /* grown: kernels of --grow-kernel-us */
     double gpu_ms;
     CUresult error;
     const char *error_call;
@@ -858,6 +874,9 @@ static void *work(void *arg)
     }
     while (now_s() < w->deadline) {
         uint64_t launched = w->kernels;
+        bool grown = o->grow_ns != 0 && now_s() - w->start >= o->grow_after;
+        if (grown)
+            ns = o->grow_ns;
         TRY(w, "cuEventRecord", cu.cuEventRecord(start, stream));
         for (unsigned i = 0; i < o->sync; i++) {
             if (exec != NULL)
@@ -866,6 +885,7 @@ static void *work(void *arg)
                 TRY(w, "cuLaunchKernel", cu.cuLaunchKernel(w->dc->spin, blocks, 1, 1, SPIN_THREADS, 1, 1, 0, stream, args, NULL));
             w->launches++;
             w->kernels += exec != NULL ? o->graph : 1;
+            w->grown += grown;
             if (o->gap_ns != 0)
                 spin_for(o->gap_ns);
         }
@@ -893,12 +913,12 @@ out:
     return NULL;
 }
 
-/* How long one spin kernel runs: --kernel-us per wave of blocks. */
-static double kernel_s(const struct options *o, const struct device_ctx *dc)
+/* How long one spin kernel of kernel_ns runs: that per wave of blocks. */
+static double kernel_s(const struct options *o, const struct device_ctx *dc, uint64_t kernel_ns)
 {
     unsigned blocks = o->blocks != 0 ? o->blocks : dc->sms;
     unsigned waves = dc->sms != 0 ? (blocks + dc->sms - 1) / dc->sms : 1;
-    return (double)o->kernel_ns * waves / 1e9;
+    return (double)kernel_ns * waves / 1e9;
 }
 
 static void run_kernels(const struct options *o, const struct device_ctx *dcs, struct trace *trace,
@@ -918,7 +938,8 @@ static void run_kernels(const struct options *o, const struct device_ctx *dcs, s
             pthread_join(threads[i], NULL);
         res->launches += workers[i].launches;
         res->kernels += workers[i].kernels;
-        res->work_s += (double)workers[i].kernels * kernel_s(o, workers[i].dc);
+        res->work_s += (double)(workers[i].kernels - workers[i].grown) * kernel_s(o, workers[i].dc, o->kernel_ns);
+        res->work_s += (double)workers[i].grown * kernel_s(o, workers[i].dc, o->grow_ns);
         res->gpu_ms += workers[i].gpu_ms;
         if (workers[i].error != CUDA_SUCCESS)
             note_error(res, workers[i].error_call, workers[i].error);

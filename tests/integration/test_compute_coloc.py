@@ -21,7 +21,13 @@ import pytest
 
 from tests.conftest import BUILD
 from tests.helpers.vgpus import BrokeredVgpus
-from tests.integration.compute_harness import LAUNCH_BOUND, Burn, Sampler, device_util
+from tests.integration.compute_harness import (
+    LAUNCH_BOUND,
+    Burn,
+    Sampler,
+    device_util,
+    windows,
+)
 from vgpud.vgpus.blocks import UsageBlock
 
 SECONDS = 4.5
@@ -180,6 +186,43 @@ def test_a_launch_bound_tenant_beside_a_paced_one_is_charged_its_own_kernels(
     # elsewhere its gated spans also take in its own stalls, +7 seen).
     assert charged <= got[0] + 2 * TOLERANCE, seen
     assert got[1] == pytest.approx(60, abs=TOLERANCE), seen
+
+
+GROW_AFTER = 1.5  # seconds: decoding, then a prefill of long kernels
+GROW_SECONDS = 5.5
+
+
+def test_a_tenant_whose_kernels_grow_beside_a_paced_one_is_charged_them_soon(
+    sim_env: dict[str, str], tmp_path: Path
+) -> None:
+    """The launch-bound tenant at 30 goes without the turn and is charged
+    its launches at a cost measured with the turn ("Shared batches"); then
+    its kernels grow twentyfold (decode, then a long prefill) and it uses
+    the device far more than that cost says. The cost must be measured
+    again within a fraction of a second, so the GPU-bound tenant at 60
+    keeps its share in every second after the growth. Measured again only
+    every 2 s and averaged in at 1/8, the neighbour fell to 0-16 % of the
+    device for seconds (on an H200, to 42-44 of its 60 for each 3 s
+    prefill)."""
+    grows = (*LAUNCH_BOUND, "--grow-kernel-us", "1000", "--grow-after", str(GROW_AFTER))
+    trace = tmp_path / "neighbour.trace"
+    start = time.time()
+    burns = []
+    for name, share, work, traced in (("t", "30", grows, None), ("g", "60", GPU_BOUND, trace)):
+        env = {
+            **sim_env,
+            "LD_PRELOAD": str(BUILD / "libvgpu.so"),
+            "VGPU_USAGE": str(tmp_path / f"usage-{name}"),
+            "CUDA_CORE_LIMIT": share,
+        }
+        cmd = [str(BUILD / "vgpu-burn"), "--json", "--seconds", str(GROW_SECONDS), *work]
+        burns.append(Burn.start(cmd, env, kernel_us=int(work[1]), trace=traced))
+    for b in burns:
+        b.finish(timeout=GROW_SECONDS + 60)
+    # From half a second after the growth (the measure's allowance) to the end.
+    after = burns[1].work_series(start + GROW_AFTER + 0.5, start + GROW_SECONDS)
+    seen = f"neighbour after the growth: {[round(w) for w in after]} per 200 ms"
+    assert min(windows(after)) >= 60 - TOLERANCE, seen
 
 
 # --- batches longer than the turn's lease and the broker's hold ----------------

@@ -8,7 +8,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from benchmarks.bench_inference import report
+import pytest
+
+from benchmarks.bench_inference import Workload, report
 
 
 def case(workload: str, share: int | None, rate: float, busy: float, **more: Any) -> dict[str, Any]:
@@ -45,3 +47,27 @@ def test_rounds_are_judged_against_their_own_native_and_summed_up(tmp_path: Path
     assert "Failed: chain (share 30): crashed" in text
     assert json.loads((tmp_path / "inference.json").read_text()) == cases
     assert (tmp_path / "inference.md").read_text() == text
+
+
+def test_a_neighbour_that_loses_its_share_for_a_second_shows_in_its_worst_window() -> None:
+    # A neighbour reporting every 0.25 s: 100 units a second, except one
+    # second at 40. Its mean barely moves; its worst 1 s window does.
+    reports, units, t = [], 0, 0.0
+    for step in range(40):
+        units += 10 if 16 <= step < 20 else 25
+        t += 0.25
+        reports.append((t, units))
+    run = Workload(proc=None, reports=reports)  # type: ignore[arg-type]
+    rates = run.window_rates(0.0, 10.0)
+    assert min(rates) == pytest.approx(40.0)
+    assert max(rates) == pytest.approx(100.0)
+    assert run.rate(0.0, 10.0) > 90.0
+
+
+def test_the_neighbours_worst_window_is_in_its_row(tmp_path: Path) -> None:
+    beside = {"neighbour": 60, "neighbour_workload": "gemm", "neighbour_work": 70.2}
+    cases = [
+        case("phases", None, 10.0, 60.0),
+        case("phases", 30, 5.0, 80.0, neighbour_work_windows=[71.0, 52.5, 70.0], **beside),
+    ]
+    assert "| 70.2 (1 s: 52.5 worst) |" in report(cases, [], tmp_path)

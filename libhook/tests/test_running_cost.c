@@ -1,0 +1,48 @@
+/*
+ * test_running_cost.c - the GPU time per launch the monitor learns: an
+ * average that follows noise slowly, and a stream's gated cost that jumps
+ * at once to kernels that grew, so that batches priced at it between two
+ * measures are not under-charged for eight of them.
+ */
+#include "../src/running_cost.h"
+
+#include "check.h"
+
+#define US 1000ull
+
+static void test_the_first_sample_is_taken_and_noise_moves_it_an_eighth(void)
+{
+    _Atomic uint64_t cost = 0;
+    running_cost_in(&cost, 8 * US);
+    CHECK(atomic_load(&cost) == 8 * US);
+    running_cost_in(&cost, 16 * US); /* twice: still averaged */
+    CHECK(atomic_load(&cost) == 9 * US);
+    running_cost_in(&cost, 0);
+    CHECKF(atomic_load(&cost) > 0, "a cost of 0 would read as none measured");
+}
+
+static void test_a_gated_cost_jumps_to_kernels_that_grew(void)
+{
+    _Atomic uint64_t cost = 0;
+    running_cost_in_or_jump(&cost, 7 * US); /* decode-sized */
+    running_cost_in_or_jump(&cost, 100 * US); /* a prefill's kernels */
+    CHECKF(atomic_load(&cost) == 100 * US, "got %llu ns", (unsigned long long)atomic_load(&cost));
+}
+
+static void test_a_gated_cost_is_averaged_within_the_jump_and_falls_slowly(void)
+{
+    _Atomic uint64_t cost = 0;
+    running_cost_in_or_jump(&cost, 8 * US);
+    running_cost_in_or_jump(&cost, 16 * US); /* twice the cost: noise, not growth */
+    CHECK(atomic_load(&cost) == 9 * US);
+    running_cost_in_or_jump(&cost, 1 * US); /* kernels that shrank: an eighth a sample */
+    CHECKF(atomic_load(&cost) > 7 * US, "got %llu ns", (unsigned long long)atomic_load(&cost));
+}
+
+int main(void)
+{
+    test_the_first_sample_is_taken_and_noise_moves_it_an_eighth();
+    test_a_gated_cost_jumps_to_kernels_that_grew();
+    test_a_gated_cost_is_averaged_within_the_jump_and_falls_slowly();
+    return check_report("test_running_cost");
+}
