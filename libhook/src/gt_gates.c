@@ -5,6 +5,7 @@
  */
 #include <string.h>
 
+#include "draw.h"
 #include "gt_state.h"
 #include "turn.h"
 
@@ -66,14 +67,6 @@ bool gt_gate_wanted(const struct gt_stream *s, bool graph, bool paced)
     return paced && !graph && s->record_on != CU_STREAM_PER_THREAD && gates_ready();
 }
 
-/* splitmix64's finaliser: a draw that no workload's period lines up with. */
-static uint64_t mix(uint64_t x)
-{
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
-
 /* May a batch that wants a gate go without (gputime.h, GT_GATE_SAMPLE)?
  * Only once the stream's gated cost is known, while its share leaves room
  * for that cost's error (turnless.h) or the daemon corrects that error
@@ -95,7 +88,7 @@ bool gt_gate_skip(struct gt_stream *s, bool turn)
         !(turnless_gates_sampled(&d->turnless) || pacer_calibrated(&d->pacer, 0)) ||
         (turn ? turn_contended(s->dev) : turn_wanted(s->dev)))
         return false;
-    uint64_t draw = mix(++s->draws + (uint64_t)(uintptr_t)s);
+    uint64_t draw = draw_mix(++s->draws + (uint64_t)(uintptr_t)s);
     return draw % GT_GATE_SAMPLE != 0;
 }
 
@@ -103,8 +96,7 @@ bool gt_gate_skip(struct gt_stream *s, bool turn)
  * tenants lately (gputime.h, GT_SHARED_FRESH_NS)? */
 bool gt_gated_cost_fresh(const struct gt_stream *s, uint64_t now)
 {
-    uint64_t at = atomic_load_explicit(&s->gated_at_ns, memory_order_relaxed);
-    return at != 0 && now - at < GT_SHARED_FRESH_NS;
+    return now < atomic_load_explicit(&s->gated_fresh_until_ns, memory_order_relaxed);
 }
 
 /* Queue the stream's next work behind a new gate, for batch b (stream lock

@@ -83,7 +83,7 @@ struct gt_stream {
     uint32_t last_size;     /* launches in its previous batch */
     _Atomic int64_t graph_cost_ns; /* its last measured graph launch */
     _Atomic uint64_t gated_cost_ns; /* running GPU time per launch of its gated batches */
-    _Atomic uint64_t gated_at_ns;   /* when the last of them was measured */
+    _Atomic uint64_t gated_fresh_until_ns; /* it stays fresh until then (gputime.h) */
     uint32_t gates;         /* gated batches so far: the value of the next gate minus one */
     uint64_t draws;         /* batches that might have gone ungated (gt_gate_skip) */
     struct gt_batch ring[GT_RING];

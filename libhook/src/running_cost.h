@@ -37,4 +37,17 @@ static inline void running_cost_in_or_jump(_Atomic uint64_t *avg, uint64_t sampl
         running_cost_in(avg, sample);
 }
 
+/*
+ * How long a measure of a stream's gated cost stays fresh, for a mean of
+ * `mean_ns` (gputime.h, GT_SHARED_FRESH_NS): `draw` spread evenly over
+ * (0, 2 x mean_ns]. At a fixed age, a tenant that saw its measure (its
+ * launch waited for the turn) would know the next one is that far off
+ * and could run large kernels until just before it, priced at the small
+ * ones it measures; drawn, the next measure may come at any moment.
+ */
+static inline uint64_t running_cost_fresh_ns(uint64_t mean_ns, uint64_t draw)
+{
+    return 1 + draw % (2 * mean_ns);
+}
+
 #endif

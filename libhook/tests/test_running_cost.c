@@ -4,11 +4,13 @@
  * at once to kernels that grew, so that batches priced at it between two
  * measures are not under-charged for eight of them.
  */
+#include "../src/draw.h"
 #include "../src/running_cost.h"
 
 #include "check.h"
 
 #define US 1000ull
+#define MS 1000000ull
 
 static void test_the_first_sample_is_taken_and_noise_moves_it_an_eighth(void)
 {
@@ -39,10 +41,30 @@ static void test_a_gated_cost_is_averaged_within_the_jump_and_falls_slowly(void)
     CHECKF(atomic_load(&cost) > 7 * US, "got %llu ns", (unsigned long long)atomic_load(&cost));
 }
 
+static void test_the_next_measure_may_come_at_any_moment(void)
+{
+    /* Seeds as the monitor draws them: a clock, ~1 ms apart. */
+    uint64_t n = 20000, soon = 0, sum = 0, most = 0, least = UINT64_MAX;
+    for (uint64_t i = 0; i < n; i++) {
+        uint64_t fresh = running_cost_fresh_ns(100 * MS, draw_mix(1000 * MS + i * 1000003ull));
+        soon += fresh < 10 * MS;
+        sum += fresh;
+        most = fresh > most ? fresh : most;
+        least = fresh < least ? fresh : least;
+    }
+    CHECKF(least > 0 && most <= 200 * MS, "drawn from %llu to %llu ns", (unsigned long long)least,
+           (unsigned long long)most);
+    /* No safe window after a measure: about one in twenty within 10 ms. */
+    CHECKF(soon > n / 25 && soon < n / 16, "%llu of %llu within 10 ms", (unsigned long long)soon,
+           (unsigned long long)n);
+    CHECKF(sum / n > 95 * MS && sum / n < 105 * MS, "mean %llu ns", (unsigned long long)(sum / n));
+}
+
 int main(void)
 {
     test_the_first_sample_is_taken_and_noise_moves_it_an_eighth();
     test_a_gated_cost_jumps_to_kernels_that_grew();
     test_a_gated_cost_is_averaged_within_the_jump_and_falls_slowly();
+    test_the_next_measure_may_come_at_any_moment();
     return check_report("test_running_cost");
 }
