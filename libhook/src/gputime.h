@@ -80,20 +80,32 @@
  * "shared" batch is charged its launches at the stream's gated cost per
  * launch, or its span if less, as an estimated one is: a cost measured
  * apart from the other tenant, by gated batches that held the turn or had
- * the GPU to themselves, within the last GT_SHARED_FRESH_NS
- * (gt_gated_cost_fresh). Without such a cost, the batch takes the turn
- * and measures one: one wait for the other's hold every GT_SHARED_FRESH_NS.
+ * the GPU to themselves, fresh for GT_SHARED_FRESH_NS on average (drawn
+ * over (0, 2x]: running_cost.h; gt_gated_cost_fresh). Without such a cost,
+ * the batch takes the turn and measures one: one wait for the other's hold.
  * Measured on the H200, alternated with the build before, two runs each:
  * the chain charged 21.4 and 20.9 for 20.4 and 20.7 points of work, and
  * the GEMM tenant beside it did 71.2 and 71.3 (docs/compute.md).
- * The freshness bounds how long kernels that grow run at the old price:
- * at 2 s, a decode chain that switched to 1024-token prefills beside the
- * GEMM tenant left it 42-44 of its 60 points for each 3 s prefill (H200),
- * and a simulated one whose kernels grew twentyfold left its neighbour
- * 0-16 points for seconds. A measure costs each side about one batch of
- * waiting (~1 ms), so ten a second cost ~1 % of the time.
+ *
+ * The freshness bounds how long kernels that grow run at the old price,
+ * and sets how often the process waits out the holder's turn. Fresh for
+ * 2 s, a decode chain that switched to 1024-token prefills beside the GEMM
+ * tenant left it 42-43 of its 60 points for each 3 s prefill (H200), and
+ * a simulated one whose kernels grew twentyfold left its neighbour 0-16 %
+ * of the device for seconds. Fresh for 100 ms, the H200's GEMM tenant kept
+ * 66.0-67.4 beside the prefills (worst second 60.3-64.5) and lost 1.4-2.6
+ * beside the chain and the adds; but on the simulator a neighbour that
+ * stamps the GPU for ever and keeps each turn as long as the broker lets
+ * it (the holder's time + 50 ms) made each measure wait ~20 ms, and took
+ * a launch-bound victim from 19.8 to 12.6-13.3 % of the device. At 400 ms
+ * the victim kept 16.0-17.5 and the simulated growth was priced right
+ * within a second (its neighbour's worst second after that 59.4-59.9 of
+ * 60); the H200 has not run this value. (Letting long waits buy a longer
+ * freshness was tried: an honest GPU-bound holder's turns also run to
+ * 38-60 ms now and then, and the growth then went unpriced for seconds
+ * in one simulated run of ten.)
  */
-#define GT_SHARED_FRESH_NS 100000000ull
+#define GT_SHARED_FRESH_NS 400000000ull
 
 struct gt_stream;
 

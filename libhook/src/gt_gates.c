@@ -7,6 +7,7 @@
 
 #include "draw.h"
 #include "gt_state.h"
+#include "running_cost.h"
 #include "turn.h"
 
 static void *gate_watch_main(void *arg);
@@ -97,6 +98,15 @@ bool gt_gate_skip(struct gt_stream *s, bool turn)
 bool gt_gated_cost_fresh(const struct gt_stream *s, uint64_t now)
 {
     return now < atomic_load_explicit(&s->gated_fresh_until_ns, memory_order_relaxed);
+}
+
+/* See gt_state.h. The draw's seed is the monitor's clock. */
+void gt_gated_cost_measured(struct gt_stream *s, uint64_t now)
+{
+    uint64_t draw = draw_mix(now ^ (uint64_t)(uintptr_t)s);
+    atomic_store_explicit(&s->gated_fresh_until_ns,
+                          now + running_cost_fresh_ns(GT_SHARED_FRESH_NS, draw),
+                          memory_order_relaxed);
 }
 
 /* Queue the stream's next work behind a new gate, for batch b (stream lock

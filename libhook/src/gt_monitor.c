@@ -6,7 +6,6 @@
 #include <signal.h>
 #include <string.h>
 
-#include "draw.h"
 #include "gt_state.h"
 #include "running_cost.h"
 #include "turn.h"
@@ -132,11 +131,7 @@ static struct gt_batch *settle(struct gt_batch *b)
         running_cost_in(&d->launch_cost_ns, (uint64_t)busy / b->launches);
         if (b->gated && !b->shared) {
             running_cost_in_or_jump(&b->stream->gated_cost_ns, (uint64_t)busy / b->launches);
-            uint64_t now = now_ns();
-            uint64_t fresh = running_cost_fresh_ns(GT_SHARED_FRESH_NS,
-                                                   draw_mix(now ^ (uint64_t)(uintptr_t)b->stream));
-            atomic_store_explicit(&b->stream->gated_fresh_until_ns, now + fresh,
-                                  memory_order_relaxed);
+            gt_gated_cost_measured(b->stream, now_ns());
         }
     }
     return freed;

@@ -170,6 +170,9 @@ void gt_release_batch(struct gt_batch *b);
 bool gt_gate_wanted(const struct gt_stream *s, bool graph, bool paced);
 bool gt_gate_skip(struct gt_stream *s, bool turn);
 bool gt_gated_cost_fresh(const struct gt_stream *s, uint64_t now);
+/* The stream's gated cost was just measured, at `now` (monitor): fresh for
+ * a while (gputime.h, GT_SHARED_FRESH_NS). */
+void gt_gated_cost_measured(struct gt_stream *s, uint64_t now);
 void gt_gate_shut(struct gt_stream *s, struct gt_batch *b);
 void gt_gate_open(struct gt_stream *s, struct gt_batch *b);
 uint32_t gt_gate_target(const struct gt_stream *s);

@@ -15,8 +15,9 @@
  * grew (a decoder that starts a long prefill), and the batches priced at
  * the old cost, measured only every GT_SHARED_FRESH_NS, use that much more
  * than they are charged until it catches up. Simulated kernels that grew
- * twentyfold beside a tenant at 60 left it 17-23 % of the device in the
- * next 200 ms and its share after; averaged in, 25-32 % and then 36-49 %.
+ * twentyfold beside a tenant at 60 (measured every 100 ms) left it 17-23 %
+ * of the device in the next 200 ms and its share after; averaged in,
+ * 25-32 % and then 36-49 %.
  */
 #define GT_COST_JUMP 2u
 
@@ -40,10 +41,10 @@ static inline void running_cost_in_or_jump(_Atomic uint64_t *avg, uint64_t sampl
 /*
  * How long a measure of a stream's gated cost stays fresh, for a mean of
  * `mean_ns` (gputime.h, GT_SHARED_FRESH_NS): `draw` spread evenly over
- * (0, 2 x mean_ns]. At a fixed age, a tenant that saw its measure (its
- * launch waited for the turn) would know the next one is that far off
- * and could run large kernels until just before it, priced at the small
- * ones it measures; drawn, the next measure may come at any moment.
+ * (0, 2 x mean_ns]. At a fixed age, a workload whose large and small
+ * kernels alternate with a period near it would be measured in the same
+ * phase every time, and priced at the small ones for good; drawn, the
+ * next measure may come at any moment, and no period lines up with it.
  */
 static inline uint64_t running_cost_fresh_ns(uint64_t mean_ns, uint64_t draw)
 {
