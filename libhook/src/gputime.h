@@ -105,7 +105,9 @@
  * 38-60 ms now and then, and the growth then went unpriced for seconds
  * in one simulated run of ten.)
  */
+#ifndef GT_SHARED_FRESH_NS /* -D for a trial build (benchmarks/ab_inference.py --cflags-b) */
 #define GT_SHARED_FRESH_NS 400000000ull
+#endif
 
 struct gt_stream;
 
