@@ -14,16 +14,20 @@ A label names the build a run is of; runs of one label share a colour.
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 from pathlib import Path
-from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.plot_inference import load  # noqa: E402
 
 REPORT_EVERY_S = 0.25  # inference_workload.py's reports: a window starts at each
 
 
 def series(path: Path, workload: str) -> list[list[float]]:
     """Each co-located case of `workload` in a run: its neighbour's 1 s windows."""
-    cases: list[dict[str, Any]] = json.loads(path.read_text())
+    _, cases = load(path)
     found = [
         c["neighbour_work_windows"]
         for c in cases
