@@ -243,7 +243,7 @@ bool gt_before(struct gt_launch *l, CUstream h, bool ptsz, bool graph)
             if (!needed && turn_wanted(s->dev) && gt_gate_wanted(s, graph, paced)) {
                 /* Beside another paced tenant: charged at a cost of its
                  * own, measured with the turn (gputime.h). */
-                shared = gt_gated_cost_fresh(s, now);
+                shared = gt_gated_cost_fresh(s, now) || gt_gated_cost_renewed(s, now);
                 needed = !shared;
             }
             if (needed)

@@ -108,6 +108,23 @@
 #ifndef GT_SHARED_FRESH_NS /* -D for a trial build (benchmarks/ab_inference.py --cflags-b) */
 #define GT_SHARED_FRESH_NS 400000000ull
 #endif
+/*
+ * Renewed on spans. Each measure with the turn waits out the holder's
+ * time, which a hostile holder stretches as far as the broker lets it
+ * (its time and the revoke grace: ~100 ms on the simulator). But a shared
+ * batch's span, gated, is at least its own GPU time, whatever runs beside
+ * it: if one of the stream's, measured within GT_SHARED_PROOF_AGE_NS,
+ * kept within a quarter over its launches at the known cost
+ * (running_cost_proven), its kernels have not grown past that, and a
+ * stale cost is renewed for a new draw without the turn. A neighbour can
+ * only widen spans (by running beside them), which sends the stream back
+ * to measuring with the turn, as before; kernels that grow stop the
+ * proofs, and the last one ages out. At most GT_SHARED_RENEWALS in a
+ * row: a cost that creeps up by less than the margin is still measured
+ * again every few seconds.
+ */
+#define GT_SHARED_PROOF_AGE_NS 50000000ull
+#define GT_SHARED_RENEWALS 8u
 
 struct gt_stream;
 

@@ -100,13 +100,44 @@ bool gt_gated_cost_fresh(const struct gt_stream *s, uint64_t now)
     return now < atomic_load_explicit(&s->gated_fresh_until_ns, memory_order_relaxed);
 }
 
-/* See gt_state.h. The draw's seed is the monitor's clock. */
-void gt_gated_cost_measured(struct gt_stream *s, uint64_t now)
+/* Fresh from `now` for a new draw; its seed is the caller's clock. */
+static void freshen(struct gt_stream *s, uint64_t now)
 {
     uint64_t draw = draw_mix(now ^ (uint64_t)(uintptr_t)s);
     atomic_store_explicit(&s->gated_fresh_until_ns,
                           now + running_cost_fresh_ns(GT_SHARED_FRESH_NS, draw),
                           memory_order_relaxed);
+}
+
+/* See gt_state.h. */
+void gt_gated_cost_measured(struct gt_stream *s, uint64_t now)
+{
+    atomic_store_explicit(&s->renewals, 0, memory_order_relaxed);
+    freshen(s, now);
+}
+
+/* See gt_state.h. A span that proves nothing (the neighbour's slices in
+ * it, or kernels that grew) takes back no earlier proof: that one ages out
+ * within GT_SHARED_PROOF_AGE_NS. */
+void gt_shared_span_measured(struct gt_stream *s, uint64_t span, uint32_t launches, uint64_t now)
+{
+    uint64_t cost = atomic_load_explicit(&s->gated_cost_ns, memory_order_relaxed);
+    if (running_cost_proven(cost, span, launches))
+        atomic_store_explicit(&s->proven_at_ns, now, memory_order_relaxed);
+}
+
+/* See gt_state.h. Launchers of the stream may race here and renew once
+ * or twice more than the cap: harmless, freshness is only ever set ahead
+ * of now. */
+bool gt_gated_cost_renewed(struct gt_stream *s, uint64_t now)
+{
+    uint64_t at = atomic_load_explicit(&s->proven_at_ns, memory_order_relaxed);
+    if (at == 0 || now - at > GT_SHARED_PROOF_AGE_NS ||
+        atomic_load_explicit(&s->renewals, memory_order_relaxed) >= GT_SHARED_RENEWALS)
+        return false;
+    atomic_fetch_add_explicit(&s->renewals, 1, memory_order_relaxed);
+    freshen(s, now);
+    return true;
 }
 
 /* Queue the stream's next work behind a new gate, for batch b (stream lock

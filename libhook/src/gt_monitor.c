@@ -110,8 +110,13 @@ static struct gt_batch *settle(struct gt_batch *b)
     struct gt_batch *freed = b;
     if (gt_use_ctx(b->events_ctx) && vgpu_real_cuda.cuEventSynchronize(b->end) == CUDA_SUCCESS) {
         int64_t span = 0;
-        if (elapsed_ns(b->start, b->end, &span))
+        if (elapsed_ns(b->start, b->end, &span)) {
             busy = span - shared_with_last(d, b, span, &freed);
+            /* The whole span, not less the process's other streams: it
+             * bounds the batch's own GPU time only whole. */
+            if (b->shared && b->gated)
+                gt_shared_span_measured(b->stream, (uint64_t)span, b->launches, now_ns());
+        }
     }
     /* else the context went away under the batch: the estimate stands. */
     atomic_store_explicit(&b->done, true, memory_order_relaxed);

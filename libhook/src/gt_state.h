@@ -84,6 +84,8 @@ struct gt_stream {
     _Atomic int64_t graph_cost_ns; /* its last measured graph launch */
     _Atomic uint64_t gated_cost_ns; /* running GPU time per launch of its gated batches */
     _Atomic uint64_t gated_fresh_until_ns; /* it stays fresh until then (gputime.h) */
+    _Atomic uint64_t proven_at_ns; /* its last shared batch proved that cost (0: it did not) */
+    _Atomic uint32_t renewals;     /* freshness renewed on such proofs since the last measure */
     uint32_t gates;         /* gated batches so far: the value of the next gate minus one */
     uint64_t draws;         /* batches that might have gone ungated (gt_gate_skip) */
     struct gt_batch ring[GT_RING];
@@ -173,6 +175,12 @@ bool gt_gated_cost_fresh(const struct gt_stream *s, uint64_t now);
 /* The stream's gated cost was just measured, at `now` (monitor): fresh for
  * a while (gputime.h, GT_SHARED_FRESH_NS). */
 void gt_gated_cost_measured(struct gt_stream *s, uint64_t now);
+/* A shared batch of the stream was measured at `now` (monitor): its span,
+ * over `launches` launches, proves its gated cost or not. */
+void gt_shared_span_measured(struct gt_stream *s, uint64_t span, uint32_t launches, uint64_t now);
+/* The gated cost is stale: may a recent proof renew it (gputime.h)? If so
+ * it is fresh again, for a new draw. */
+bool gt_gated_cost_renewed(struct gt_stream *s, uint64_t now);
 void gt_gate_shut(struct gt_stream *s, struct gt_batch *b);
 void gt_gate_open(struct gt_stream *s, struct gt_batch *b);
 uint32_t gt_gate_target(const struct gt_stream *s);

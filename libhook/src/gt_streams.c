@@ -101,6 +101,8 @@ static struct gt_stream *table_add(const struct gt_key *key, CUstream record_on)
     atomic_store(&s->graph_cost_ns, 0);
     atomic_store(&s->gated_cost_ns, 0);
     atomic_store(&s->gated_fresh_until_ns, 0);
+    atomic_store(&s->proven_at_ns, 0);
+    atomic_store(&s->renewals, 0);
     /* s->gates goes on from the slot's last stream: its word holds the last
      * value written, and a gate must be above it to shut. */
     atomic_store_explicit(&s->used, true, memory_order_release);

@@ -8,6 +8,7 @@
 #define VGPU_RUNNING_COST_H
 
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 /*
@@ -36,6 +37,22 @@ static inline void running_cost_in_or_jump(_Atomic uint64_t *avg, uint64_t sampl
         atomic_store_explicit(avg, sample, memory_order_relaxed);
     else
         running_cost_in(avg, sample);
+}
+
+/*
+ * A batch that ran without the turn beside another tenant spans its own
+ * kernels and maybe the other's slices: at least its GPU time. Within
+ * 1/GT_COST_PROOF_DIV over its launches at the known cost, it proves that
+ * cost has not grown past that margin (gputime.h, "renewed on spans").
+ */
+#define GT_COST_PROOF_DIV 4u
+
+static inline bool running_cost_proven(uint64_t cost, uint64_t span, uint32_t launches)
+{
+    if (cost == 0 || launches == 0)
+        return false;
+    uint64_t at_cost = cost * launches;
+    return span <= at_cost + at_cost / GT_COST_PROOF_DIV;
 }
 
 /*

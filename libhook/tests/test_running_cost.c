@@ -2,7 +2,8 @@
  * test_running_cost.c - the GPU time per launch the monitor learns: an
  * average that follows noise slowly, and a stream's gated cost that jumps
  * at once to kernels that grew, so that batches priced at it between two
- * measures are not under-charged for eight of them.
+ * measures are not under-charged for eight of them; and what a batch's
+ * span beside another tenant proves of that cost.
  */
 #include "../src/draw.h"
 #include "../src/running_cost.h"
@@ -60,11 +61,24 @@ static void test_the_next_measure_may_come_at_any_moment(void)
     CHECKF(sum / n > 380 * MS && sum / n < 420 * MS, "mean %llu ns", (unsigned long long)(sum / n));
 }
 
+static void test_a_span_proves_a_cost_only_within_its_margin(void)
+{
+    /* 40 launches at 10 us: a span of 400 us is its own kernels alone. */
+    CHECK(running_cost_proven(10 * US, 400 * US, 40));
+    CHECK(running_cost_proven(10 * US, 500 * US, 40)); /* a quarter over: noise, or a neighbour */
+    CHECKF(!running_cost_proven(10 * US, 501 * US, 40),
+           "kernels that grew by more than a quarter must be measured with the turn");
+    CHECKF(!running_cost_proven(10 * US, 6 * MS, 40), "a prefill's kernels proved a decode's cost");
+    CHECK(!running_cost_proven(0, 400 * US, 40));  /* no cost known yet: nothing to prove */
+    CHECK(!running_cost_proven(10 * US, 0, 0));    /* a batch with no launch proves nothing */
+}
+
 int main(void)
 {
     test_the_first_sample_is_taken_and_noise_moves_it_an_eighth();
     test_a_gated_cost_jumps_to_kernels_that_grew();
     test_a_gated_cost_is_averaged_within_the_jump_and_falls_slowly();
     test_the_next_measure_may_come_at_any_moment();
+    test_a_span_proves_a_cost_only_within_its_margin();
     return check_report("test_running_cost");
 }

@@ -42,6 +42,9 @@ VICTIM = 54332  # the victim vGPU's user
 SECONDS = 4.5
 WARMUP = 1.0
 TOLERANCE = 5.0  # points of the device, as in tests/integration/test_compute_coloc.py
+# What a stamping neighbour may cost a launch-bound victim (0.5-1.4 points
+# of 19.8 on an idle box; the hook that measured every 400 ms lost 3.1-4.1).
+STAMP_TOLERANCE = 3.0
 
 pytestmark = [
     pytest.mark.root,
@@ -246,12 +249,14 @@ def test_a_stamping_neighbour_costs_a_launch_bound_vgpu_no_more_than_its_turns(
 ) -> None:
     """A launch-bound vGPU at 30 goes without the turn, and beside a tenant
     that stamps the GPU as paced it charges its batches at its own cost,
-    measured with the turn every 400 ms on average (docs/compute.md,
-    "Kernels that grow"). A hostile tenant that stamps for ever and echoes
-    its grant makes it wait for that turn now and then, each wait bounded
-    by the broker (the holder's time plus 50 ms, ~20 ms here): the victim
-    keeps its native work within the co-location tolerance. With a measure
-    every 100 ms it fell from 19.8 to 12.6-13.3."""
+    measured with the turn when stale (400 ms on average) unless a recent
+    batch's span proves it (docs/compute.md, "Kernels that grow"). A
+    hostile tenant that stamps for ever and echoes its grant makes each
+    such measure wait out its turn (its time and the broker's grace, ~100
+    ms); it uses no GPU, so the victim's spans keep proving its cost and
+    it waits only at its start. Measuring every 400 ms without the proofs,
+    it lost 3.1-4.1 points of 19.8 here, 4-5 with another core busy; every
+    100 ms, 7."""
     victim = create(daemon, 30, VICTIM)
     hostile = create(daemon, 70, HOSTILE)
     theirs = [victim["host_env"]["VGPU_CONTROL"], victim["host_env"]["VGPU_USAGE"]]
@@ -264,7 +269,8 @@ def test_a_stamping_neighbour_costs_a_launch_bound_vgpu_no_more_than_its_turns(
     alone.finish(timeout=SECONDS + 60)
     attacked = under_attack(hostile, "scribble", theirs, start)
     got = (round(100 * alone.work, 1), round(100 * attacked.work, 1))
-    assert got[1] >= got[0] - TOLERANCE, f"victim work alone / beside the attack: {got}"
+    print(f"victim work alone / beside the attack: {got}")
+    assert got[1] >= got[0] - STAMP_TOLERANCE, f"victim work alone / beside the attack: {got}"
     assert daemon.proc is not None and daemon.proc.poll() is None, daemon.log()
 
 
