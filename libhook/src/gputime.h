@@ -100,10 +100,12 @@
  * a launch-bound victim from 19.8 to 12.6-13.3 % of the device. At 400 ms
  * the victim kept 16.0-17.5 and the simulated growth was priced right
  * within a second (its neighbour's worst second after that 59.4-59.9 of
- * 60); the H200 has not run this value. (Letting long waits buy a longer
- * freshness was tried: an honest GPU-bound holder's turns also run to
- * 38-60 ms now and then, and the growth then went unpriced for seconds
- * in one simulated run of ten.)
+ * 60); on the H200 the GEMM tenant kept 67.0 beside the prefills (worst
+ * second 59.2) and did 71.7-71.8 beside the chain and the adds, against
+ * 69.0-70.6 at 100 ms. (Letting long waits buy a longer freshness was
+ * tried: an honest GPU-bound holder's turns also run to 38-60 ms now and
+ * then, and the growth then went unpriced for seconds in one simulated
+ * run of ten.)
  */
 #ifndef GT_SHARED_FRESH_NS /* -D for a trial build (benchmarks/ab_inference.py --cflags-b) */
 #define GT_SHARED_FRESH_NS 400000000ull
@@ -121,9 +123,16 @@
  * to measuring with the turn, as before; kernels that grow stop the
  * proofs, and the last one ages out. At most GT_SHARED_RENEWALS in a
  * row: a cost that creeps up by less than the margin is still measured
- * again every few seconds.
- */
-#define GT_SHARED_PROOF_AGE_NS 50000000ull
+ * again every few seconds. The stamping neighbour's victim, simulated,
+ * lost 1.0-1.6 of its 19.8 % (3.1-4.1 without the renewal).
+ *
+ * The proof's age: at 50 ms, on the H200, a cost that went stale just
+ * after a decode phase was renewed on the last decode batch's proof, and
+ * the prefill that followed ran a draw at the decode price (the GEMM
+ * tenant's worst second beside it 50-53 % of its work, 57-63 before);
+ * at 10 ms, 59. A launch-bound stream settles a batch every millisecond
+ * or so. */
+#define GT_SHARED_PROOF_AGE_NS 10000000ull
 #define GT_SHARED_RENEWALS 8u
 
 struct gt_stream;

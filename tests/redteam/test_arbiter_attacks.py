@@ -42,7 +42,7 @@ VICTIM = 54332  # the victim vGPU's user
 SECONDS = 4.5
 WARMUP = 1.0
 TOLERANCE = 5.0  # points of the device, as in tests/integration/test_compute_coloc.py
-# What a stamping neighbour may cost a launch-bound victim (0.5-1.4 points
+# What a stamping neighbour may cost a launch-bound victim (1.0-1.6 points
 # of 19.8 on an idle box; the hook that measured every 400 ms lost 3.1-4.1).
 STAMP_TOLERANCE = 3.0
 
