@@ -132,7 +132,8 @@ void gt_shared_span_measured(struct gt_stream *s, uint64_t span, uint32_t launch
 bool gt_gated_cost_renewed(struct gt_stream *s, uint64_t now)
 {
     uint64_t at = atomic_load_explicit(&s->proven_at_ns, memory_order_relaxed);
-    if (at == 0 || now - at > GT_SHARED_PROOF_AGE_NS ||
+    /* (The monitor's clock may have read a little later than ours.) */
+    if (at == 0 || now > at + GT_SHARED_PROOF_AGE_NS ||
         atomic_load_explicit(&s->renewals, memory_order_relaxed) >= GT_SHARED_RENEWALS)
         return false;
     atomic_fetch_add_explicit(&s->renewals, 1, memory_order_relaxed);

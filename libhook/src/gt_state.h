@@ -84,7 +84,7 @@ struct gt_stream {
     _Atomic int64_t graph_cost_ns; /* its last measured graph launch */
     _Atomic uint64_t gated_cost_ns; /* running GPU time per launch of its gated batches */
     _Atomic uint64_t gated_fresh_until_ns; /* it stays fresh until then (gputime.h) */
-    _Atomic uint64_t proven_at_ns; /* its last shared batch proved that cost (0: it did not) */
+    _Atomic uint64_t proven_at_ns; /* when a shared batch last proved that cost (0: never) */
     _Atomic uint32_t renewals;     /* freshness renewed on such proofs since the last measure */
     uint32_t gates;         /* gated batches so far: the value of the next gate minus one */
     uint64_t draws;         /* batches that might have gone ungated (gt_gate_skip) */

@@ -69,8 +69,8 @@ static void test_a_span_proves_a_cost_only_within_its_margin(void)
     CHECKF(!running_cost_proven(10 * US, 501 * US, 40),
            "kernels that grew by more than a quarter must be measured with the turn");
     CHECKF(!running_cost_proven(10 * US, 6 * MS, 40), "a prefill's kernels proved a decode's cost");
-    CHECK(!running_cost_proven(0, 400 * US, 40));  /* no cost known yet: nothing to prove */
-    CHECK(!running_cost_proven(10 * US, 0, 0));    /* a batch with no launch proves nothing */
+    CHECK(!running_cost_proven(0, 400 * US, 40)); /* no cost known yet: nothing to prove */
+    CHECK(!running_cost_proven(10 * US, 0, 0)); /* a batch with no launch proves nothing */
 }
 
 int main(void)
