@@ -131,10 +131,9 @@ void gt_shared_span_measured(struct gt_stream *s, uint64_t span, uint32_t launch
  * of now. */
 bool gt_gated_cost_renewed(struct gt_stream *s, uint64_t now)
 {
-    uint64_t at = atomic_load_explicit(&s->proven_at_ns, memory_order_relaxed);
-    /* (The monitor's clock may have read a little later than ours.) */
-    if (at == 0 || now > at + GT_SHARED_PROOF_AGE_NS ||
-        atomic_load_explicit(&s->renewals, memory_order_relaxed) >= GT_SHARED_RENEWALS)
+    if (!running_cost_renewable(atomic_load_explicit(&s->proven_at_ns, memory_order_relaxed), now,
+                                atomic_load_explicit(&s->renewals, memory_order_relaxed),
+                                GT_SHARED_PROOF_AGE_NS, GT_SHARED_RENEWALS))
         return false;
     atomic_fetch_add_explicit(&s->renewals, 1, memory_order_relaxed);
     freshen(s, now);

@@ -56,6 +56,18 @@ static inline bool running_cost_proven(uint64_t cost, uint64_t span, uint32_t la
 }
 
 /*
+ * May a stale cost be renewed at `now` on the last proof (made at
+ * `proven_at`, 0 if none), after `renewals` renewals in a row? Only on a
+ * proof at most `max_age_ns` old (one made on another thread's later clock
+ * reading is young), and fewer than `max_renewals` times in a row.
+ */
+static inline bool running_cost_renewable(uint64_t proven_at, uint64_t now, uint32_t renewals,
+                                          uint64_t max_age_ns, uint32_t max_renewals)
+{
+    return proven_at != 0 && now <= proven_at + max_age_ns && renewals < max_renewals;
+}
+
+/*
  * How long a measure of a stream's gated cost stays fresh, for a mean of
  * `mean_ns` (gputime.h, GT_SHARED_FRESH_NS): `draw` spread evenly over
  * (0, 2 x mean_ns]. At a fixed age, a workload whose large and small

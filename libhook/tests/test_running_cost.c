@@ -2,8 +2,8 @@
  * test_running_cost.c - the GPU time per launch the monitor learns: an
  * average that follows noise slowly, and a stream's gated cost that jumps
  * at once to kernels that grew, so that batches priced at it between two
- * measures are not under-charged for eight of them; and what a batch's
- * span beside another tenant proves of that cost.
+ * measures are not under-charged for eight of them; what a batch's span
+ * beside another tenant proves of that cost, and for how long.
  */
 #include "../src/draw.h"
 #include "../src/running_cost.h"
@@ -73,6 +73,20 @@ static void test_a_span_proves_a_cost_only_within_its_margin(void)
     CHECK(!running_cost_proven(10 * US, 0, 0)); /* a batch with no launch proves nothing */
 }
 
+static void test_a_stale_cost_is_renewed_only_on_a_young_proof_and_not_for_ever(void)
+{
+    uint64_t at = 5000 * MS; /* the monitor's clock when a span proved the cost */
+    CHECK(running_cost_renewable(at, at + 10 * MS, 0, 10 * MS, 8));
+    CHECKF(!running_cost_renewable(at, at + 11 * MS, 0, 10 * MS, 8),
+           "a proof older than its age says nothing of kernels that grew since");
+    CHECK(!running_cost_renewable(0, at, 0, 10 * MS, 8)); /* no proof yet */
+    CHECKF(running_cost_renewable(at, at - 1 * US, 0, 10 * MS, 8),
+           "a proof stamped a little after the launcher's clock read is young, not ancient");
+    CHECK(running_cost_renewable(at, at, 7, 10 * MS, 8));
+    CHECKF(!running_cost_renewable(at, at, 8, 10 * MS, 8),
+           "after eight renewals in a row the cost is measured with the turn again");
+}
+
 int main(void)
 {
     test_the_first_sample_is_taken_and_noise_moves_it_an_eighth();
@@ -80,5 +94,6 @@ int main(void)
     test_a_gated_cost_is_averaged_within_the_jump_and_falls_slowly();
     test_the_next_measure_may_come_at_any_moment();
     test_a_span_proves_a_cost_only_within_its_margin();
+    test_a_stale_cost_is_renewed_only_on_a_young_proof_and_not_for_ever();
     return check_report("test_running_cost");
 }
