@@ -254,7 +254,8 @@ def test_a_stamping_neighbour_costs_a_launch_bound_vgpu_no_more_than_its_turns(
     hostile tenant that stamps for ever and echoes its grant makes each
     such measure wait out its turn (its time and the broker's grace, ~100
     ms); it uses no GPU, so the victim's spans keep proving its cost and
-    it waits only at its start. Measuring every 400 ms without the proofs,
+    it waits mostly at its start (counted in a scratch build with a 50 ms
+    proof age: no measure with the turn after the start). Measuring every 400 ms without the proofs,
     it lost 3.1-4.1 points of 19.8 here, 4-5 with another core busy; every
     100 ms, 7."""
     victim = create(daemon, 30, VICTIM)
