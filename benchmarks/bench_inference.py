@@ -413,6 +413,11 @@ def run_case(
         case["neighbour_hook_busy"] = (nafter[0] - nbefore[0]) / 1e7 / seconds
     steps = device_series(sampler.samples, start, end)
     case.update(rate=rate, busy=sum(steps) / len(steps), busy_windows=windows(steps))
+    case["busy_steps"] = [round(s, 1) for s in steps]  # NVML device %, 200 ms each
+    # The same from nvmlDeviceGetUtilizationRates, which on an H200 sees only
+    # part of each period (docs/compute.md, "NVML's device figure").
+    rates = [u for t, u in sampler.samples.device if start <= t < end]
+    case["busy_rate"] = sum(rates) / len(rates) if rates else None
     case["proc_busy"] = process_busy(sampler.samples, [work.proc.pid], start, end)
     if other is not None:
         case["neighbour_proc_busy"] = process_busy(sampler.samples, [other.proc.pid], start, end)

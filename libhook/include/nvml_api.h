@@ -16,6 +16,8 @@ typedef int nvmlEnableState_t;
 typedef int nvmlGpuTopologyLevel_t;
 typedef int nvmlTemperatureSensors_t;
 typedef int nvmlClockType_t;
+typedef int nvmlSamplingType_t;
+typedef int nvmlValueType_t;
 
 #define NVML_SUCCESS 0
 #define NVML_ERROR_UNINITIALIZED 1
@@ -29,6 +31,9 @@ typedef int nvmlClockType_t;
 #define NVML_ERROR_FUNCTION_NOT_FOUND 13
 #define NVML_ERROR_GPU_IS_LOST 15
 #define NVML_ERROR_UNKNOWN 999
+
+#define NVML_GPU_UTILIZATION_SAMPLES 1
+#define NVML_VALUE_TYPE_UNSIGNED_INT 1
 
 #define NVML_DEVICE_UUID_V2_BUFFER_SIZE 96
 #define NVML_DEVICE_NAME_V2_BUFFER_SIZE 96
@@ -118,6 +123,22 @@ typedef struct {
     unsigned int computeInstanceId;
 } nvmlEventData_t;
 
+typedef union {
+    double dVal;
+    unsigned int uiVal;
+    unsigned long ulVal;
+    unsigned long long ullVal;
+    signed long long sllVal;
+    int siVal;
+    unsigned short usVal;
+} nvmlValue_t;
+
+typedef struct {
+    unsigned long long timeStamp; /* CPU time, microseconds */
+    nvmlValue_t sampleValue;
+} nvmlSample_t;
+
+_Static_assert(sizeof(nvmlSample_t) == 16, "nvmlSample_t ABI");
 _Static_assert(sizeof(nvmlProcessInfo_v1_t) == 16, "nvmlProcessInfo_v1_t ABI");
 _Static_assert(sizeof(nvmlProcessInfo_t) == 24, "nvmlProcessInfo_t ABI");
 _Static_assert(sizeof(nvmlProcessUtilizationSample_t) == 32, "nvmlProcessUtilizationSample_t ABI");
@@ -149,6 +170,7 @@ _Static_assert(sizeof(nvmlPciInfo_t) == 68, "nvmlPciInfo_t ABI");
     X(nvmlReturn_t, nvmlDeviceGetMemoryInfo, (nvmlDevice_t device, nvmlMemory_t *memory), (device, memory)) \
     X(nvmlReturn_t, nvmlDeviceGetMemoryInfo_v2, (nvmlDevice_t device, nvmlMemory_v2_t *memory), (device, memory)) \
     X(nvmlReturn_t, nvmlDeviceGetUtilizationRates, (nvmlDevice_t device, nvmlUtilization_t *utilization), (device, utilization)) \
+    X(nvmlReturn_t, nvmlDeviceGetSamples, (nvmlDevice_t device, nvmlSamplingType_t type, unsigned long long lastSeenTimeStamp, nvmlValueType_t *sampleValType, unsigned int *sampleCount, nvmlSample_t *samples), (device, type, lastSeenTimeStamp, sampleValType, sampleCount, samples)) \
     X(nvmlReturn_t, nvmlDeviceGetProcessUtilization, (nvmlDevice_t device, nvmlProcessUtilizationSample_t *utilization, unsigned int *processSamplesCount, unsigned long long lastSeenTimeStamp), (device, utilization, processSamplesCount, lastSeenTimeStamp)) \
     X(nvmlReturn_t, nvmlDeviceGetComputeRunningProcesses, (nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_v1_t *infos), (device, infoCount, infos)) \
     X(nvmlReturn_t, nvmlDeviceGetComputeRunningProcesses_v2, (nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_t *infos), (device, infoCount, infos)) \

@@ -6,9 +6,14 @@ Shared by the simulator integration tests (tests/integration/test_compute*.py)
 and the benchmark (benchmarks/bench_compute.py), so both measure alike:
 
 - ``Sampler(env, device)``: a child (``python -m tests.integration.compute_harness``)
-  that prints NVML's device utilization every 100 ms and every new
-  per-process sample (200 ms periods) as JSON lines; ``.samples`` fills as
-  they come; ``.wait_past(t)`` until it has read NVML after t; ``.stop()``.
+  that prints, as JSON lines, each new period of NVML's device sample
+  buffer (200 ms periods, nvmlDeviceGetSamples), NVML's device rate every
+  100 ms (nvmlDeviceGetUtilizationRates), and every new per-process sample;
+  ``.samples`` fills as they come; ``.wait_past(t)`` until it has read NVML
+  after t; ``.stop()``. The device's utilization is judged by the periods
+  where the driver keeps them: on an H200 the rate covers only part of
+  each period, and a load paced in a cycle near it reads anything from 0
+  to 100 % (docs/compute.md, "NVML's device figure").
 - ``Burn.start(cmd, env, kernel_us, trace=None)``: a vgpu-burn run, with
   ``--trace FILE`` when a trace path is given; ``.finish(timeout)``,
   ``.pids``, ``.work`` (kernels completed x kernel time / wall time),
@@ -62,10 +67,25 @@ def sample_main(device: int) -> int:
     seen: dict[int, int] = {}  # pid -> timestamp of its newest sample printed
     out = sys.stdout
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    newest_period_us: int | None = int(time.time() * 1e6)  # None: no sample buffer
     while True:
         now = time.time()
         util = pynvml.nvmlDeviceGetUtilizationRates(handle).gpu
         out.write(json.dumps({"t": now, "dev": util}) + "\n")
+        if newest_period_us is not None:
+            try:
+                _, periods = pynvml.nvmlDeviceGetSamples(
+                    handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, newest_period_us
+                )
+            except pynvml.NVMLError_NotFound:
+                periods = []  # none ended since
+            except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound):
+                periods, newest_period_us = [], None
+            for p in sorted(periods, key=lambda p: p.timeStamp):
+                if newest_period_us is not None and p.timeStamp > newest_period_us:
+                    newest_period_us = p.timeStamp
+                    line = {"t": now, "period": p.timeStamp / 1e6, "busy": p.sampleValue.uiVal}
+                    out.write(json.dumps(line) + "\n")
         since = max(0, int((now - LOOKBACK_S) * 1e6))
         try:
             samples = pynvml.nvmlDeviceGetProcessUtilization(handle, since)
@@ -83,7 +103,8 @@ def sample_main(device: int) -> int:
 
 @dataclass
 class Samples:
-    device: list[tuple[float, float]] = field(default_factory=list)  # (time, %)
+    device: list[tuple[float, float]] = field(default_factory=list)  # rate: (read at, %)
+    periods: list[tuple[float, float]] = field(default_factory=list)  # buffer: (period end, %)
     procs: dict[int, list[tuple[float, float]]] = field(default_factory=dict)  # pid -> (end, %)
 
 
@@ -103,6 +124,8 @@ class Sampler:
             rec = json.loads(line)
             if "dev" in rec:
                 self.samples.device.append((rec["t"], float(rec["dev"])))
+            elif "period" in rec:
+                self.samples.periods.append((rec["period"], float(rec["busy"])))
             else:
                 self.samples.procs.setdefault(rec["pid"], []).append((rec["ts"], rec["util"]))
 
@@ -117,7 +140,11 @@ class Sampler:
         """Until the sampler has read NVML after time t (the figures of a
         period arrive up to one sampling period after it ends)."""
         deadline = time.monotonic() + timeout
-        while not self.samples.device or self.samples.device[-1][0] < t + 2 * SAMPLE_PERIOD_S:
+        while (
+            not self.samples.device
+            or self.samples.device[-1][0] < t + 2 * SAMPLE_PERIOD_S
+            or (self.samples.periods and self.samples.periods[-1][0] < t)
+        ):
             if time.monotonic() > deadline:
                 return
             time.sleep(0.02)
@@ -153,11 +180,13 @@ def series(samples: Samples, pids: Sequence[int], start: float, end: float) -> l
 
 
 def device_series(samples: Samples, start: float, end: float) -> list[float]:
-    """NVML device utilization (%) per 200 ms step in [start, end): the mean
-    of the readings taken in each step (0 for a step with none)."""
+    """NVML device utilization (%) per 200 ms step in [start, end): each
+    period of the sample buffer in the step its middle falls in (the mean
+    where two do); without a buffer, the mean of the rates read in each
+    step. 0 for a step with none."""
     steps = whole_steps(start, end, 0.2)
     sums, counts = [0.0] * steps, [0] * steps
-    for t, util in samples.device:
+    for t, util in _device_figures(samples):
         i = math.floor((t - start) / 0.2)
         if 0 <= i < steps:
             sums[i] += util
@@ -166,11 +195,20 @@ def device_series(samples: Samples, start: float, end: float) -> list[float]:
 
 
 def device_util(samples: Samples, start: float, end: float) -> float:
-    """Mean NVML device utilization (%) read in [start, end)."""
-    part = [u for t, u in samples.device if start <= t < end]
+    """Mean NVML device utilization (%) in [start, end): of the buffer's
+    periods whose middle falls in it (else of the rates read in it)."""
+    part = [u for t, u in _device_figures(samples) if start <= t < end]
     if not part:
         raise AssertionError(f"no NVML device sample between {start} and {end}")
     return sum(part) / len(part)
+
+
+def _device_figures(samples: Samples) -> list[tuple[float, float]]:
+    """(time, %) of the device: the middle of each buffered period, or
+    where the driver keeps none, each rate as it was read."""
+    if samples.periods:
+        return [(end - 0.1, util) for end, util in samples.periods]
+    return samples.device
 
 
 # --- analysis: the work vgpu-burn --trace recorded, as 200 ms steps -----------

@@ -237,6 +237,51 @@ def test_device_utilization_follows_duty(
     assert 20 <= nvml(sim_env, UTILIZATION) <= 40
 
 
+DEVICE_SAMPLES = """
+n.nvmlInit()
+h = n.nvmlDeviceGetHandleByIndex(0)
+time.sleep(2.0)  # whole 200 ms periods of the duty cycle
+kind, everything = n.nvmlDeviceGetSamples(h, n.NVML_GPU_UTILIZATION_SAMPLES, 0)
+stamps = [s.timeStamp for s in everything]
+newer = []
+while not newer:  # the next period's end brings one sample, after the newest
+    time.sleep(0.05)
+    try:
+        newer = n.nvmlDeviceGetSamples(h, n.NVML_GPU_UTILIZATION_SAMPLES, max(stamps))[1]
+    except n.NVMLError_NotFound:
+        pass
+fn = n.nvmlLib.nvmlDeviceGetSamples
+kind_out, count = ctypes.c_int(0), ctypes.c_uint(0)
+future = fn(h, 1, ctypes.c_ulonglong(max(stamps) + 60_000_000), ctypes.byref(kind_out),
+            ctypes.byref(count), None)
+power = fn(h, 0, ctypes.c_ulonglong(0), ctypes.byref(kind_out), ctypes.byref(count), None)
+out({"kind": kind, "stamps": stamps, "values": [s.sampleValue.uiVal for s in everything],
+     "newer": [(s.timeStamp, s.sampleValue.uiVal) for s in newer], "codes": [future, power]})
+"""
+
+
+def test_device_samples_are_each_period_busy_share(
+    sim_env: dict[str, str], burns: Callable[..., subprocess.Popen[str]]
+) -> None:
+    """nvmlDeviceGetSamples(GPU utilization): one sample per 200 ms period,
+    stamped with its end, its busy share; only periods newer than asked. The
+    daemon and the tests' yardstick read device utilization from it
+    (docs/compute.md, "NVML's device figure")."""
+    burn = burns("--duty", "0.3", "--kernel-us", "2000", "--seconds", "30")
+    wait_for(lambda: burn.pid in processes(sim_env)["procs"])
+    got = nvml(sim_env, DEVICE_SAMPLES)
+    period_us = 200_000
+    stamps = got["stamps"]
+    assert got["kind"] == 1  # NVML_VALUE_TYPE_UNSIGNED_INT
+    assert all(t % period_us == 0 for t in stamps)
+    assert all(b - a == period_us for a, b in zip(stamps, stamps[1:], strict=False))
+    assert len(got["newer"]) == 1 and got["newer"][0][0] == max(stamps) + period_us
+    # The last whole periods (the burn ran through them) read its duty.
+    recent = got["values"][-5:]
+    assert all(20 <= v <= 40 for v in recent), got["values"]
+    assert got["codes"] == [6, 3]  # nothing newer: NOT_FOUND; power: NOT_SUPPORTED
+
+
 SAMPLES = """
 n.nvmlInit()
 h = n.nvmlDeviceGetHandleByIndex(0)

@@ -70,6 +70,7 @@ class FakeNvml:
         self.lost: set[int] = set()  # device handles that are lost
         self.procs: dict[int, list[tuple[int, int | None]]] = {1: [], 2: []}
         self.util_samples: dict[int, list[tuple[int, int, int]]] = {1: [], 2: []}
+        self.device_samples: dict[int, list[tuple[int, int]]] = {1: [], 2: []}  # (stamp, %)
         self.insufficient_once = False
         self.lists_outgrow_buffers = False  # each answer: more processes than the buffer holds
         self.pending_events: list[SimpleNamespace] = []
@@ -138,6 +139,18 @@ class FakeNvml:
     def nvmlDeviceGetUtilizationRates(self, handle: int) -> Any:
         self._enter("nvmlDeviceGetUtilizationRates", handle)
         return SimpleNamespace(gpu=40 + handle, memory=0)
+
+    def nvmlDeviceGetSamples(self, handle: int, kind: int, last_seen: int) -> Any:
+        self._enter("nvmlDeviceGetSamples", handle)
+        assert kind == pynvml.NVML_GPU_UTILIZATION_SAMPLES
+        newer = [
+            SimpleNamespace(timeStamp=t, sampleValue=SimpleNamespace(uiVal=v))
+            for t, v in self.device_samples[handle]
+            if t > last_seen
+        ]
+        if not newer:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_FOUND)
+        return pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, newer
 
     def _nvmlGetFunctionPointer(self, name: str) -> Any:
         """pynvml's lookup of a C function (a symbol the driver lacks is
@@ -261,6 +274,7 @@ async def test_inventory(gateway: NvmlGateway) -> None:
 
 async def test_missing_function_degrades_one_figure_and_is_logged_once(fake: FakeNvml) -> None:
     fake.failing["nvmlDeviceGetAttributes"] = pynvml.NVML_ERROR_NOT_SUPPORTED
+    fake.missing.add("nvmlDeviceGetSamples")
     fake.missing.add("nvmlDeviceGetUtilizationRates")
     fake.missing.add("nvmlDeviceGetCudaComputeCapability")  # drivers before 450
     gw = NvmlGateway(binding=fake, read_sms=lambda library: {})  # nor does CUDA say
@@ -307,12 +321,18 @@ async def test_the_cuda_driver_is_not_asked_when_nvml_gives_sm_counts(fake: Fake
 async def test_other_errors_give_none_and_one_warning(fake: FakeNvml) -> None:
     gw = NvmlGateway(binding=fake)
     await gw.start()
-    fake.failing["nvmlDeviceGetUtilizationRates"] = pynvml.NVML_ERROR_UNKNOWN
+    fake.failing["nvmlDeviceGetSamples"] = pynvml.NVML_ERROR_UNKNOWN
     with structlog.testing.capture_logs() as logs:
         samples = [await gw.sample() for _ in range(3)]
-    await gw.close()
     assert all(s.gpus["GPU-bbbb"].utilization_gpu is None for s in samples)
     assert len([e for e in logs if e["log_level"] == "warning"]) == 1
+    # A failure is not a missing buffer: the samples are read again after it.
+    del fake.failing["nvmlDeviceGetSamples"]
+    fake.device_samples[2] = [(1 << 60, 35)]
+    after = (await gw.sample()).gpus["GPU-bbbb"]
+    await gw.close()
+    assert (after.utilization_gpu, after.utilization_new) == (35, 35.0)
+    assert "nvmlDeviceGetUtilizationRates" not in fake.calls
 
 
 async def test_running_processes_probe_newest_first_once(fake: FakeNvml) -> None:
@@ -377,6 +397,39 @@ async def test_memory_info_falls_back_to_v1(fake: FakeNvml) -> None:
         80 * GIB,
     )
     assert fake.calls.count("nvmlDeviceGetMemoryInfo_v2") == 1
+
+
+async def test_device_utilization_counts_each_period_once(
+    gateway: NvmlGateway, fake: FakeNvml
+) -> None:
+    """From the driver's sample buffer: the newest period's figure, and the
+    mean of the periods that ended since the last sample (None when none
+    did), each period once; not nvmlDeviceGetUtilizationRates, which on an
+    H200 sees only part of each period (docs/compute.md)."""
+    base = 1 << 60  # later than the gateway's start time, in microseconds
+    fake.device_samples[1] = [(1_000, 99), (base + 200_000, 30), (base + 400_000, 50)]
+    first = (await gateway.sample()).gpus["GPU-aaaa"]
+    assert (first.utilization_gpu, first.utilization_new) == (50, 40.0)  # not the 99 before start
+    second = (await gateway.sample()).gpus["GPU-aaaa"]
+    assert (second.utilization_gpu, second.utilization_new) == (50, None)
+    assert "nvmlDeviceGetSamples" in fake.calls
+    fake.device_samples[1].append((base + 600_000, 90))
+    third = (await gateway.sample()).gpus["GPU-aaaa"]
+    assert (third.utilization_gpu, third.utilization_new) == (90, 90.0)
+    assert "nvmlDeviceGetUtilizationRates" not in fake.calls
+
+
+async def test_without_a_sample_buffer_the_rate_is_read_at_every_sample(fake: FakeNvml) -> None:
+    fake.missing.add("nvmlDeviceGetSamples")
+    gw = NvmlGateway(binding=fake)
+    await gw.start()
+    with structlog.testing.capture_logs() as logs:
+        samples = [(await gw.sample()).gpus["GPU-aaaa"] for _ in range(3)]
+    await gw.close()
+    assert [(s.utilization_gpu, s.utilization_new) for s in samples] == [(41, 41.0)] * 3
+    assert [e["call"] for e in logs if e.get("call")] == ["nvmlDeviceGetSamples"]
+    # Asked once per GPU, then not again.
+    assert fake.calls.count("nvmlDeviceGetSamples") == 2
 
 
 async def test_process_utilization_follows_last_seen(gateway: NvmlGateway, fake: FakeNvml) -> None:

@@ -92,7 +92,7 @@ def reference(
             if fresh and sample is not None and use is not None:
                 gpu = sample.gpus[s.gpu_uuid]
                 if alone:  # its processes are all NVML lists: the device figure is theirs
-                    util = None if gpu.utilization_gpu is None else float(gpu.utilization_gpu)
+                    util = gpu.utilization_new
                 else:
                     figures = gpu.process_util
                     seen = [figures[pid] for pid in use.pids if pid in figures]
@@ -122,7 +122,16 @@ def nvml(
     return NvmlSample(
         0.0,
         {
-            g.uuid: GpuSample(g.uuid, g.index, device_util, 0, 1 << 30, processes, figures)
+            g.uuid: GpuSample(
+                g.uuid,
+                g.index,
+                device_util,
+                0,
+                1 << 30,
+                processes,
+                figures,
+                utilization_new=None if device_util is None else float(device_util),
+            )
             for g in GPUS
         },
     )

@@ -253,6 +253,8 @@ class Steering:
         for g in fresh.gpus.values():
             if any(pid in owners for pid in g.process_util):
                 return True
+            if g.utilization_new is None:
+                continue  # no period ended: nothing new for a vGPU alone
             listed = iter(g.processes)
             first = owners.get(next(listed, -1))
             # Stops at the first process of another vGPU, or of none.
@@ -288,8 +290,8 @@ class Steering:
                 if alone:
                     # Its processes are all there is: the device figure is
                     # theirs, and unlike the per-process samples it has
-                    # every period.
-                    util = None if gpu.utilization_gpu is None else float(gpu.utilization_gpu)
+                    # every period (each once: None when none ended).
+                    util = gpu.utilization_new
                 else:
                     seen = [gpu.process_util[pid] for pid in use.pids if pid in gpu.process_util]
                     util = sum(seen) if seen else None

@@ -124,12 +124,16 @@ class UtilSample:
 class GpuSample:
     uuid: str
     index: int
-    utilization_gpu: int | None  # percent over the driver's last period
+    utilization_gpu: int | None  # percent over the driver's newest period
     memory_used: int | None
     memory_total: int | None
     processes: Mapping[int, int | None]  # host pid -> used bytes (None: not given)
     process_util: Mapping[int, float]  # host pid -> mean SM % of its new samples
     util_samples: tuple[UtilSample, ...] = ()
+    # Mean percent over the driver's periods that ended since the previous
+    # sample; None when none did (what the controller learns from: each
+    # period once). See _device_util.
+    utilization_new: float | None = None
 
 
 _NONE: Mapping[str, Any] = MappingProxyType({})
@@ -218,6 +222,10 @@ _TRY_OLDER_CODES = frozenset(
 )
 
 
+class _NoSampleBuffer(Exception):
+    """The driver keeps no device utilization samples for this GPU."""
+
+
 @dataclass
 class _UtilCursor:
     """How far per-process utilization has been read on one GPU.
@@ -282,6 +290,9 @@ class NvmlGateway:
         self._handles: dict[str, Any] = {}
         self._topology: dict[frozenset[str], TopologyLevel] = {}
         self._util_cursors: dict[str, _UtilCursor] = {}
+        # Per GPU: the newest device utilization sample taken (µs), and its
+        # value; absent for a GPU whose driver keeps no sample buffer.
+        self._device_seen: dict[str, tuple[int, int | None]] = {}
         # One buffer per query, shared by the GPUs: NVML runs on one thread.
         self._process_array = ArrayReader(PROCESS_INFO)
         self._util_array = ArrayReader(PROCESS_UTILIZATION_SAMPLE)
@@ -362,6 +373,7 @@ class NvmlGateway:
         # Utilization history before the daemon started is not ours to act on.
         now_us = int(time.time() * 1_000_000)
         self._util_cursors = {uuid: _UtilCursor(now_us) for uuid in self._handles}
+        self._device_seen = {uuid: (now_us, None) for uuid in self._handles}
         log.info("NVML started", driver=self.driver_version, gpus=len(devices))
 
     def _inventory(self, index: int, handle: Any) -> GpuInfo:
@@ -420,23 +432,68 @@ class NvmlGateway:
 
     def _sample_gpu(self, info: GpuInfo) -> GpuSample:
         handle = self._handles[info.uuid]
-        nv = self._nvml
-        util = self._optional(
-            "nvmlDeviceGetUtilizationRates", lambda: nv.nvmlDeviceGetUtilizationRates(handle)
-        )
+        newest, new = self._device_util(info.uuid, handle)
         memory = self._optional("memory", lambda: self._memory_info(handle))
         procs = self._optional("running processes", lambda: self._processes(handle))
         samples = self._optional("process utilization", lambda: self._util(info.uuid, handle)) or ()
         return GpuSample(
             uuid=info.uuid,
             index=info.index,
-            utilization_gpu=None if util is None else int(util.gpu),
+            utilization_gpu=newest,
             memory_used=None if memory is None else int(memory.used),
             memory_total=None if memory is None else int(memory.total),
             processes=procs or {},
             process_util=_mean_by_pid(samples),
             util_samples=samples,
+            utilization_new=new,
         )
+
+    def _device_util(self, uuid: str, handle: Any) -> tuple[int | None, float | None]:
+        """The device's utilization: its newest period's percent, and the
+        mean over the periods that ended since the last call (None: none).
+
+        From the driver's sample buffer (nvmlDeviceGetSamples), one sample
+        per period, each period counted once. nvmlDeviceGetUtilizationRates
+        is not used where the buffer is: on an H200 (driver 580) it covers
+        only about 100 ms of each 200 ms period, so a load paced in a cycle
+        near the period reads anything from 0 to 100 % (a 100 ms on / 100 ms
+        off loop read 1-18 %, the buffer 46-49; docs/compute.md, "NVML's
+        device figure"). A driver without the buffer: the rate, each call."""
+        seen = self._device_seen.get(uuid)
+        if seen is not None:
+            try:
+                since = seen[0]
+                taken = self._optional("nvmlDeviceGetSamples", lambda: self._samples(handle, since))
+            except _NoSampleBuffer:
+                del self._device_seen[uuid]  # the rate, from now on
+            else:
+                new = [(t, v) for t, v in taken or () if t > seen[0]]
+                if not new:  # no period ended since; or the call failed (warned once)
+                    return seen[1], None
+                self._device_seen[uuid] = new[-1]
+                return new[-1][1], sum(v for _, v in new) / len(new)
+        nv = self._nvml
+        util = self._optional(
+            "nvmlDeviceGetUtilizationRates", lambda: nv.nvmlDeviceGetUtilizationRates(handle)
+        )
+        figure = None if util is None else int(util.gpu)
+        return figure, figure
+
+    def _samples(self, handle: Any, since_us: int) -> list[tuple[int, int]]:
+        """The device utilization samples stamped after ``since_us``, oldest
+        first; _NoSampleBuffer where the driver keeps none (logged once)."""
+        try:
+            _, samples = self._nvml.nvmlDeviceGetSamples(
+                handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, since_us
+            )
+        except pynvml.NVMLError as err:
+            if _code(err) == pynvml.NVML_ERROR_NOT_FOUND:
+                return []  # no period ended since
+            if _code(err) in _UNAVAILABLE_CODES:
+                self._log_missing("nvmlDeviceGetSamples", err)
+                raise _NoSampleBuffer from err
+            raise
+        return sorted((int(s.timeStamp), int(s.sampleValue.uiVal)) for s in samples)
 
     def _memory_info(self, handle: Any) -> Any:
         return self._versioned(
