@@ -275,6 +275,8 @@ class Vgpus:
         # What the daemon gave each side: (time, quota ppm, calibrated), read
         # from its control block every 100 ms while the case runs.
         self.quotas: dict[str, list[tuple[float, int, bool]]] = {}
+        # And what its hook counted by then: (gpu_time_ns, launches, throttled_ns).
+        self.counters: dict[str, list[tuple[int, int, int] | None]] = {}
         self._watching = threading.Event()
         self.cgroups: list[Path] = []
         self._no_cgroup_said = False
@@ -306,12 +308,22 @@ class Vgpus:
         self.made.append(vgpu["id"])
         self._watching.set()
         series = self.quotas[tag] = []
+        counted = self.counters[tag] = []
         control = self.run_dir / vgpu["id"] / "control"
-        threading.Thread(target=self._watch, args=(control, series), daemon=True).start()
+        usage = self.run_dir / vgpu["id"] / "usage"
+        threading.Thread(
+            target=self._watch, args=(control, usage, series, counted), daemon=True
+        ).start()
         env = {**base, **vgpu["host_env"], "LOGGER_LEVEL": "2"}
         return Side(env, self.run_dir / vgpu["id"] / "usage", prefix)
 
-    def _watch(self, path: Path, series: list[tuple[float, int, bool]]) -> None:
+    def _watch(
+        self,
+        path: Path,
+        usage: Path,
+        series: list[tuple[float, int, bool]],
+        counted: list[tuple[int, int, int] | None],
+    ) -> None:
         from vgpud.vgpus.blocks import ControlBlock
 
         control = ControlBlock.open(path)
@@ -319,6 +331,7 @@ class Vgpus:
             while self._watching.is_set():
                 device = control.devices()[0]
                 series.append((time.time(), device.throttle.quota_ppm, device.calibrated))
+                counted.append(hook_counters(usage))
                 time.sleep(0.1)
         finally:
             control.close()
@@ -399,6 +412,7 @@ def run_case(
         if other is not None:
             other.stop()
     case: dict[str, Any] = {"workload": name, "share": share, "neighbour": neighbour}
+    case["start"] = round(start, 3)  # CLOCK_REALTIME of the measured window's start
     if isinstance(tenancy, Vgpus):
         case["daemon"] = True
     elif neighbour is not None:
@@ -429,11 +443,13 @@ def run_case(
     if isinstance(tenancy, Vgpus):
         # The quota the daemon gave, from the workload's first report on
         # (times from the measured window's start; calibrated or not).
-        case["quotas"] = [
-            (round(t - start, 2), q, c)
-            for t, q, c in tenancy.quotas.get(f"{name}-{share}", [])
-            if t >= first
-        ]
+        tag = f"{name}-{share}"
+        # strict=False: the watcher may have appended a quota but not yet its counters.
+        quotas, counters = tenancy.quotas.get(tag, []), tenancy.counters.get(tag, [])
+        watched = list(zip(quotas, counters, strict=False))
+        case["quotas"] = [(round(t - start, 2), q, c) for (t, q, c), _ in watched if t >= first]
+        # Its hook's counters at each of those reads (None: no block yet).
+        case["hook_trace"] = [n for (t, _, _), n in watched if t >= first]
     if other is not None and neighbour_workload is not None:
         case["neighbour_workload"] = neighbour_workload[0]
         case["neighbour_work"] = neighbour_work

@@ -223,6 +223,7 @@ struct gt_batch *gt_open_batch(struct gt_stream *s, struct gt_dev *d, bool graph
         b->estimated = estimated;
         b->shared = shared;
         atomic_store_explicit(&b->gate_shut, false, memory_order_relaxed);
+        atomic_store_explicit(&b->opened_quiet, false, memory_order_relaxed);
         /* Quiet counts from here: the last launch may be long past (the
          * pacer just held this one back), and neither the gate watcher nor
          * the monitor may take the new batch for one the application

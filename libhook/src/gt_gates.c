@@ -240,6 +240,7 @@ static uint64_t watch_gates(uint64_t now)
                     next = quiet_at;
                 break; /* the stream's other gates go quiet at the same time */
             }
+            atomic_store_explicit(&b->opened_quiet, true, memory_order_relaxed);
             gt_gate_open(s, b);
             opened = true;
         }

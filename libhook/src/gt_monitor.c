@@ -134,7 +134,13 @@ static struct gt_batch *settle(struct gt_batch *b)
         atomic_store_explicit(&b->stream->graph_cost_ns, busy, memory_order_relaxed);
     } else if (b->launches > 0) {
         running_cost_in(&d->launch_cost_ns, (uint64_t)busy / b->launches);
-        if (b->gated && !b->shared) {
+        /* Not a batch whose gate the watcher opened: its span ran on to our
+         * record of its end (the launcher stalled mid-batch), and a few
+         * launches' span over twice the cost is taken whole. On an H200
+         * such spans read 3-15x the cost of the adds' launches; taken, the
+         * cost jumped and the pacer held the stream to half its share for
+         * ~300 ms (docs/compute.md, "A stalled launcher"). */
+        if (b->gated && !b->shared && !atomic_load_explicit(&b->opened_quiet, memory_order_relaxed)) {
             running_cost_in_or_jump(&b->stream->gated_cost_ns, (uint64_t)busy / b->launches);
             gt_gated_cost_measured(b->stream, now_ns());
         }

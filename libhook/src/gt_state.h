@@ -54,6 +54,7 @@ struct gt_batch {
     bool estimated;         /* not gated in its stead: charged at most its stream's gated cost */
     bool shared;            /* opened without the turn beside another paced tenant: the same */
     _Atomic bool gate_shut; /* that gate is not yet opened (the monitor may open it unlocked) */
+    _Atomic bool opened_quiet; /* the gate watcher opened it: its span is no measure (gt_gates.c) */
     _Atomic uint32_t gate;  /* the gate's value: the stream's count of gated batches */
     uint32_t launches;
     uint32_t target;        /* launches after which it closes */

@@ -255,6 +255,8 @@ struct options {
     uint64_t grow_ns;     /* --grow-kernel-us: 0, or the kernel time from --grow-after on */
     double grow_after;    /* seconds */
     uint64_t gap_ns; /* --gap-us: CPU time between launches */
+    uint64_t stall_ns;    /* --stall-us: a sleep after every --stall-every-th launch */
+    unsigned stall_every; /* 0: never */
     unsigned blocks; /* 0: the device's SM count */
     double duty;
     unsigned streams, procs, sync, graph;
@@ -279,6 +281,9 @@ static void usage(FILE *out)
           "  --duty F              fraction of wall time to keep the GPU busy, 0<F<=1 (default 1)\n"
           "  --gap-us US           keep the CPU busy this long after each launch: launch-bound\n"
           "                        work, like eager inference (default 0)\n"
+          "  --stall-us US         sleep this long after every --stall-every-th launch: a\n"
+          "                        launcher preempted or paused in the middle of its work\n"
+          "  --stall-every N       (default 0: never)\n"
           "  --grow-kernel-us US   from --grow-after on, kernels of US microseconds (a decoder\n"
           "                        that starts a long prefill)\n"
           "  --grow-after S        seconds into the run (default: never)\n"
@@ -468,12 +473,14 @@ static int parse_options(int argc, char **argv, struct options *o)
     /* OPT_, not O_: fcntl.h owns O_SYNC and friends. */
     enum { OPT_DEVICE = 256, OPT_SECONDS, OPT_KERNEL_US, OPT_BLOCKS, OPT_DUTY, OPT_GAP_US, OPT_STREAMS, OPT_PROCS, OPT_SYNC,
            OPT_GRAPH, OPT_ALLOC, OPT_CHUNK, OPT_ALLOC_API, OPT_BEST_EFFORT, OPT_HOLD, OPT_VERIFY, OPT_MEMINFO,
-           OPT_JSON, OPT_RESOLVE, OPT_TRACE, OPT_LOCKSTEP, OPT_GROW_KERNEL_US, OPT_GROW_AFTER, OPT_HELP };
+           OPT_JSON, OPT_RESOLVE, OPT_TRACE, OPT_LOCKSTEP, OPT_GROW_KERNEL_US, OPT_GROW_AFTER, OPT_STALL_US, OPT_STALL_EVERY, OPT_HELP };
     static const struct option LONG[] = {
         {"device", required_argument, NULL, OPT_DEVICE},       {"seconds", required_argument, NULL, OPT_SECONDS},
         {"kernel-us", required_argument, NULL, OPT_KERNEL_US}, {"blocks", required_argument, NULL, OPT_BLOCKS},
         {"duty", required_argument, NULL, OPT_DUTY},           {"streams", required_argument, NULL, OPT_STREAMS},
         {"gap-us", required_argument, NULL, OPT_GAP_US},
+        {"stall-us", required_argument, NULL, OPT_STALL_US},
+        {"stall-every", required_argument, NULL, OPT_STALL_EVERY},
         {"grow-kernel-us", required_argument, NULL, OPT_GROW_KERNEL_US},
         {"grow-after", required_argument, NULL, OPT_GROW_AFTER},
         {"procs", required_argument, NULL, OPT_PROCS},         {"sync", required_argument, NULL, OPT_SYNC},
@@ -506,6 +513,11 @@ static int parse_options(int argc, char **argv, struct options *o)
             r = parse_double("gap-us", optarg, 0, 1e6, false, &d);
             o->gap_ns = (uint64_t)(d * 1000);
             break;
+        case OPT_STALL_US:
+            r = parse_double("stall-us", optarg, 0, 1e6, false, &d);
+            o->stall_ns = (uint64_t)(d * 1000);
+            break;
+        case OPT_STALL_EVERY: r = parse_uint("stall-every", optarg, 0, 1u << 30, &o->stall_every); break;
         case OPT_GROW_KERNEL_US:
             r = parse_double("grow-kernel-us", optarg, 0, 60e6, true, &d);
             o->grow_ns = (uint64_t)(d * 1000);
@@ -566,6 +578,8 @@ static int parse_options(int argc, char **argv, struct options *o)
         return bad_usage("--verify cannot read back --alloc-api array (arrays have no device pointer)");
     if ((o->grow_ns != 0) != (o->grow_after > 0))
         return bad_usage("--grow-kernel-us and --grow-after go together");
+    if ((o->stall_ns != 0) != (o->stall_every != 0))
+        return bad_usage("--stall-us and --stall-every go together");
     if (o->grow_ns != 0 && o->graph != 0)
         return bad_usage("--grow-kernel-us cannot change a captured --graph");
     if (o->graph != 0 && o->sync != 1)
@@ -888,6 +902,8 @@ static void *work(void *arg)
             w->grown += grown;
             if (o->gap_ns != 0)
                 spin_for(o->gap_ns);
+            if (o->stall_every != 0 && w->launches % o->stall_every == 0)
+                sleep_until(now_s() + (double)o->stall_ns / 1e9);
         }
         TRY(w, "cuEventRecord", cu.cuEventRecord(end, stream));
         TRY(w, "cuEventSynchronize", cu.cuEventSynchronize(end));

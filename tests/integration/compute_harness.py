@@ -48,6 +48,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE_PERIOD_S = 0.1
+PERIOD_S = 0.2  # NVML's sample period (device buffer and per-process samples)
 LOOKBACK_S = 1.0  # how far back process samples are asked for (see sample_main)
 
 
@@ -180,35 +181,40 @@ def series(samples: Samples, pids: Sequence[int], start: float, end: float) -> l
 
 
 def device_series(samples: Samples, start: float, end: float) -> list[float]:
-    """NVML device utilization (%) per 200 ms step in [start, end): each
-    period of the sample buffer in the step its middle falls in (the mean
-    where two do); without a buffer, the mean of the rates read in each
-    step. 0 for a step with none."""
+    """NVML device utilization (%) per 200 ms step in [start, end): the
+    buffer's periods weighted by how much of the step each covers (periods
+    end 193-204 ms apart on an H200, so a step may hold none or two whole);
+    without a buffer, the mean of the rates read in each step. 0 for a step
+    with none."""
     steps = whole_steps(start, end, 0.2)
-    sums, counts = [0.0] * steps, [0] * steps
-    for t, util in _device_figures(samples):
-        i = math.floor((t - start) / 0.2)
-        if 0 <= i < steps:
-            sums[i] += util
-            counts[i] += 1
-    return [s / c if c else 0.0 for s, c in zip(sums, counts, strict=True)]
+    bounds = [(start + 0.2 * i, start + 0.2 * (i + 1)) for i in range(steps)]
+    return [_device_mean(samples, a, b) or 0.0 for a, b in bounds]
 
 
 def device_util(samples: Samples, start: float, end: float) -> float:
     """Mean NVML device utilization (%) in [start, end): of the buffer's
-    periods whose middle falls in it (else of the rates read in it)."""
-    part = [u for t, u in _device_figures(samples) if start <= t < end]
-    if not part:
+    periods, each weighted by its time in it (else of the rates read in it)."""
+    mean = _device_mean(samples, start, end)
+    if mean is None:
         raise AssertionError(f"no NVML device sample between {start} and {end}")
-    return sum(part) / len(part)
+    return mean
 
 
-def _device_figures(samples: Samples) -> list[tuple[float, float]]:
-    """(time, %) of the device: the middle of each buffered period, or
-    where the driver keeps none, each rate as it was read."""
-    if samples.periods:
-        return [(end - 0.1, util) for end, util in samples.periods]
-    return samples.device
+def _device_mean(samples: Samples, start: float, end: float) -> float | None:
+    """The device's mean utilization over [start, end), None if unknown."""
+    if not samples.periods:
+        part = [u for t, u in samples.device if start <= t < end]
+        return sum(part) / len(part) if part else None
+    covered = busy = 0.0
+    began = samples.periods[0][0] - PERIOD_S
+    for stop, util in samples.periods:
+        # A period runs from the previous one's end (the first: a period back).
+        overlap = min(stop, end) - max(began, start)
+        if overlap > 0:
+            covered += overlap
+            busy += overlap * util
+        began = stop
+    return busy / covered if covered > 0 else None
 
 
 # --- analysis: the work vgpu-burn --trace recorded, as 200 ms steps -----------

@@ -41,6 +41,21 @@ WORKLOADS = {
     # Eager inference's shape: the CPU spends 150 us between 50 us kernels,
     # so natively the GPU is busy a third of the time.
     "launch-bound": ("--kernel-us", "50", "--gap-us", "150", "--sync", "50"),
+    # Tiny kernels, the launcher stalled for 1 ms every 37 launches (a CPU
+    # taken away, a collector's pause): the gate watcher opens the gated
+    # batches it stalls in.
+    "stalls": (
+        "--kernel-us",
+        "2",
+        "--gap-us",
+        "10",
+        "--sync",
+        "50",
+        "--stall-us",
+        "1000",
+        "--stall-every",
+        "37",
+    ),
     "graph": ("--kernel-us", "500", "--graph", "20"),
     "multiproc": ("--kernel-us", "2000", "--procs", "3"),
     # One process, four streams side by side: each batch's span covers the
@@ -141,6 +156,33 @@ def test_launch_bound_work_is_charged_its_kernels_not_the_gaps(
     assert device == pytest.approx(want, abs=TOLERANCE), f"NVML {device:.1f}, native {native:.1f}"
     want_work = min(share, 100 * native_burn.work)
     assert 100 * b.work == pytest.approx(want_work, abs=TOLERANCE)
+
+
+def test_a_launcher_that_stalls_is_charged_its_kernels_not_its_stalls(
+    sim_env: dict[str, str], tmp_path: Path
+) -> None:
+    """A gated batch whose launcher stalls past GT_GATE_QUIET_NS has its
+    gate opened by the watcher, and its span runs on to the monitor's
+    record of its end: no measure of the stream's cost. Taken as one (a
+    sample over twice the cost is taken whole), the cost jumped and the
+    batches estimated at it were over-charged: charged / ran 1.03-3.12 here
+    (9 runs of 12 over 1.2; this test failed 4 times of 4); since, 1.00-1.08.
+    On an H200 the adds at 30, calibrated, fell to 12-23 % for ~300 ms after
+    each such jump (docs/compute.md, "A stalled launcher")."""
+    seen = []
+    for run in range(3):  # a jump comes at random: in most runs of 5 s, not all
+        (tmp_path / str(run)).mkdir()
+        env = hooked(sim_env, tmp_path / str(run), CUDA_CORE_LIMIT="60")
+        b = burn(env, "stalls", seconds=5.0)
+        b.finish(timeout=60)
+        summary = next(r for r in b.records if r.get("summary"))
+        usage = UsageBlock.open(tmp_path / str(run) / "usage")
+        try:
+            seen.append(usage.devices()[0].gpu_time_ns / (summary["kernels"] * 2_000))
+        finally:
+            usage.close()
+    print(f"charged / ran in each run: {seen}")
+    assert all(abs(ratio - 1) <= 0.2 for ratio in seen), f"charged / ran: {seen}"
 
 
 # --- vGPU mode: the throttle table -----------------------------------------------

@@ -6,6 +6,7 @@ Python with the ``sim_env`` environment; workloads are build/vgpu-burn.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -274,7 +275,7 @@ def test_device_samples_are_each_period_busy_share(
     stamps = got["stamps"]
     assert got["kind"] == 1  # NVML_VALUE_TYPE_UNSIGNED_INT
     assert all(t % period_us == 0 for t in stamps)
-    assert all(b - a == period_us for a, b in zip(stamps, stamps[1:], strict=False))
+    assert all(b - a == period_us for a, b in itertools.pairwise(stamps))
     assert len(got["newer"]) == 1 and got["newer"][0][0] == max(stamps) + period_us
     # The last whole periods (the burn ran through them) read its duty.
     recent = got["values"][-5:]
