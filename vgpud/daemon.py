@@ -102,6 +102,18 @@ def flags_of(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+# How long a thread running Python keeps the GIL from one that waits for
+# it (Python's default: 5 ms). The scan's tracking, the NVML calls and the
+# saves run Python in worker threads; at each of its system calls the
+# loop's thread gives the GIL up, and waited that long to get it back: a
+# 1-client bench_api run saw the loop take 5.5-6.4 ms to read its
+# self-pipe. At 1 ms, in three alternated pairs on the simulator with 100
+# vGPUs and 1000 processes, closed-loop creates and deletes answered with a
+# p99 of 8.85-9.37 / 7.55-7.89 ms (5 ms: 9.84-12.55 / 8.40-10.41) and 6-22 %
+# more of them a second (docs/benchmarks/api-sim.md).
+GIL_SWITCH_INTERVAL_S = 0.001
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     flags = flags_of(args)
@@ -112,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_START_FAILED
     logsetup.configure(config.log_level, config.log_format, os.environ)
     daemon = Daemon(config, lambda: load_config(args.config, os.environ, flags))
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     return asyncio.run(daemon.run())
 
 
