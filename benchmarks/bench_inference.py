@@ -59,7 +59,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -72,6 +72,9 @@ from tests.integration.compute_harness import (  # noqa: E402
     device_series,
     windows,
 )
+
+if TYPE_CHECKING:
+    from vgpud.vgpus.blocks import UsageBlock
 
 HOOK = ROOT / "build" / "libvgpu.so"
 BURN = ROOT / "build" / "vgpu-burn"
@@ -166,10 +169,15 @@ def hook_counters(usage: Path | None) -> tuple[int, int, int] | None:
     vgpu = usage.parent.name.startswith("vg-")
     block = UsageBlock.open(usage, device_count=1 if vgpu else None)
     try:
-        dev = block.devices()[0]
-        return dev.gpu_time_ns, dev.launches, dev.throttled_ns
+        return first_device_counters(block)
     finally:
         block.close()
+
+
+def first_device_counters(block: UsageBlock) -> tuple[int, int, int]:
+    """(gpu_time_ns, launches, throttled_ns) of an open usage block's first device."""
+    dev = block.devices()[0]
+    return dev.gpu_time_ns, dev.launches, dev.throttled_ns
 
 
 @dataclass
@@ -324,16 +332,18 @@ class Vgpus:
         series: list[tuple[float, int, bool]],
         counted: list[tuple[int, int, int] | None],
     ) -> None:
-        from vgpud.vgpus.blocks import ControlBlock
+        from vgpud.vgpus.blocks import ControlBlock, UsageBlock
 
         control = ControlBlock.open(path)
+        block = UsageBlock.open(usage, device_count=1)  # the daemon made both
         try:
             while self._watching.is_set():
                 device = control.devices()[0]
                 series.append((time.time(), device.throttle.quota_ppm, device.calibrated))
-                counted.append(hook_counters(usage))
+                counted.append(first_device_counters(block))
                 time.sleep(0.1)
         finally:
+            block.close()
             control.close()
 
     def release(self) -> None:
