@@ -239,8 +239,10 @@ bool gt_before(struct gt_launch *l, CUstream h, bool ptsz, bool graph)
         if (paced) {
             int64_t balance =
                 atomic_load_explicit(&d->pacer.bucket->pacer_balance_ns, memory_order_relaxed);
-            needed = turnless_turn_needed(&d->turnless, d->pacer.bucket, balance, q.ppm, now);
-            if (!needed && turn_wanted(s->dev) && gt_gate_wanted(s, graph, paced)) {
+            bool beside = turn_wanted(s->dev);
+            needed = turnless_turn_needed(&d->turnless, d->pacer.bucket, balance, q.ppm, beside,
+                                          now);
+            if (!needed && beside && gt_gate_wanted(s, graph, paced)) {
                 /* Beside another paced tenant: charged at a cost of its
                  * own, measured with the turn (gputime.h). */
                 shared = gt_gated_cost_fresh(s, now) || gt_gated_cost_renewed(s, now);

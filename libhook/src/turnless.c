@@ -22,7 +22,7 @@ static void qualify(struct turnless *t, bool on, bool roomy)
 }
 
 bool turnless_turn_needed(struct turnless *t, const struct vgpu_usage_device *bucket,
-                          int64_t balance, uint32_t quota_ppm, uint64_t now)
+                          int64_t balance, uint32_t quota_ppm, bool beside, uint64_t now)
 {
     uint64_t since = atomic_load_explicit(&t->since_ns, memory_order_acquire);
     if (balance < 0 || since == 0) {
@@ -51,7 +51,10 @@ bool turnless_turn_needed(struct turnless *t, const struct vgpu_usage_device *bu
         /* used / span < ppm / 1e6, in microseconds (the span is under 2
          * windows: no overflow below a quota of 2^32 ppm) */
         uint64_t span_us = (now - since) / 1000u;
-        bool light = used / 1000u < span_us * TURNLESS_MAX_USE_PPM / 1000000u;
+        uint64_t bound = beside && atomic_load_explicit(&t->on, memory_order_relaxed)
+                             ? TURNLESS_STAY_MAX_USE_PPM
+                             : TURNLESS_MAX_USE_PPM;
+        bool light = used / 1000u < span_us * bound / 1000000u;
         bool roomy = used / 1000u < span_us * quota_ppm / 1000000u *
                                         TURNLESS_SAMPLED_MAX_USE_PPM / 1000000u;
         atomic_store_explicit(&t->gpu_ns, gpu, memory_order_relaxed);

@@ -15,7 +15,9 @@
  * So a paced process goes without the turn on a device while its share
  * does not bind there and its vGPU keeps the device little busy: no
  * launch of its vGPU waited in the pacer over the last window, and the
- * GPU time it was charged is under TURNLESS_MAX_USE_PPM of the window.
+ * GPU time it was charged is under TURNLESS_MAX_USE_PPM of the window
+ * (under TURNLESS_STAY_MAX_USE_PPM once it goes without the turn, while
+ * another paced tenant is on the GPU).
  * Its batches then share the GPU's time-slicing with the turn holder's,
  * which may stretch its own spans (it is charged more, never less) and a
  * little of the holder's. As soon as the pacer must hold one of its
@@ -49,6 +51,22 @@
 #ifndef TURNLESS_MAX_USE_PPM
 #define TURNLESS_MAX_USE_PPM 300000u
 #endif
+/* ... and the most a process already without the turn may use and stay
+ * so. A launch-bound process at 30 uses 23-27 % with 100 ms windows above
+ * and below the entry bound: on an H200 it flapped between turns and none
+ * (57-87 % of its batches without), and each side then waited for the
+ * other's turns: a GEMM tenant at 60 beside it did 60.5-63.9 % of its
+ * native work, against 70.2-71.3 where the process stayed without the
+ * turn (docs/benchmarks/inference-coloc-h200.md, "At night"; 2026-11-28:
+ * T's work 0.86 against 0.74, the GEMM's 66.9 against 65.3 over three
+ * alternated runs each). Only beside another paced tenant: with the stay
+ * bound everywhere, a decode chain at 60 alone (52-56 % busy) read 2-3
+ * points lower in two alternated runs, its pacer holding it a fifth as
+ * often, and missed its calibrated target. A GPU-bound tenant
+ * never enters: it uses more than the entry bound. */
+#ifndef TURNLESS_STAY_MAX_USE_PPM
+#define TURNLESS_STAY_MAX_USE_PPM 400000u
+#endif
 /* The most GPU time, of its quota, a process whose gates are sampled may
  * use over the window (overridable at build time, CFLAGS=-D..., to
  * compare). */
@@ -69,9 +87,11 @@ struct turnless {
 /* Must a paced process take the turn for its next batch on the device?
  * `bucket`: its vGPU's counters there; `balance`: the bucket's balance
  * before the pacer admits the batch (below zero, the pacer will hold it
- * back: the share binds now); `quota_ppm`: its quota there now. */
+ * back: the share binds now); `quota_ppm`: its quota there now; `beside`:
+ * another paced tenant stamps the GPU (turn_wanted), the only case where
+ * the stay bound applies. */
 bool turnless_turn_needed(struct turnless *t, const struct vgpu_usage_device *bucket,
-                          int64_t balance, uint32_t quota_ppm, uint64_t now);
+                          int64_t balance, uint32_t quota_ppm, bool beside, uint64_t now);
 
 /* May its batches on the device gate only a sample (the last whole window
  * left it room: see above)? */
