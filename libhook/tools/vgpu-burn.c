@@ -254,6 +254,7 @@ struct options {
     uint64_t kernel_ns;
     uint64_t grow_ns;     /* --grow-kernel-us: 0, or the kernel time from --grow-after on */
     double grow_after;    /* seconds */
+    double grow_cycle;    /* --grow-cycle: 0, or grown this long, then not as long, over and over */
     uint64_t gap_ns; /* --gap-us: CPU time between launches */
     uint64_t stall_ns;    /* --stall-us: a sleep after every --stall-every-th launch */
     unsigned stall_every; /* 0: never */
@@ -287,6 +288,8 @@ static void usage(FILE *out)
           "  --grow-kernel-us US   from --grow-after on, kernels of US microseconds (a decoder\n"
           "                        that starts a long prefill)\n"
           "  --grow-after S        seconds into the run (default: never)\n"
+          "  --grow-cycle S        from --grow-after on, grown for S seconds, then back for S,\n"
+          "                        over and over (a tenant whose cost goes stale on purpose)\n"
           "  --streams N           threads, one stream each (default 1)\n"
           "  --procs N             fork N processes, each with its own context (default 1)\n"
           "  --sync N              synchronise every N launches (default 1)\n"
@@ -473,7 +476,7 @@ static int parse_options(int argc, char **argv, struct options *o)
     /* OPT_, not O_: fcntl.h owns O_SYNC and friends. */
     enum { OPT_DEVICE = 256, OPT_SECONDS, OPT_KERNEL_US, OPT_BLOCKS, OPT_DUTY, OPT_GAP_US, OPT_STREAMS, OPT_PROCS, OPT_SYNC,
            OPT_GRAPH, OPT_ALLOC, OPT_CHUNK, OPT_ALLOC_API, OPT_BEST_EFFORT, OPT_HOLD, OPT_VERIFY, OPT_MEMINFO,
-           OPT_JSON, OPT_RESOLVE, OPT_TRACE, OPT_LOCKSTEP, OPT_GROW_KERNEL_US, OPT_GROW_AFTER, OPT_STALL_US, OPT_STALL_EVERY, OPT_HELP };
+           OPT_JSON, OPT_RESOLVE, OPT_TRACE, OPT_LOCKSTEP, OPT_GROW_KERNEL_US, OPT_GROW_AFTER, OPT_GROW_CYCLE, OPT_STALL_US, OPT_STALL_EVERY, OPT_HELP };
     static const struct option LONG[] = {
         {"device", required_argument, NULL, OPT_DEVICE},       {"seconds", required_argument, NULL, OPT_SECONDS},
         {"kernel-us", required_argument, NULL, OPT_KERNEL_US}, {"blocks", required_argument, NULL, OPT_BLOCKS},
@@ -483,6 +486,7 @@ static int parse_options(int argc, char **argv, struct options *o)
         {"stall-every", required_argument, NULL, OPT_STALL_EVERY},
         {"grow-kernel-us", required_argument, NULL, OPT_GROW_KERNEL_US},
         {"grow-after", required_argument, NULL, OPT_GROW_AFTER},
+        {"grow-cycle", required_argument, NULL, OPT_GROW_CYCLE},
         {"procs", required_argument, NULL, OPT_PROCS},         {"sync", required_argument, NULL, OPT_SYNC},
         {"graph", required_argument, NULL, OPT_GRAPH},         {"alloc", required_argument, NULL, OPT_ALLOC},
         {"chunk", required_argument, NULL, OPT_CHUNK},         {"alloc-api", required_argument, NULL, OPT_ALLOC_API},
@@ -523,6 +527,7 @@ static int parse_options(int argc, char **argv, struct options *o)
             o->grow_ns = (uint64_t)(d * 1000);
             break;
         case OPT_GROW_AFTER: r = parse_double("grow-after", optarg, 0, 86400, false, &o->grow_after); break;
+        case OPT_GROW_CYCLE: r = parse_double("grow-cycle", optarg, 0, 86400, false, &o->grow_cycle); break;
         case OPT_STREAMS:
             r = parse_uint("streams", optarg, 1, MAX_STREAMS, &o->streams);
             streams_given = true;
@@ -578,6 +583,8 @@ static int parse_options(int argc, char **argv, struct options *o)
         return bad_usage("--verify cannot read back --alloc-api array (arrays have no device pointer)");
     if ((o->grow_ns != 0) != (o->grow_after > 0))
         return bad_usage("--grow-kernel-us and --grow-after go together");
+    if (o->grow_cycle > 0 && o->grow_ns == 0)
+        return bad_usage("--grow-cycle needs --grow-kernel-us");
     if ((o->stall_ns != 0) != (o->stall_every != 0))
         return bad_usage("--stall-us and --stall-every go together");
     if (o->grow_ns != 0 && o->graph != 0)
@@ -888,9 +895,10 @@ static void *work(void *arg)
     }
     while (now_s() < w->deadline) {
         uint64_t launched = w->kernels;
-        bool grown = o->grow_ns != 0 && now_s() - w->start >= o->grow_after;
-        if (grown)
-            ns = o->grow_ns;
+        double since_growth = now_s() - w->start - o->grow_after;
+        bool grown = o->grow_ns != 0 && since_growth >= 0 &&
+                     (o->grow_cycle <= 0 || fmod(since_growth, 2 * o->grow_cycle) < o->grow_cycle);
+        ns = grown ? o->grow_ns : o->kernel_ns;
         TRY(w, "cuEventRecord", cu.cuEventRecord(start, stream));
         for (unsigned i = 0; i < o->sync; i++) {
             if (exec != NULL)
