@@ -345,7 +345,9 @@ def test_a_vgpu_alone_is_calibrated_by_the_device_figure(
     if calibrate:
         assert device == pytest.approx(30, abs=2), f"NVML device utilization {device:.1f}"
     else:
-        assert device > 32, f"NVML device utilization {device:.1f}: no bias to calibrate?"
+        # 32.7-33.0 on an idle box; the bias shrinks when other work takes
+        # the CPU (30.1-31.3 beside two busy loops on two cores).
+        assert device > 31, f"NVML device utilization {device:.1f}: no bias to calibrate?"
 
 
 @pytest.mark.parametrize(
