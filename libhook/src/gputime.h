@@ -87,6 +87,19 @@
  * the chain charged 21.4 and 20.9 for 20.4 and 20.7 points of work, and
  * the GEMM tenant beside it did 71.2 and 71.3 (docs/compute.md).
  *
+ * The cost stands for a shared batch only where the batch's own span
+ * proves it (within a quarter, running_cost_proven): a gated span is at
+ * least the batch's own GPU time, so a batch that runs longer than its
+ * cost says is charged its span, the other tenant's slices in it
+ * included. Charged at the cost whatever its span, a simulated tenant at
+ * 30 that grew and shrank its kernels in turn, so that each measure found
+ * them small, ran 40-44 % of the device and left a paced neighbour at 60
+ * with 42-47 (docs/security.md, "Kernels grown on purpose"); with the
+ * proof, 20-21 and 58-60. The price: where the other tenant's slices
+ * stretch most spans, the process is charged them (on the simulator 27
+ * for 9 points of work beside a GPU-bound tenant, against 18-20 for
+ * 16-18); not measured on a GPU yet.
+ *
  * The freshness bounds how long kernels that grow run at the old price,
  * and sets how often the process waits out the holder's turn. Fresh for
  * 2 s, a decode chain that switched to 1024-token prefills beside the GEMM

@@ -107,9 +107,9 @@ static struct gt_batch *settle(struct gt_batch *b)
 {
     struct gt_dev *d = &gt.devs[b->dev];
     int64_t busy = b->precharge;
+    int64_t span = -1; /* none measured */
     struct gt_batch *freed = b;
     if (gt_use_ctx(b->events_ctx) && vgpu_real_cuda.cuEventSynchronize(b->end) == CUDA_SUCCESS) {
-        int64_t span = 0;
         if (elapsed_ns(b->start, b->end, &span)) {
             busy = span - shared_with_last(d, b, span, &freed);
             /* The whole span, not less the process's other streams: it
@@ -120,12 +120,16 @@ static struct gt_batch *settle(struct gt_batch *b)
     }
     /* else the context went away under the batch: the estimate stands. */
     atomic_store_explicit(&b->done, true, memory_order_relaxed);
-    if (b->estimated || b->shared) {
-        /* Its span may hold the gaps between its launches, or the other
-         * tenant's slices (gputime.h). */
-        uint64_t cost = atomic_load_explicit(&b->stream->gated_cost_ns, memory_order_relaxed);
-        if (cost > 0 && (uint64_t)busy > cost * b->launches)
-            busy = (int64_t)(cost * b->launches);
+    uint64_t cost = atomic_load_explicit(&b->stream->gated_cost_ns, memory_order_relaxed);
+    if ((b->estimated || (b->shared && span >= 0 && running_cost_proven(cost, (uint64_t)span, b->launches))) &&
+        cost > 0 && (uint64_t)busy > cost * b->launches) {
+        /* Its span may hold the gaps between its launches (estimated), or
+         * the other tenant's slices (shared). A shared batch is gated: its
+         * span bounds its own GPU time from above, so the cost stands for
+         * it only where the span proves it, else the span is charged:
+         * kernels grown since the cost was measured are charged what they
+         * ran, before the next measure (gputime.h). */
+        busy = (int64_t)(cost * b->launches);
     }
     if (b->paced)
         pacer_charge(d->pacer.bucket, busy - b->precharge);

@@ -161,16 +161,20 @@ def test_paced_tenant_next_to_an_unlimited_one(
     assert busy >= 90, f"device busy {busy:.1f} %, work {got}"
 
 
-def test_a_launch_bound_tenant_beside_a_paced_one_is_charged_its_own_kernels(
+def test_a_launch_bound_tenant_beside_a_paced_one_is_never_charged_less_than_it_ran(
     sim_env: dict[str, str], tmp_path: Path
 ) -> None:
     """A launch-bound process at 30 that uses a sixth of the device goes
     without the turn beside a GPU-bound one at 60 (docs/compute.md, "Next
-    to a GPU-bound tenant"), and its event spans take in the other's
-    kernels. It is charged at its own gated cost per launch, measured with
-    the turn ("Shared batches"), so it does its native work and charges
-    about that. Charged its spans it charged ~27 for 8-10 points of work:
-    its pacer held it and it took turns."""
+    to a GPU-bound tenant"), and its gated spans take in the other's
+    kernels. A batch is charged at its own gated cost per launch only where
+    its span proves that cost (within a quarter: "Shared batches"), else its
+    span, which bounds its own GPU time from above: it is never charged less
+    than it ran, and the GPU-bound one keeps its share. The price, here: it
+    charged 25.8 for 9.3 points of work (native 19.9); charged at the cost
+    whatever the span, it did 16.4-17.9 charging 18.0-19.9, and a tenant
+    that grew and shrank its kernels in turn took the neighbour's share
+    (docs/security.md, "Kernels grown on purpose")."""
     native = tenant(sim_env, tmp_path, "native", {}, LAUNCH_BOUND)
     native.finish(timeout=SECONDS + 60)
     want = 100 * native.work
@@ -184,10 +188,9 @@ def test_a_launch_bound_tenant_beside_a_paced_one_is_charged_its_own_kernels(
     charged = 100 * block.devices()[0].gpu_time_ns / 1e9 / SECONDS
     block.close()
     seen = f"work {got} (native {want:.1f}), the launch-bound one charged {charged:.1f}"
-    assert got[0] == pytest.approx(min(30, want), abs=TOLERANCE), seen
-    # Charged about what it did (+1 to +3 on an idle box; with a core busy
-    # elsewhere its gated spans also take in its own stalls, +7 seen).
-    assert charged <= got[0] + 2 * TOLERANCE, seen
+    print(seen)
+    assert charged >= got[0], seen
+    assert 0 < got[0] <= min(30, want) + TOLERANCE, seen
     assert got[1] == pytest.approx(60, abs=TOLERANCE), seen
 
 
