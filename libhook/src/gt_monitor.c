@@ -121,8 +121,9 @@ static struct gt_batch *settle(struct gt_batch *b)
     /* else the context went away under the batch: the estimate stands. */
     atomic_store_explicit(&b->done, true, memory_order_relaxed);
     uint64_t cost = atomic_load_explicit(&b->stream->gated_cost_ns, memory_order_relaxed);
-    if ((b->estimated || (b->shared && span >= 0 && running_cost_proven(cost, (uint64_t)span, b->launches))) &&
-        cost > 0 && (uint64_t)busy > cost * b->launches) {
+    bool at_cost = b->estimated ||
+                   (b->shared && span >= 0 && running_cost_proven(cost, (uint64_t)span, b->launches));
+    if (at_cost && cost > 0 && (uint64_t)busy > cost * b->launches) {
         /* Its span may hold the gaps between its launches (estimated), or
          * the other tenant's slices (shared). A shared batch is gated: its
          * span bounds its own GPU time from above, so the cost stands for
