@@ -178,6 +178,19 @@ static void charge_unmeasured(struct gt_dev *d, bool paced)
     pacer_account(&d->pacer, (uint64_t)cost, 1);
 }
 
+/* A batch whose gate the watcher opened (its launcher stalled) takes no
+ * more launches: they would run ungated, and its span, which is charged
+ * whole, would hold the gaps between them. Its launcher's next launch
+ * closes it and opens a batch of its own, through the pacer. On the
+ * simulator under two busy loops, where the launcher often resumed before
+ * the monitor closed the batch, a stalling launcher at 60 was charged
+ * 1.03-1.34x what its kernels ran (its watcher-opened batches 2.7-5.2x
+ * theirs); CI failed on it once. */
+static bool opened_quiet(const struct gt_batch *b)
+{
+    return b != NULL && atomic_load_explicit(&b->opened_quiet, memory_order_relaxed);
+}
+
 bool gt_before(struct gt_launch *l, CUstream h, bool ptsz, bool graph)
 {
     if (!vgpu_limited())
@@ -193,7 +206,7 @@ bool gt_before(struct gt_launch *l, CUstream h, bool ptsz, bool graph)
      * opening decided (paced or not, the turn): no clock and no quota read
      * per launch (a clock read costs 50-100 ns on a GPU VM, a launch ~4 us).
      * A quota change takes effect at the next batch, within ~1 ms. */
-    const struct gt_batch *open = graph ? NULL : s->open;
+    const struct gt_batch *open = graph || opened_quiet(s->open) ? NULL : s->open;
     uint64_t now = 0;
     struct pacer_quota q = {0};
     bool paced;
@@ -257,7 +270,7 @@ bool gt_before(struct gt_launch *l, CUstream h, bool ptsz, bool graph)
         turn = needed && turn_enter(s->dev);
     }
     pthread_mutex_lock(&s->lock);
-    if (graph)
+    if (graph || opened_quiet(s->open))
         gt_close_open(s); /* a graph launch is a batch of its own */
     struct gt_batch *b = gt_open_batch(s, d, graph, paced, shared, &turn);
     if (turn)

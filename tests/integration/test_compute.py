@@ -10,7 +10,10 @@ one by one and captured launches are covered in C (test_pacer_launch).
 
 from __future__ import annotations
 
+import os
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -158,17 +161,37 @@ def test_launch_bound_work_is_charged_its_kernels_not_the_gaps(
     assert 100 * b.work == pytest.approx(want_work, abs=TOLERANCE)
 
 
+@pytest.fixture
+def cpu_taken() -> Iterator[None]:
+    """Every core kept busy by a loop of its own: the launcher and the
+    hook's threads lose their CPU for scheduler slices at a time."""
+    loops = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        for _ in range(os.cpu_count() or 1)
+    ]
+    try:
+        yield
+    finally:
+        for loop in loops:
+            loop.kill()
+            loop.wait()
+
+
 def test_a_launcher_that_stalls_is_charged_its_kernels_not_its_stalls(
-    sim_env: dict[str, str], tmp_path: Path
+    sim_env: dict[str, str], tmp_path: Path, cpu_taken: None
 ) -> None:
     """A gated batch whose launcher stalls past GT_GATE_QUIET_NS has its
-    gate opened by the watcher, and its span runs on to the monitor's
-    record of its end: no measure of the stream's cost. Taken as one (a
+    gate opened by the watcher, and its span, charged whole, runs on to
+    its end's record: no measure of the stream's cost. Taken as one (a
     sample over twice the cost is taken whole), the cost jumped and the
     batches estimated at it were over-charged: charged / ran 1.03-3.12 here
-    (9 runs of 12 over 1.2; this test failed 4 times of 4); since, 1.00-1.08.
-    On an H200 the adds at 30, calibrated, fell to 12-23 % for ~300 ms after
-    each such jump (docs/compute.md, "A stalled launcher")."""
+    (9 runs of 12 over 1.2). On an H200 the adds at 30, calibrated, fell to
+    12-23 % for ~300 ms after each such jump (docs/compute.md, "A stalled
+    launcher"). With the CPU taken, the launcher often resumed before the
+    monitor closed such a batch and went on launching into it, ungated:
+    1.02-1.42 in 33 runs, this test failing 3 times of 3 (and CI once
+    without the busy loops); since the launcher closes it itself,
+    1.00-1.05."""
     seen = []
     for run in range(3):  # a jump comes at random: in most runs of 5 s, not all
         (tmp_path / str(run)).mkdir()
@@ -183,7 +206,7 @@ def test_a_launcher_that_stalls_is_charged_its_kernels_not_its_stalls(
         finally:
             usage.close()
     print(f"charged / ran in each run: {seen}")
-    assert all(abs(ratio - 1) <= 0.2 for ratio in seen), f"charged / ran: {seen}"
+    assert all(abs(ratio - 1) <= 0.1 for ratio in seen), f"charged / ran: {seen}"
 
 
 # --- vGPU mode: the throttle table -----------------------------------------------
