@@ -225,11 +225,13 @@ def run_plant(
     share_changes: dict[int, dict[str, float]] | None = None,
     tuning: Tuning = LEARNING,
     alone_changes: dict[int, dict[str, bool]] | None = None,
+    nvml_errors: dict[int, float] | None = None,
 ) -> dict[str, list[int]]:
     """Ticks of 100 ms. A quota written at one tick paces the next; NVML
     reports every second tick the average of the two ticks before. `events`,
     `share_changes` and `alone_changes` set demands, shares and whether a
-    vGPU is alone at given ticks."""
+    vGPU is alone at given ticks; `nvml_errors` adds to every NVML figure
+    of a tick (a period that reads over what ran)."""
     state = ControllerState()
     quota = {v.name: v.share for v in vgpus}
     quotas_seen: dict[str, list[int]] = {v.name: [] for v in vgpus}
@@ -257,10 +259,11 @@ def run_plant(
             if quota[v.name] < 1.0 and v.demand > quota[v.name] * v.bias + 1e-9:
                 v.throttled_ns += TICK_NS // 2
         nvml_tick = step % 2 == 1
+        error = (nvml_errors or {}).get(step, 0.0)
         slices = {
             v.name: SliceSample(
                 active=v.demand > 0,
-                util=100 * sum(v.history[-3:-1]) / 2 if nvml_tick and step > 1 else None,
+                util=100 * (sum(v.history[-3:-1]) / 2 + error) if nvml_tick and step > 1 else None,
                 gpu_time_ns=v.gpu_time_ns,
                 throttled_ns=v.throttled_ns,
                 launches=v.launches,
@@ -268,7 +271,11 @@ def run_plant(
             )
             for v in vgpus
         }
-        device = 100 * sum(got.values()) if nvml_tick else None
+        device = (
+            100 * (sum(sum(v.history[-3:-1]) / 2 for v in vgpus) + error)
+            if nvml_tick and step > 1
+            else None
+        )
         snap = Snapshot(now_ns=(step + 1) * TICK_NS, gpus={GPU: GpuSample(device, slices)})
         out, state = compute_quotas(snap, allocs, state, tuning)
         for v in vgpus:
@@ -531,3 +538,50 @@ def test_calibration_learns_upward_only_while_held_back() -> None:
     assert quotas["a"][59] == ppm(30)
     for start in (6.5, 7.0):
         assert window_mean(v.history, start, start + 1.0) <= 0.3 + 0.02
+
+
+def test_calibration_holds_a_launch_bound_share_held_back_in_bursts() -> None:
+    """A launch-bound process near its share (an eager decoder at 60 that
+    natively keeps an H200 76 % busy) wants more than its share in some
+    ticks and less in others: its pacer holds it back in bursts, never
+    through half a second. The hook over-counts it (NVML sees 0.93 of the
+    hook's measure), and one NVML period reads 15 points over what ran.
+    On the H200 such a spike cut the quota 8 % and nothing learnt it back:
+    NVML read 4-6 points under the share for the rest of the run
+    (docs/compute.md, "Windows"); here the same controller left it at
+    0.545. A shortfall now counts as a bias for the part of the time the
+    pacer held the vGPU back, up to the bias the figures show: it gets
+    what it can use under its share tick by tick."""
+    pattern = (0.5, 0.8, 0.55, 0.75, 0.6, 0.7)  # demand, tick by tick
+    v = FakeVgpu("a", 0.6, demand=pattern[0], alone=True, bias=0.93)
+    quotas = run_plant(
+        [v],
+        seconds=10,
+        tuning=DEFAULT,
+        events={step: {"a": pattern[step % len(pattern)]} for step in range(100)},
+        nvml_errors={41: 0.15},
+    )
+    assert min(quotas["a"][42:45]) < quotas["a"][40]  # the spike is obeyed at once
+    can_use = sum(min(d, 0.6) for d in pattern) / len(pattern)  # 0.575
+    for start in (3.0, 6.0, 7.0, 8.0, 9.0):
+        assert window_mean(v.history, start, start + 1.0) == pytest.approx(can_use, abs=0.015)
+    assert max(v.history[30:]) <= 0.6 + 0.01
+
+
+def test_calibration_held_back_in_bursts_learns_no_more_than_its_bias() -> None:
+    """Bursts of its whole demand between idle ticks hold a vGPU back in
+    a third of them while its 1 s windows sit far under its share: a
+    shortfall the held part alone would keep learning up (the correction
+    at the whole device, 0.99), and a steady load after it would run at
+    0.89 of the device for a second on a share of 0.6. The correction is
+    learnt up no further than the hook's measure per NVML's (the bias)."""
+    pattern = (0.05, 1.0, 0.05, 0.05, 1.0, 0.05)
+    events = {step: {"a": pattern[step % len(pattern)]} for step in range(100)}
+    events[100] = {"a": 1.0}
+    v = FakeVgpu("a", 0.6, demand=pattern[0], alone=True, bias=0.9)
+    run_plant([v], seconds=14, tuning=DEFAULT, events=events)
+    for start in (3.0, 6.0, 9.0):
+        assert window_mean(v.history, start, start + 1.0) <= 0.6
+    for tick in range(100, 130):
+        assert window_mean(v.history, tick / 10, tick / 10 + 1.0) <= 0.6 + 0.05
+    assert window_mean(v.history, 12.0, 14.0) == pytest.approx(0.6, abs=0.01)

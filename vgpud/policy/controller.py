@@ -31,10 +31,11 @@ The algorithm and its tuning are described in docs/compute.md. In short:
 - Hard: quota = share x correction. The correction is an integral
   controller on the error between the share and the NVML-measured
   utilization, so that the truth (NVML), not the hook's own estimate, lands
-  on the share. It only integrates upward while the vGPU is held back by
-  the pacer (anti-windup: a vGPU that uses less than its share by choice
-  does not bank credit) and always integrates downward when NVML sees it
-  above its share. Clamped to [0.5, 2] x share and to 100 %.
+  on the share. It integrates upward only for the part of the recent time
+  the pacer held the vGPU back (anti-windup: a vGPU that uses less than
+  its share by choice does not bank credit) and always integrates
+  downward when NVML sees it above its share. Clamped to [0.5, 4] x share
+  and to 100 %.
 - Soft: share plus a part of the spare time. Each active vGPU claims its
   full share when it wants it (throttled, close to its share, or unknown)
   and otherwise what it uses plus room to grow; what nobody claims is
@@ -46,6 +47,7 @@ The algorithm and its tuning are described in docs/compute.md. In short:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -92,10 +94,15 @@ class Tuning:
     # the control block every tick.
     quantum_ppm: int = 100
     # After a change of target, NVML figures of this long describe the time
-    # before it (200 ms periods, reported late), not a bias; and a vGPU is
-    # held back this long before a shortfall counts (a start-up ramp is not
-    # a bias either).
+    # before it (200 ms periods, reported late), not a bias; and the part
+    # of the time a vGPU was held back is a mean over about this long.
     settle_s: float = 0.5
+    # The hook's use and NVML's are compared over means of about this long
+    # (the most a correction learnt alone may rise to; see _seen_use): the
+    # two are not read over quite the same time, and bursts a few ticks
+    # apart alias with NVML's periods (over 1 s a burst pattern let the
+    # correction rise 22 % past the bias, over 2 s 10 %).
+    seen_use_memory_s: float = 2.0
     # A target that moves by more than this is a change (not noise).
     target_change: float = 0.02
     # Per-process figures are learnt from only when their sum is within this
@@ -177,9 +184,16 @@ class SliceState:
     target: float = 1.0  # the last utilization aimed at (fraction, NVML's measure)
     nvml_util: float | None = None  # the last NVML figure (fraction)
     nvml_at_ns: int = 0
+    gpu_time_at_figure_ns: int = 0  # the hook's gpu_time_ns when it came
+    # The hook's use and NVML's, means over about Tuning.seen_use_memory_s
+    # of figures (see _seen_use); None until two figures came.
+    seen_use: tuple[float, float] | None = None
     active: bool = False
     learn_from_ns: int = 0  # NVML figures before this describe a former target
-    held_since_ns: int | None = None  # held back by the pacer without a break since
+    # The part of the recent time the pacer held it back (a mean over about
+    # Tuning.settle_s), now and when the last NVML figure came.
+    held: float = 0.0
+    held_at_figure: float = 0.0
     # Its quota is corrected by NVML's device figure (Tuning.calibrate_alone).
     calibrated: bool = False
 
@@ -219,7 +233,10 @@ class _Reading:
     nvml_dt_s: float  # time since the previous NVML figure
     now_ns: int
     throttled: float  # fraction of the tick its launches waited
-    held_back: bool  # the pacer has held it back long enough to learn from
+    # The part of the time the last NVML figure describes that the pacer
+    # held it back (see _bias_part).
+    held_part: float
+    alone: bool  # every process NVML lists on its GPU is its own
     calibrated: bool  # its correction is learnt and applied (see _calibrated)
     state: SliceState
 
@@ -351,10 +368,7 @@ def _read(
     # counters: they are active from their first paced launch.
     active = sample.active or bool(hook_use) or throttled > 0
     settle_ns = round(tuning.settle_s * NS_PER_S)
-    held = throttled > tuning.throttled_min
-    held_since = (
-        (prev.held_since_ns if prev.held_since_ns is not None else now_ns) if held else None
-    )
+    held = _held_mean(prev.held, throttled > tuning.throttled_min, dt_s, tuning)
 
     calibrated = _calibrated(prev, sample, tuning)
     learn_from = prev.learn_from_ns
@@ -369,7 +383,13 @@ def _read(
     if fresh is not None:
         use = nvml = fresh
         nvml_at = now_ns
+        held_at_figure = held
+        gpu_time_at_figure = sample.gpu_time_ns
+        seen_use = _seen_use(prev, fresh, sample.gpu_time_ns, nvml_dt_s, tuning)
     else:
+        held_at_figure = prev.held_at_figure
+        gpu_time_at_figure = prev.gpu_time_at_figure_ns
+        seen_use = prev.seen_use
         recent = prev.nvml_util is not None and nvml_dt_s <= tuning.nvml_max_age_s
         use = prev.nvml_util if recent else hook_use
         nvml, nvml_at = prev.nvml_util, prev.nvml_at_ns
@@ -385,9 +405,12 @@ def _read(
         target=prev.target,
         nvml_util=nvml,
         nvml_at_ns=nvml_at,
+        gpu_time_at_figure_ns=gpu_time_at_figure,
+        seen_use=seen_use,
         active=active,
         learn_from_ns=learn_from,
-        held_since_ns=held_since,
+        held=held,
+        held_at_figure=held_at_figure,
         calibrated=calibrated,
     )
     return _Reading(
@@ -399,12 +422,54 @@ def _read(
         nvml_dt_s=nvml_dt_s,
         now_ns=now_ns,
         throttled=throttled,
-        # The NVML figure describes the last period or two: only when the
-        # pacer held it back through them does a shortfall mean a bias.
-        held_back=held_since is not None and now_ns - held_since >= settle_ns,
+        # The NVML figure describes the last period or two, reported late:
+        # held back now and at the figure before, or its figure may be of
+        # the time before a hold began (a start-up, a burst after idling).
+        held_part=min(held, prev.held_at_figure),
+        alone=sample.alone,
         calibrated=calibrated,
         state=new_state,
     )
+
+
+def _seen_use(
+    prev: SliceState, fresh: float, gpu_time_ns: int, nvml_dt_s: float, tuning: Tuning
+) -> tuple[float, float] | None:
+    """The hook's use and NVML's since the last figure, each folded into
+    a mean over about Tuning.seen_use_memory_s: the two are not read over
+    quite the same time (a burst may fall in one's period and not the
+    other's), and one period alone may be far off. Unchanged by counters
+    that went back."""
+    hook = _rate(gpu_time_ns, prev.gpu_time_at_figure_ns, nvml_dt_s)
+    if prev.nvml_util is None or hook is None:
+        return prev.seen_use
+    if prev.seen_use is None:
+        return hook, fresh
+    forget = 1.0 - math.exp(-nvml_dt_s / tuning.seen_use_memory_s)
+    hook_mean, nvml_mean = prev.seen_use
+    return hook_mean + (hook - hook_mean) * forget, nvml_mean + (fresh - nvml_mean) * forget
+
+
+def _seen_bias(r: _Reading) -> float:
+    """The hook's GPU time per NVML's, as far as the figures show: the
+    most a correction may be learnt up to (0 when they show nothing).
+    Above it, the vGPU using all of its quota would be seen over its
+    target."""
+    if r.state.seen_use is None:
+        return 0.0
+    hook_mean, nvml_mean = r.state.seen_use
+    return hook_mean / nvml_mean if nvml_mean >= 0.01 else 0.0
+
+
+def _held_mean(before: float, held: bool, dt_s: float | None, tuning: Tuning) -> float:
+    """The part of the recent time the pacer held the vGPU back: a mean
+    that forgets with a time constant of Tuning.settle_s. Below 1 % it is
+    none, so that an idle vGPU's state comes to rest (``_settled``)."""
+    if dt_s is None or dt_s <= 0:
+        return before
+    forget = 1.0 - math.exp(-dt_s / tuning.settle_s)
+    mean = before + ((1.0 if held else 0.0) - before) * forget
+    return mean if mean >= 0.01 else 0.0
 
 
 def _calibrated(prev: SliceState, sample: SliceSample, tuning: Tuning) -> bool:
@@ -451,8 +516,15 @@ def _corrected(r: _Reading, target: float, tuning: Tuning) -> tuple[float, Slice
     the others' slices), so the quota is target x correction, and the
     correction is learnt from NVML: multiplied by (target / util) ** gain at
     each figure, in log space so that a factor of 3 is learnt as fast as
-    one of 1.1. Anti-windup: learnt upward only while the pacer holds the
-    vGPU back (else a shortfall is its own choice), always downward.
+    one of 1.1. Anti-windup: a shortfall is learnt upward only for the
+    part of the time the pacer held the vGPU back (the rest is its own
+    choice; _bias_part), and alone on its GPU no higher than the hook's
+    measure per NVML's (_seen_bias: above it, the vGPU using all of its
+    quota would be seen over the target); an excess always, downward.
+    Held in bursts, as a launch-bound process near its share is, a vGPU
+    still learns upward: required to be held through half a second, it
+    never did, and one NVML period over the share cut its quota for good
+    (docs/compute.md, "Windows").
     """
     if target >= 1.0:
         return 1.0, replace(r.state, target=1.0)
@@ -463,17 +535,40 @@ def _corrected(r: _Reading, target: float, tuning: Tuning) -> tuple[float, Slice
     correction = r.state.correction
     u = r.fresh_nvml
     learning = r.calibrated and r.active and r.now_ns >= learn_from
-    if learning and u is not None and (u > target or r.held_back):
-        exponent = tuning.ki * min(r.nvml_dt_s, tuning.max_step_s)
+    part = 1.0 if u is not None and u > target else _bias_part(r)
+    if learning and u is not None and part > 0:
+        exponent = tuning.ki * min(r.nvml_dt_s, tuning.max_step_s) * part
         ratio = target / u if u > 0 else tuning.max_step_factor
         factor = min(max(ratio**exponent, 1 / tuning.max_step_factor), tuning.max_step_factor)
-        correction = min(max(correction * factor, tuning.correction_min), tuning.correction_max)
+        learnt = correction * factor
+        if factor > 1 and r.alone:
+            learnt = min(learnt, max(correction, _seen_bias(r)))
+        correction = min(max(learnt, tuning.correction_min), tuning.correction_max)
     # Below the whole device the pacer never turns off: a quota that rounds
     # to 100 % would stop pacing, overshoot, and swing back.
     # A correction learnt while calibrated is kept, unused, for the next
     # time: the same work alone again has the same bias.
     quota = min(HARD_MAX, target * (correction if r.calibrated else 1.0))
     return quota, replace(r.state, correction=correction, target=target, learn_from_ns=learn_from)
+
+
+# The part of the time held back after Tuning.settle_s of unbroken hold.
+HELD_THROUGH = 1.0 - math.exp(-1.0)
+
+
+def _bias_part(r: _Reading) -> float:
+    """How much of a shortfall under the target is a bias to learn from.
+
+    Alone on its GPU, the part of the time the pacer held the vGPU back:
+    the rest of the shortfall is its own choice. Beside other vGPUs, all of
+    it once held back through about Tuning.settle_s, else none: there one
+    vGPU's holds change what the others' hooks measure, and learning from
+    holds in bursts made their loops swing against each other (a soft vGPU
+    at 30 beside a hard 70 on a time-sliced plant: 0.19-0.45 a tick,
+    tests/unit/test_controller.py)."""
+    if r.alone:
+        return r.held_part
+    return 1.0 if r.held_part >= HELD_THROUGH else 0.0
 
 
 def _consistent(readings: list[_Reading], device_util: float | None, tuning: Tuning) -> bool:
