@@ -59,6 +59,9 @@ WORKLOADS = {
         "--stall-every",
         "37",
     ),
+    # 200 us kernels, the launcher pausing 250 us after every second one:
+    # natively ~60 % of the device, every gated batch opened by the watcher.
+    "pauses": ("--kernel-us", "200", "--stall-us", "250", "--stall-every", "2"),
     "graph": ("--kernel-us", "500", "--graph", "20"),
     "multiproc": ("--kernel-us", "2000", "--procs", "3"),
     # One process, four streams side by side: each batch's span covers the
@@ -116,6 +119,7 @@ def measured(sampler: Sampler, b: Burn, start: float, seconds: float = SECONDS) 
         (90, "big"),
         (30, "tiny"),
         (30, "bursts"),
+        (30, "pauses"),
         (30, "graph"),
         (30, "multiproc"),
         (30, "streams"),
