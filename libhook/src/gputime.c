@@ -280,7 +280,7 @@ again:;
         goto again;
     }
     if (graph || opened_quiet(s->open))
-        gt_close_open(s); /* a graph launch is a batch of its own */
+        gt_close_open(s); /* a graph launch is a batch of its own; see opened_quiet */
     struct gt_batch *b = gt_open_batch(s, d, graph, paced, shared, &turn);
     if (turn)
         turn_leave(s->dev, false); /* another thread opened the batch: ours was not needed */

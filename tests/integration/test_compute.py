@@ -210,7 +210,9 @@ def test_a_launcher_that_stalls_is_charged_its_kernels_not_its_stalls(
         finally:
             usage.close()
     print(f"charged / ran in each run: {seen}")
-    assert all(abs(ratio - 1) <= 0.1 for ratio in seen), f"charged / ran: {seen}"
+    # Before the launcher closed such a batch itself, the worst of three
+    # runs read 1.19-1.42 in each of three tries.
+    assert all(abs(ratio - 1) <= 0.15 for ratio in seen), f"charged / ran: {seen}"
 
 
 # --- vGPU mode: the throttle table -----------------------------------------------
