@@ -119,11 +119,9 @@ void gt_gated_cost_measured(struct gt_stream *s, uint64_t now)
 /* See gt_state.h. A span that proves nothing (the neighbour's slices in
  * it, or kernels that grew) takes back no earlier proof: that one ages out
  * within GT_SHARED_PROOF_AGE_NS. */
-void gt_shared_span_measured(struct gt_stream *s, uint64_t span, uint32_t launches, uint64_t now)
+void gt_shared_cost_proven(struct gt_stream *s, uint64_t now)
 {
-    uint64_t cost = atomic_load_explicit(&s->gated_cost_ns, memory_order_relaxed);
-    if (running_cost_proven(cost, span, launches))
-        atomic_store_explicit(&s->proven_at_ns, now, memory_order_relaxed);
+    atomic_store_explicit(&s->proven_at_ns, now, memory_order_relaxed);
 }
 
 /* See gt_state.h. Launchers of the stream may race here and renew once

@@ -112,17 +112,17 @@ static struct gt_batch *settle(struct gt_batch *b)
     if (gt_use_ctx(b->events_ctx) && vgpu_real_cuda.cuEventSynchronize(b->end) == CUDA_SUCCESS) {
         if (elapsed_ns(b->start, b->end, &span)) {
             busy = span - shared_with_last(d, b, span, &freed);
-            /* The whole span, not less the process's other streams: it
-             * bounds the batch's own GPU time only whole. */
-            if (b->shared && b->gated)
-                gt_shared_span_measured(b->stream, (uint64_t)span, b->launches, now_ns());
         }
     }
     /* else the context went away under the batch: the estimate stands. */
     atomic_store_explicit(&b->done, true, memory_order_relaxed);
     uint64_t cost = atomic_load_explicit(&b->stream->gated_cost_ns, memory_order_relaxed);
-    bool at_cost = b->estimated ||
-                   (b->shared && span >= 0 && running_cost_proven(cost, (uint64_t)span, b->launches));
+    /* The whole span, not less the process's other streams: it bounds the
+     * batch's own GPU time only whole. */
+    bool proven = b->shared && span >= 0 && running_cost_proven(cost, (uint64_t)span, b->launches);
+    if (proven && b->gated)
+        gt_shared_cost_proven(b->stream, now_ns());
+    bool at_cost = b->estimated || proven;
     if (at_cost && cost > 0 && (uint64_t)busy > cost * b->launches) {
         /* Its span may hold the gaps between its launches (estimated), or
          * the other tenant's slices (shared). A shared batch is gated: its

@@ -176,9 +176,9 @@ bool gt_gated_cost_fresh(const struct gt_stream *s, uint64_t now);
 /* The stream's gated cost was just measured, at `now` (monitor): fresh for
  * a while (gputime.h, GT_SHARED_FRESH_NS). */
 void gt_gated_cost_measured(struct gt_stream *s, uint64_t now);
-/* A shared batch of the stream was measured at `now` (monitor): its span,
- * over `launches` launches, proves its gated cost or not. */
-void gt_shared_span_measured(struct gt_stream *s, uint64_t span, uint32_t launches, uint64_t now);
+/* A gated shared batch of the stream, measured at `now` (monitor), had a
+ * span that proves its gated cost (running_cost_proven). */
+void gt_shared_cost_proven(struct gt_stream *s, uint64_t now);
 /* The gated cost is stale: may a recent proof renew it (gputime.h)? If so
  * it is fresh again, for a new draw. */
 bool gt_gated_cost_renewed(struct gt_stream *s, uint64_t now);
