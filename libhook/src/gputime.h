@@ -98,7 +98,9 @@
  * proof, 20-21 and 58-60. The price: where the other tenant's slices
  * stretch most spans, the process is charged them (on the simulator 27
  * for 9 points of work beside a GPU-bound tenant, against 18-20 for
- * 16-18); not measured on a GPU yet.
+ * 16-18; on an H200 a decode chain at 30 beside a GEMM tenant did the
+ * same work either way but was charged 30 against 19, and the GPU stood
+ * idle: 79 % busy against 93, docs/compute.md).
  *
  * The freshness bounds how long kernels that grow run at the old price,
  * and sets how often the process waits out the holder's turn. Fresh for
