@@ -17,7 +17,8 @@ OUTDIR/ab.md has, for each case, each build's work against its run's
 native, the neighbour's work and NVML's busy, as mean and range. A call
 to the GPU machine has a time limit: split a comparison over several calls
 and sum them up with --summary over their output folders. The tree is left
-built as A.
+built as A, also when a SIGTERM (a `timeout`) stops the script: the run
+in progress is stopped with its workloads and daemon, the patch taken out.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -47,16 +50,41 @@ def build(cflags: str | None) -> None:
 
 
 @contextlib.contextmanager
-def patched(patch: Path | None) -> Iterator[None]:
+def patched(patch: Path | None, root: Path = ROOT) -> Iterator[None]:
     """The tree with `patch` applied, taken back out afterwards."""
     if patch is None:
         yield
         return
-    subprocess.run(["patch", "-s", "-p1", "-i", str(patch)], cwd=ROOT, check=True)
+    subprocess.run(["patch", "-s", "-p1", "-i", str(patch)], cwd=root, check=True)
     try:
         yield
     finally:
-        subprocess.run(["patch", "-s", "-R", "-p1", "-i", str(patch)], cwd=ROOT, check=True)
+        subprocess.run(["patch", "-s", "-R", "-p1", "-i", str(patch)], cwd=root, check=True)
+
+
+def stop_on_sigterm() -> None:
+    """SIGTERM (a `timeout` around this script) unwinds it like an
+    exception, so that the tree is unpatched and rebuilt as A: killed
+    outright, it once left build B's patch in the tree for the runs that
+    came after it."""
+
+    def stop(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+
+
+def run_bench(argv: list[str]) -> None:
+    """One benchmark run, in a process group of its own that goes with it
+    if this script is stopped: its workloads and daemon must not run on
+    beside what comes after."""
+    proc = subprocess.Popen(argv, start_new_session=True)
+    try:
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait()
 
 
 def order(runs: int, b_first: bool) -> list[str]:
@@ -73,7 +101,7 @@ def run_all(args: argparse.Namespace) -> None:
             with patched(args.patch if which == "B" else None):
                 build(args.cflags_b if which == "B" else None)
                 # A run that fails part-way keeps the cases it saved.
-                subprocess.run([sys.executable, str(BENCH), str(out), *args.bench], check=False)
+                run_bench([sys.executable, str(BENCH), str(out), *args.bench])
     finally:
         build(None)
 
@@ -152,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     if args.patch is not None:
         args.patch = args.patch.resolve()
+    stop_on_sigterm()
     run_all(args)
     text = summary(load([args.out]))
     (args.out / "ab.md").write_text(text)

@@ -4,6 +4,10 @@ runs, each case against its own run's native."""
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -55,3 +59,48 @@ def test_a_run_needs_the_bench_arguments_and_a_build_b() -> None:
     args = parse(["out", "--cflags-b", "-O2 -DX=1", "--", "--daemon", "--seconds", "5"])
     assert args.bench == ["--daemon", "--seconds", "5"]
     assert parse(["--summary", "a", "b"]).out == [Path("a"), Path("b")]
+
+
+STOPPED_RUN = """
+import sys
+from pathlib import Path
+from benchmarks.ab_inference import patched, run_bench, stop_on_sigterm
+root = Path(sys.argv[1])
+stop_on_sigterm()
+with patched(root / "b.patch", root):
+    run_bench(["sh", "-c", "sleep 60 & echo $! > " + str(root / "pid") + "; wait"])
+"""
+
+
+def test_a_run_stopped_by_sigterm_takes_its_patch_out_and_its_workloads_with_it(
+    tmp_path: Path,
+) -> None:
+    # A `timeout` around the script once left build B's patch in the tree,
+    # and a run's workloads on the GPU, for what ran after it.
+    (tmp_path / "f").write_text("a\n")
+    (tmp_path / "b.patch").write_text("--- x/f\n+++ y/f\n@@ -1 +1 @@\n-a\n+b\n")
+    root = Path(__file__).resolve().parents[2]
+    script = subprocess.Popen([sys.executable, "-c", STOPPED_RUN, str(tmp_path)], cwd=root)
+    pid_file = tmp_path / "pid"
+    deadline = time.monotonic() + 30
+    while not pid_file.exists() or not pid_file.read_text().strip():
+        assert script.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    assert (tmp_path / "f").read_text() == "b\n"
+    workload = int(pid_file.read_text())
+    script.send_signal(signal.SIGTERM)
+    assert script.wait(timeout=30) == 128 + signal.SIGTERM
+    assert (tmp_path / "f").read_text() == "a\n"
+    deadline = time.monotonic() + 10
+    while running(workload) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not running(workload)
+
+
+def running(pid: int) -> bool:
+    """Alive, not a zombie waiting for whoever reaps orphans."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
