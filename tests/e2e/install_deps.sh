@@ -1,5 +1,5 @@
 #!/bin/sh
-# Install what tests/e2e needs from the distribution's packages: podman and
+# Install what the tests need from the distribution's packages: podman and
 # runc (the container runtime the tests drive) and, when the host has no
 # busybox at all, busybox-static (the shell inside the test root
 # filesystem). `make test` runs this first, and as root it installs them
@@ -15,6 +15,9 @@ missing=""
 command -v podman >/dev/null 2>&1 || missing="$missing podman"
 command -v runc >/dev/null 2>&1 || [ -x /usr/sbin/runc ] || missing="$missing runc"
 command -v busybox >/dev/null 2>&1 || [ -x /bin/busybox ] || missing="$missing busybox-static"
+# Not e2e's: benchmarks/ab_inference.py applies its build B with patch(1),
+# and tests/unit/test_ab_inference.py runs that.
+command -v patch >/dev/null 2>&1 || missing="$missing patch"
 
 if [ -z "$missing" ]; then
     exit 0
@@ -35,7 +38,7 @@ export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 # shellcheck disable=SC2086 # one word per package
 count=$(apt-get install -s $missing | grep -c '^Inst ' || true)
-echo "e2e-deps: installing$missing for tests/e2e with apt-get: $count new packages" \
+echo "e2e-deps: installing$missing for the tests with apt-get: $count new packages" \
     "with their dependencies (VGPUD_E2E_DEPS=skip to skip them and tests/e2e)"
 # shellcheck disable=SC2086
 apt-get install -y -qq $missing

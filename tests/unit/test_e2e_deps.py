@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[2] / "tests" / "e2e" / "install_deps.sh"
-PRESENT = ("podman", "runc", "busybox")
+PRESENT = ("podman", "runc", "busybox", "patch")
 
 
 def stand_in(bin_dir: Path, name: str, body: str) -> None:
@@ -60,9 +60,9 @@ def apt_calls(machine: Path) -> list[str]:
 def test_as_root_it_says_what_it_installs_first(machine: Path) -> None:
     done = run(machine)
     first = done.stdout.splitlines()[0]
-    assert first.startswith("e2e-deps: installing podman runc busybox-static")
+    assert first.startswith("e2e-deps: installing podman runc busybox-static patch")
     assert "32 new packages" in first and "VGPUD_E2E_DEPS=skip" in first
-    assert apt_calls(machine)[-1] == "install -y -qq podman runc busybox-static"
+    assert apt_calls(machine)[-1] == "install -y -qq podman runc busybox-static patch"
 
 
 def test_with_everything_there_it_does_nothing(machine: Path) -> None:
