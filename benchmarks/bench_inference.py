@@ -89,6 +89,8 @@ class Workload:
 
     proc: subprocess.Popen[str]
     reports: list[tuple[float, int]] = field(default_factory=list)
+    # Its pauses and resumes (SIGUSR1): (state, time, units).
+    marks: list[tuple[str, float, int]] = field(default_factory=list)
 
     @classmethod
     def start(cls, name: str, side: Side) -> Workload:
@@ -107,6 +109,8 @@ class Workload:
         for line in self.proc.stdout:
             rec = json.loads(line)
             self.reports.append((rec["t"], rec["units"]))
+            if "state" in rec:
+                self.marks.append((rec["state"], rec["t"], rec["units"]))
 
     def wait_started(self, timeout: float = 180.0) -> float:
         deadline = time.monotonic() + timeout

@@ -26,13 +26,21 @@ Workloads (launch-bound inference shapes; PyTorch, random weights, nothing downl
                clock-timed spin kernels, its units are work done, so they
                stay true when the GPU time-slices it with another context.
 
+SIGUSR1 pauses a workload between two units (each ends in a synchronisation,
+so nothing of it is left on the GPU) and the next resumes it; it reports its
+progress at each pause and resume, marked "state": "paused" or "resumed". A
+paused workload keeps its context, as an idle server does:
+benchmarks/bench_hook_cost.py alternates tenants this way.
+
   python benchmarks/inference_workload.py WORKLOAD
 """
 
 from __future__ import annotations
 
 import json
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -232,13 +240,25 @@ def main(argv: list[str]) -> int:
     step = WORKLOADS[name]()
     step()  # warm-up: kernels chosen, caches filled
     torch.cuda.synchronize()
+    toggled = threading.Event()
+    signal.signal(signal.SIGUSR1, lambda *_: toggled.set())
     units, last = 0, 0.0
+
+    def report(**state: str) -> None:
+        nonlocal last
+        last = time.time()
+        print(json.dumps({"t": last, "units": units, "unit": UNITS[name], **state}), flush=True)
+
     while True:
         units += step()
-        now = time.time()
-        if now - last >= REPORT_EVERY_S:
-            print(json.dumps({"t": now, "units": units, "unit": UNITS[name]}), flush=True)
-            last = now
+        if toggled.is_set():
+            toggled.clear()
+            report(state="paused")  # the units done until now
+            toggled.wait()
+            toggled.clear()
+            report(state="resumed")
+        elif time.time() - last >= REPORT_EVERY_S:
+            report()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,50 @@
+"""benchmarks/bench_hook_cost.py: sides alternated one at a time, each
+hooked turn judged against the native turn of its cycle."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+STUB_TORCH = ROOT / "tests" / "fixtures" / "stub_torch"
+
+
+def test_sides_take_turns_and_are_judged_against_their_cycles_native(
+    tmp_path: Path, sim_env: dict[str, str]
+) -> None:
+    # The stub's adds run at half speed under a share: the hooked sides
+    # must read about 0.5 of native, whatever the machine's pace.
+    env = dict(sim_env, PYTHONPATH=f"{STUB_TORCH}{os.pathsep}{ROOT}")
+    out = tmp_path / "out"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_hook_cost.py"), str(out)]
+    cmd += ["--workloads", "adds", "--sides", "native,100,50", "--cycles", "3"]
+    cmd += ["--turn-s", "1", "--settle-s", "0.3"]
+    subprocess.run(cmd, env=env, cwd=ROOT, check=True, timeout=120, stdout=subprocess.DEVNULL)
+    record = json.loads((out / "hook-cost.json").read_text())
+    rows = {r["side"]: r for r in record["rows"]}
+    assert rows["100"]["vs_native"] == pytest.approx(0.5, abs=0.15)
+    assert rows["50"]["vs_native"] == pytest.approx(0.5, abs=0.15)
+    turns = record["turns"]
+    assert len(turns) == 9
+    # One side at a time: no two turns overlap, and each cycle holds each
+    # side once, in rotated order.
+    for first, second in itertools.pairwise(turns):
+        assert first["end"] <= second["start"]
+    orders = [[t["side"] for t in turns[i : i + 3]] for i in range(0, 9, 3)]
+    assert orders == [["native", "100", "50"], ["100", "50", "native"], ["50", "native", "100"]]
+    assert "| adds | 50 | 3 |" in (out / "hook-cost.md").read_text()
+
+
+def test_a_side_must_be_native_or_a_share(tmp_path: Path) -> None:
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_hook_cost.py"), str(tmp_path)]
+    for sides in ("native,101", "native,90@/no/such/hook.so", "90,60", "native,90,90"):
+        done = subprocess.run([*cmd, "--sides", sides], capture_output=True, text=True, cwd=ROOT)
+        assert done.returncode == 2, sides
+        assert "--sides" in done.stderr or "side" in done.stderr
