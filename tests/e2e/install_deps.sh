@@ -7,8 +7,8 @@
 # 12): the first line of output says so, with the count. Nothing is
 # installed that is already there, so a second run does nothing; `apt-get
 # update` runs at most once. VGPUD_E2E_DEPS=skip installs nothing. Without
-# root, or without apt, it says so and exits 0: tests/e2e then skips with
-# the same reason.
+# root, or without apt, it says so and exits 0: tests/e2e (and, without
+# patch, the ab_inference test that needs it) then skips with the same reason.
 set -eu
 
 missing=""
@@ -23,15 +23,15 @@ if [ -z "$missing" ]; then
     exit 0
 fi
 if [ "${VGPUD_E2E_DEPS:-}" = skip ]; then
-    echo "e2e-deps: VGPUD_E2E_DEPS=skip: not installing$missing (tests/e2e will be skipped)"
+    echo "e2e-deps: VGPUD_E2E_DEPS=skip: not installing$missing (the tests that need them will be skipped)"
     exit 0
 fi
 if [ "$(id -u)" != 0 ]; then
-    echo "e2e-deps: not root, cannot install:$missing (tests/e2e will be skipped)"
+    echo "e2e-deps: not root, cannot install:$missing (the tests that need them will be skipped)"
     exit 0
 fi
 if ! command -v apt-get >/dev/null 2>&1; then
-    echo "e2e-deps: no apt-get; install$missing by hand (tests/e2e will be skipped)"
+    echo "e2e-deps: no apt-get; install$missing by hand (the tests that need them will be skipped)"
     exit 0
 fi
 export DEBIAN_FRONTEND=noninteractive

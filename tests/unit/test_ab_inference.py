@@ -4,6 +4,7 @@ runs, each case against its own run's native."""
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -72,6 +73,10 @@ with patched(root / "b.patch", root):
 """
 
 
+@pytest.mark.skipif(
+    shutil.which("patch") is None,
+    reason="no patch(1): tests/e2e/install_deps.sh installs it as root with apt-get",
+)
 def test_a_run_stopped_by_sigterm_takes_its_patch_out_and_its_workloads_with_it(
     tmp_path: Path,
 ) -> None:
