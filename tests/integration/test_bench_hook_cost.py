@@ -48,3 +48,18 @@ def test_a_side_must_be_native_or_a_share(tmp_path: Path) -> None:
         done = subprocess.run([*cmd, "--sides", sides], capture_output=True, text=True, cwd=ROOT)
         assert done.returncode == 2, sides
         assert "--sides" in done.stderr or "side" in done.stderr
+
+
+def test_the_plot_judges_each_workloads_turns_against_their_own_natives() -> None:
+    from benchmarks.plot_hook_cost import ratios
+
+    def turn(side: str, cycle: int, rate: float) -> dict[str, object]:
+        return {"side": side, "cycle": cycle, "rate": rate}
+
+    rows = [{"workload": w, "side": s} for w in ("chain", "adds") for s in ("native", "90")]
+    chain = [turn("native", 0, 10.0), turn("90", 0, 8.0), turn("90", 1, 5.0), turn("native", 1, 5)]
+    adds = [turn("native", 0, 100), turn("90", 0, 50), turn("90", 1, 30), turn("native", 1, 60)]
+    turns = chain + adds  # as bench_hook_cost writes them: workload after workload
+    record = {"args": {"cycles": 2}, "rows": rows, "turns": turns}
+    assert ratios(record, "chain") == {"90": [0.8, 1.0]}
+    assert ratios(record, "adds") == {"90": [0.5, 0.5]}
