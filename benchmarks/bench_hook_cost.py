@@ -38,6 +38,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -162,13 +163,25 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
+def against_native(turns: Iterable[tuple[str, int, float]]) -> dict[str, list[float]]:
+    """Per hooked side, each of its turns' rate over the native turn of its
+    cycle, from one workload's turns as (side, cycle, rate)."""
+    turns = list(turns)
+    native = {cycle: rate for side, cycle, rate in turns if side == "native"}
+    ratios: dict[str, list[float]] = {}
+    for side, cycle, rate in turns:
+        if side != "native" and native.get(cycle):
+            ratios.setdefault(side, []).append(rate / native[cycle])
+    return ratios
+
+
 def summarise(name: str, turns: list[Turn], specs: list[SideSpec]) -> list[dict[str, Any]]:
     """Per side: its rate relative to the native turn of each cycle."""
-    native = {t.cycle: t.rate for t in turns if t.side == "native"}
+    judged = against_native((t.side, t.cycle, t.rate) for t in turns)
     rows = []
     for spec in specs:
         mine = [t for t in turns if t.side == spec.label]
-        ratios = [t.rate / native[t.cycle] for t in mine if native.get(t.cycle)]
+        ratios = judged.get(spec.label, [])
         helds = [t.held for t in mine if t.held is not None]
         rows.append(
             {

@@ -11,8 +11,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.bench_hook_cost import against_native  # noqa: E402
 
 
 def ratios(record: dict[str, Any], workload: str) -> dict[str, list[float]]:
@@ -23,12 +29,7 @@ def ratios(record: dict[str, Any], workload: str) -> dict[str, list[float]]:
     per_workload = len(sides) * record["args"]["cycles"]
     start = names.index(workload) * per_workload
     turns = record["turns"][start : start + per_workload]
-    native = {t["cycle"]: t["rate"] for t in turns if t["side"] == "native"}
-    out: dict[str, list[float]] = {}
-    for t in turns:
-        if t["side"] != "native":
-            out.setdefault(t["side"], []).append(t["rate"] / native[t["cycle"]])
-    return out
+    return against_native((t["side"], t["cycle"], t["rate"]) for t in turns)
 
 
 def side_name(side: str) -> str:
