@@ -16,7 +16,10 @@ them every scan. They make no CUDA calls, so NVML lists none of them and the
 per-process utilization path is idle; with --nvml-listed each also holds a
 context and 1 MiB on its vGPU's GPU through the simulator's libcuda, so
 that NVML lists every one of them (with its memory; they run no kernels,
-so no utilization figure). The API load is GETs of a vGPU (by id),
+so no utilization figure). With --busy the benchmark itself moves every
+vGPU's usage counters (GPU time and launches) as the hooks of running
+processes would, so that every control tick steers every vGPU in full; without
+it a node of sleepers takes the controller's quiet path. The API load is GETs of a vGPU (by id),
 /v1/health and /v1/devices, a new unix-socket connection per request (what
 vgpuctl does), paced open-loop at the given rate from another process; the
 latency is measured by that client. The client shares the machine's cores
@@ -33,9 +36,11 @@ import mmap
 import os
 import platform
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from multiprocessing import Process, Queue
 from pathlib import Path
@@ -45,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.fixtures.hook import MappedSleepers
 from vgpud import __version__
 from vgpud.ctl.client import Client, DaemonUnreachable
-from vgpud.vgpus.abi import SLOT_ACTIVE, UsageC
+from vgpud.vgpus.abi import SLOT_ACTIVE, UsageC, UsageDeviceC
 
 ROOT = Path(__file__).resolve().parents[1]
 SIM_DEVICES = 4
@@ -172,6 +177,44 @@ def give_slots(
     return sleepers
 
 
+class Counters:
+    """Every vGPU's usage counters moved as the hooks of running processes
+    move them (``--busy``): each ``period`` every vGPU's device 0 gains
+    GPU time at ``use`` of the elapsed time, in launches of 20 us, so that
+    every control tick reads new figures for every vGPU (the controller's
+    whole path, not the quiet one that an idle node's ticks take)."""
+
+    def __init__(self, vgpus: list[dict[str, object]], use: float, period: float = 0.02) -> None:
+        self._maps = []
+        for v in vgpus:
+            fd = os.open(str(v["host_env"]["VGPU_USAGE"]), os.O_RDWR)  # type: ignore[index]
+            self._maps.append(mmap.mmap(fd, ctypes.sizeof(UsageC)))
+            os.close(fd)
+        self._use, self._period = use, period
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        # gpu_time_ns and launches, side by side in device 0's entry.
+        at = UsageC.devices.offset + UsageDeviceC.gpu_time_ns.offset
+        assert UsageDeviceC.launches.offset == UsageDeviceC.gpu_time_ns.offset + 8
+        last = time.monotonic_ns()
+        while not self._stop.wait(self._period):
+            now = time.monotonic_ns()
+            ns = int((now - last) * self._use)
+            last = now
+            for mm in self._maps:
+                gpu_time, launches = struct.unpack_from("=QQ", mm, at)
+                struct.pack_into("=QQ", mm, at, gpu_time + ns, launches + ns // 20_000)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        for mm in self._maps:
+            mm.close()
+
+
 def wait_tracked(client: Client, procs: int, listed: bool) -> tuple[int, int]:
     """How many processes the daemon tracks once it has seen them all (first
     sight reads status, ns and maps once each), or after a minute; and how
@@ -261,12 +304,20 @@ def main() -> int:
     p.add_argument("--cpu-seconds", type=float, default=30)
     p.add_argument("--rate", type=float, default=200)
     p.add_argument("--api-seconds", type=float, default=15)
+    p.add_argument(
+        "--busy",
+        type=float,
+        default=0.0,
+        metavar="USE",
+        help="every vGPU's counters move as if its processes used this part of its GPU (0-1)",
+    )
     p.add_argument("--markdown", type=Path, help="also write the results here")
     a = p.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="vgb", dir="/tmp"))
     daemon, client, env = start_daemon(work, a.vgpus, work)
     sleepers: MappedSleepers | None = None
+    counters: Counters | None = None
     try:
         idle_before = cpu_seconds(daemon.pid)
         time.sleep(5)
@@ -274,6 +325,8 @@ def main() -> int:
         vgpus = make_vgpus(client, a.vgpus)
         sleepers = give_slots(vgpus, a.procs, env if a.nvml_listed else None)
         tracked, listed = wait_tracked(client, a.procs, a.nvml_listed)
+        if a.busy:
+            counters = Counters(vgpus, a.busy)
         time.sleep(2)
         before, threads, t0 = cpu_seconds(daemon.pid), thread_cpu(daemon.pid), time.monotonic()
         time.sleep(a.cpu_seconds)
@@ -301,6 +354,8 @@ def main() -> int:
             client, ["/v1/vgpus/{id}", "/v1/health", "/v1/devices"], (0.001, 0.005)
         )
     finally:
+        if counters is not None:
+            counters.close()
         if sleepers is not None:
             sleepers.close()
         daemon.terminate()
@@ -315,7 +370,7 @@ def main() -> int:
         f"Linux {platform.release()}, Python {platform.python_version()}, vgpud {__version__}.",
         "GPU: SIMULATED (build/sim, 4 devices). Command: "
         f"`.venv/bin/python benchmarks/bench_daemon.py --vgpus {a.vgpus} --procs {a.procs}"
-        f"{' --nvml-listed' if a.nvml_listed else ''}`.",
+        f"{' --nvml-listed' if a.nvml_listed else ''}{f' --busy {a.busy}' if a.busy else ''}`.",
         "",
         "Simulated: the GPU. Real: the daemon with its default periods, "
         f"{a.procs} sleeping processes each holding an ACTIVE slot (real pid, PID namespace and "
@@ -324,6 +379,11 @@ def main() -> int:
             f"them; each holds 1 MiB of its vGPU's GPU and NVML lists {listed} of them. "
             if a.nvml_listed
             else "them; they make no CUDA calls (NVML lists none). "
+        )
+        + (
+            f"Every vGPU's counters move as if its processes used {a.busy:.0%} of its GPU. "
+            if a.busy
+            else ""
         )
         + "See the script's docstring.",
         "",

@@ -299,14 +299,7 @@ class Steering:
             active = use is not None and use.live_slots > 0
             fields = (active, util, gpu_time, throttled, launches, alone)
             s = self._samples.get(key)
-            if s is None or fields != (
-                s.active,
-                s.util,
-                s.gpu_time_ns,
-                s.throttled_ns,
-                s.launches,
-                s.alone,
-            ):
+            if s != fields:  # a SliceSample is the tuple of its fields
                 s = ctl.SliceSample(*fields)
             samples[key] = s
             gpus.setdefault(a.gpu, {})[a.vgpu_id] = s
