@@ -24,8 +24,10 @@ not counted (the pacer's bucket and the clocks after a pause).
 
 Report: OUTDIR/hook-cost.md and .json: for each workload and side, its
 rate relative to the native turn of the same cycle (median, and the
-middle 80 % of cycles), NVML's device busy, and the part of its turns its
-pacer held it back.
+middle 80 % of cycles), NVML's device busy, the part of its turns its
+pacer held it back, and the part of its launches (over its whole run) that
+its hook measured in gated batches and in sampled ones (the hook's tally,
+VGPU_BATCH_STATS, docs/hook.md).
 """
 
 from __future__ import annotations
@@ -140,6 +142,8 @@ def run_workload(
             side = tenancy.side(base, spec.share, f"side{i}")
             if spec.hook is not None:
                 side.env["LD_PRELOAD"] = str(spec.hook)
+            if spec.share is not None:
+                side.env["VGPU_BATCH_STATS"] = str(tally_path(workdir, name, spec))
             run = Workload.start(name, side)
             runs[spec.label] = (run, side.usage)
             run.wait_started()
@@ -156,6 +160,25 @@ def run_workload(
         for run, _ in runs.values():
             run.stop()
     return turns
+
+
+def tally_path(workdir: Path, name: str, spec: SideSpec) -> Path:
+    return workdir / name / f"batches-{spec.label.replace('/', '_')}.jsonl"
+
+
+def gated_part(path: Path) -> tuple[float, float] | None:
+    """The part of a hooked side's launches (its whole run) that went in
+    gated batches (with the turn or shared) and in sampled ones, from the
+    hook's tally (VGPU_BATCH_STATS, written as the side exits); None when
+    it measured none."""
+    if not path.is_file():
+        return None
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    total = sum(v["launches"] for line in lines for v in line.values() if isinstance(v, dict))
+    if total == 0:
+        return None
+    gated = sum(line[k]["launches"] for line in lines for k in ("gated", "shared"))
+    return gated / total, sum(line["sampled"]["launches"] for line in lines) / total
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -175,14 +198,18 @@ def against_native(turns: Iterable[tuple[str, int, float]]) -> dict[str, list[fl
     return ratios
 
 
-def summarise(name: str, turns: list[Turn], specs: list[SideSpec]) -> list[dict[str, Any]]:
-    """Per side: its rate relative to the native turn of each cycle."""
+def summarise(
+    name: str, turns: list[Turn], specs: list[SideSpec], workdir: Path
+) -> list[dict[str, Any]]:
+    """Per side: its rate relative to the native turn of each cycle, and
+    how its launches were measured."""
     judged = against_native((t.side, t.cycle, t.rate) for t in turns)
     rows = []
     for spec in specs:
         mine = [t for t in turns if t.side == spec.label]
         ratios = judged.get(spec.label, [])
         helds = [t.held for t in mine if t.held is not None]
+        parts = gated_part(tally_path(workdir, name, spec))
         rows.append(
             {
                 "workload": name,
@@ -194,6 +221,8 @@ def summarise(name: str, turns: list[Turn], specs: list[SideSpec]) -> list[dict[
                 "vs_native_p90": percentile(ratios, 0.9) if ratios else None,
                 "busy": statistics.mean(t.busy for t in mine if t.busy is not None),
                 "held": statistics.mean(helds) if helds else None,
+                "gated": None if parts is None else parts[0],
+                "sampled": None if parts is None else parts[1],
             }
         )
     return rows
@@ -205,8 +234,8 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
         f"first {args.settle_s} s of each not counted)",
         "",
         "| workload | side | turns | units/s (median) | vs native: median (p10-p90) "
-        "| NVML busy % | held % |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| NVML busy % | held % | launches gated / sampled % |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         ratio = (
@@ -215,9 +244,12 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
             else f"{r['vs_native']:.3f} ({r['vs_native_p10']:.3f}-{r['vs_native_p90']:.3f})"
         )
         held = "—" if r["held"] is None else f"{100 * r['held']:.1f}"
+        measured = (
+            "—" if r["gated"] is None else f"{100 * r['gated']:.0f} / {100 * r['sampled']:.0f}"
+        )
         lines.append(
             f"| {r['workload']} | {r['side']} | {r['turns']} | {r['rate']:.1f} | {ratio} "
-            f"| {r['busy']:.1f} | {held} |"
+            f"| {r['busy']:.1f} | {held} | {measured} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -257,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
             for name in args.workloads.split(","):
                 mine = run_workload(name, args.specs, args, sampler, Path(tmp))
                 turns += mine
-                rows += summarise(name, mine, args.specs)
+                rows += summarise(name, mine, args.specs, Path(tmp))
                 print(report(rows, args), flush=True)
     finally:
         sampler.stop()

@@ -242,6 +242,9 @@ def main(argv: list[str]) -> int:
     torch.cuda.synchronize()
     toggled = threading.Event()
     signal.signal(signal.SIGUSR1, lambda *_: toggled.set())
+    # Stopped through exit(), not by the signal: the hook's exit handlers
+    # run (its last batches counted, its tally written: VGPU_BATCH_STATS).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     units, last = 0, 0.0
 
     def report(**state: str) -> None:

@@ -247,6 +247,7 @@ int env_load(struct vgpu_env *env, env_getter get, char *const *names)
     env->control_path = nonempty(get("VGPU_CONTROL"));
     env->usage_path = nonempty(get("VGPU_USAGE"));
     env->arbiter_dir = nonempty(get("VGPU_ARBITER_DIR"));
+    env->batch_stats_path = nonempty(get("VGPU_BATCH_STATS"));
 
     const char *text = get("CUDA_MEM_LIMIT");
     if (text != NULL && load_mem_limit(env, "CUDA_MEM_LIMIT", text, -1) != 0)

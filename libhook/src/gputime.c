@@ -151,19 +151,21 @@ static bool set_current(CUcontext ctx)
 
 /* GPU time of the last batches of a process that exits would be lost with
  * its monitor: close what is open and let the monitor count it (bounded),
- * then pass on its GPU turns. */
+ * then pass on its GPU turns; last, the batches' tally where it is asked
+ * for (VGPU_BATCH_STATS). */
 static void flush_at_exit(void)
 {
-    if (!atomic_load(&gt.ready) || atomic_load(&gt.captures) > 0 || !gt.monitor_running)
-        return;
-    gt_close_picked(any_stream, NULL, set_current, false);
-    struct timespec until = deadline_at(now_ns() + GT_EXIT_FLUSH_NS);
-    pthread_mutex_lock(&gt.queue_lock);
-    while (gt.head != NULL &&
-           pthread_cond_clockwait(&gt.queue_cond, &gt.queue_lock, CLOCK_MONOTONIC, &until) == 0)
-        ;
-    pthread_mutex_unlock(&gt.queue_lock);
-    turn_exit();
+    if (atomic_load(&gt.ready) && atomic_load(&gt.captures) == 0 && gt.monitor_running) {
+        gt_close_picked(any_stream, NULL, set_current, false);
+        struct timespec until = deadline_at(now_ns() + GT_EXIT_FLUSH_NS);
+        pthread_mutex_lock(&gt.queue_lock);
+        while (gt.head != NULL &&
+               pthread_cond_clockwait(&gt.queue_cond, &gt.queue_lock, CLOCK_MONOTONIC, &until) == 0)
+            ;
+        pthread_mutex_unlock(&gt.queue_lock);
+        turn_exit();
+    }
+    gt_tally_write();
 }
 
 /* ---- the launch path ---------------------------------------------------------- */
@@ -176,6 +178,7 @@ static void charge_unmeasured(struct gt_dev *d, bool paced)
     if (paced)
         pacer_charge(d->pacer.bucket, cost);
     pacer_account(&d->pacer, (uint64_t)cost, 1);
+    gt_tally(GT_KIND_UNMEASURED, 1, (uint64_t)cost, false);
 }
 
 /* A batch whose gate the watcher opened (its launcher stalled) takes no

@@ -87,6 +87,7 @@ static int batch_events(struct gt_batch *b, CUcontext ctx)
 static void settle_at_estimate(struct gt_batch *b)
 {
     pacer_account(&gt.devs[b->dev].pacer, (uint64_t)b->precharge, b->launches);
+    gt_tally(GT_KIND_UNMEASURED, b->launches, (uint64_t)b->precharge, false);
     gt_release_batch(b);
 }
 

@@ -123,7 +123,8 @@ static struct gt_batch *settle(struct gt_batch *b)
     if (proven && b->gated)
         gt_shared_cost_proven(b->stream, now_ns());
     bool at_cost = b->estimated || proven;
-    if (at_cost && cost > 0 && (uint64_t)busy > cost * b->launches) {
+    bool charged_cost = at_cost && cost > 0 && (uint64_t)busy > cost * b->launches;
+    if (charged_cost) {
         /* Its span may hold the gaps between its launches (estimated), or
          * the other tenant's slices (shared). A shared batch is gated: its
          * span bounds its own GPU time from above, so the cost stands for
@@ -135,6 +136,8 @@ static struct gt_batch *settle(struct gt_batch *b)
     if (b->paced)
         pacer_charge(d->pacer.bucket, busy - b->precharge);
     pacer_account(&d->pacer, (uint64_t)busy, b->launches);
+    gt_tally(span >= 0 ? gt_kind_of(b) : GT_KIND_UNMEASURED, b->launches, (uint64_t)busy,
+             charged_cost);
     if (b->graph) {
         atomic_store_explicit(&b->stream->graph_cost_ns, busy, memory_order_relaxed);
     } else if (b->launches > 0) {

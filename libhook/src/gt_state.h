@@ -8,6 +8,7 @@
  *   gt_batches.c  batches: opening, closing, and the in-flight bound
  *   gt_gates.c    gated batches and the gate watcher thread
  *   gt_monitor.c  the monitor thread that measures closed batches
+ *   gt_tally.c    batches counted by how they were measured (VGPU_BATCH_STATS)
  *
  * Concurrency: each stream's state has a mutex held by a launching thread
  * from the batch decision through the driver call, so a batch's events
@@ -202,5 +203,28 @@ bool gt_use_ctx(CUcontext ctx);
  */
 void gt_close_picked(bool (*pick)(const struct gt_stream *s, const void *arg), const void *arg,
                      bool (*enter)(CUcontext ctx), bool wait);
+
+/* ---- gt_tally.c ---- */
+
+/* How a batch was measured: gated (its span, exact), shared (gated beside
+ * another paced tenant, at its cost where its span proves it), sampled
+ * (ungated in a gate's stead, at most its cost), a graph launch, plain
+ * (unpaced, or a stream that cannot be gated: its span), or not at all
+ * (its estimate: no batch record, no event). */
+enum gt_kind {
+    GT_KIND_GATED,
+    GT_KIND_SHARED,
+    GT_KIND_SAMPLED,
+    GT_KIND_GRAPH,
+    GT_KIND_PLAIN,
+    GT_KIND_UNMEASURED,
+    GT_KINDS
+};
+enum gt_kind gt_kind_of(const struct gt_batch *b);
+/* Count one batch of `launches` charged `busy_ns` (`at_cost`: its cost
+ * per launch, not its span). Any thread. */
+void gt_tally(enum gt_kind kind, uint64_t launches, uint64_t busy_ns, bool at_cost);
+/* At exit: the counts, as one JSON line appended to VGPU_BATCH_STATS. */
+void gt_tally_write(void);
 
 #endif

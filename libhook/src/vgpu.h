@@ -83,6 +83,7 @@ struct vgpu_env {
     const char *control_path;                 /* VGPU_CONTROL */
     const char *usage_path;                   /* VGPU_USAGE */
     const char *arbiter_dir;                  /* VGPU_ARBITER_DIR (standalone) */
+    const char *batch_stats_path;             /* VGPU_BATCH_STATS */
 };
 typedef const char *(*env_getter)(const char *name);
 int env_parse_size(const char *text, uint64_t *out);

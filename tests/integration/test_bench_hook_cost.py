@@ -63,3 +63,22 @@ def test_the_plot_judges_each_workloads_turns_against_their_own_natives() -> Non
     record = {"args": {"cycles": 2}, "rows": rows, "turns": turns}
     assert ratios(record, "chain") == {"90": [0.8, 1.0]}
     assert ratios(record, "adds") == {"90": [0.5, 0.5]}
+
+
+def test_the_hooks_tally_gives_the_part_of_launches_gated_and_sampled(tmp_path: Path) -> None:
+    from benchmarks.bench_hook_cost import gated_part
+
+    def kinds(**launches: int) -> dict[str, object]:
+        names = ("gated", "shared", "sampled", "graph", "plain", "unmeasured")
+        return {k: {"batches": 1, "launches": launches.get(k, 0)} for k in names}
+
+    tally = tmp_path / "batches.jsonl"
+    assert gated_part(tally) is None  # the side never wrote one
+    lines = [
+        {"pid": 1, **kinds(gated=30, shared=10, sampled=50, plain=10)},
+        {"pid": 2, **kinds(gated=0, sampled=100)},
+    ]
+    tally.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert gated_part(tally) == pytest.approx((40 / 200, 150 / 200))
+    tally.write_text(json.dumps({"pid": 3, **kinds()}) + "\n")
+    assert gated_part(tally) is None  # nothing measured
