@@ -361,8 +361,14 @@ def _read(
     alloc: Allocation, gpu: GpuSample, now_ns: int, state: ControllerState, tuning: Tuning
 ) -> _Reading:
     key = (alloc.vgpu_id, alloc.gpu)
-    prev = state.slices.get(key, SliceState(target=ppm_to_fraction(alloc.share_ppm)))
-    sample = gpu.slices.get(alloc.vgpu_id, SliceSample(active=False))
+    # Defaults made only when missing: dict.get(key, default) would make
+    # them for every slice of every tick.
+    prev = state.slices.get(key)
+    if prev is None:
+        prev = SliceState(target=ppm_to_fraction(alloc.share_ppm))
+    sample = gpu.slices.get(alloc.vgpu_id)
+    if sample is None:
+        sample = SliceSample(active=False)
 
     dt_s = None if prev.counters_at_ns is None else (now_ns - prev.counters_at_ns) / NS_PER_S
     hook_use = _rate(sample.gpu_time_ns, prev.gpu_time_ns, dt_s)
