@@ -65,8 +65,16 @@ VGPU_BROKER_API void vgpu_broker_stop(void);
  * at every BROKER_POLL_NS instead. */
 #define BROKER_WATCH_MAX 128
 #define BROKER_POLL_NS 2000000ull
-/* The beat and the stamps are refreshed at least this often. */
+/* The beat and the stamps are refreshed at least this often... */
 #define BROKER_PERIOD_NS 50000000ull
+/* ... and, while no vGPU on any GPU asks, holds the turn or paces (its
+ * stamp, or one published), this often: then the beat is all a look does,
+ * and a node of idle vGPUs paid 0.30-0.37 % of a core for twenty looks a
+ * second (docs/benchmarks/daemon.md). A quarter of the hooks' stale bound
+ * (GRANT_BROKER_STALE_NS); a request still wakes the broker at once (it
+ * sleeps on the request words), and a stamp written meanwhile is
+ * published at the next look. */
+#define BROKER_IDLE_PERIOD_NS 250000000ull
 /* A holder busy this long past turn_until_ns loses the turn by force: the
  * hook stops opening batches at turn_until_ns and drains them
  * (TURN_DRAIN_NS, a batch that only its thread can close; a 20 ms kernel
@@ -205,8 +213,9 @@ static uint32_t request_of(struct member *m)
 /* Each vGPU is shown the latest stamp of the GPU's other vGPUs, not its
  * own: a paced process samples its gates only while no other tenant paces
  * there (gputime.h), and its own vGPU's stamp says nothing of that. */
-static void publish_stamp(struct gpu *g, uint64_t now)
+static bool publish_stamp(struct gpu *g, uint64_t now)
 {
+    bool shown = false; /* a stamp is live, or still published */
     uint64_t best = 0, second = 0;
     int best_at = -1;
     for (int i = 0; i < g->count; i++) {
@@ -239,7 +248,9 @@ static void publish_stamp(struct gpu *g, uint64_t now)
             next = others;
         if (next != cur)
             atomic_store_explicit(&m->ctl->paced_until_ns, next, memory_order_relaxed);
+        shown = shown || next != 0;
     }
+    return shown || best != 0;
 }
 
 /* ---- the turn --------------------------------------------------------------- */
@@ -354,8 +365,8 @@ static void account(struct gpu *g, struct member *m, bool holder, uint64_t now)
     uint64_t rate = (uint64_t)quota + BROKER_SLACK_PPM;
     if (rate > VGPU_PPM_FULL)
         rate = VGPU_PPM_FULL;
-    if (elapsed > BROKER_PERIOD_NS * 4)
-        elapsed = BROKER_PERIOD_NS * 4; /* the refill below cannot overflow */
+    if (elapsed > BROKER_IDLE_PERIOD_NS * 4)
+        elapsed = BROKER_IDLE_PERIOD_NS * 4; /* the refill below cannot overflow */
     int64_t credit = m->credit_ns + (int64_t)(elapsed * rate / VGPU_PPM_FULL);
     if (holder && g->contended)
         credit -= (int64_t)elapsed;
@@ -384,11 +395,13 @@ static int pick(struct gpu *g, const bool *asks)
     return fallback;
 }
 
-static void step(struct gpu *g, uint64_t now, bool new_period, struct watch *w)
+/* One look at a GPU; whether anything is going on there: a vGPU asks, or
+ * works under its grant, or a stamp is live or published. */
+static bool step(struct gpu *g, uint64_t now, bool new_period, struct watch *w)
 {
     if (g->count == 0)
-        return;
-    publish_stamp(g, now);
+        return false;
+    bool going_on = publish_stamp(g, now);
     bool asks[BROKER_PER_GPU];
     int asking = 0, holder_pos = -1;
     for (int i = 0; i < g->count; i++) {
@@ -397,6 +410,7 @@ static void step(struct gpu *g, uint64_t now, bool new_period, struct watch *w)
             m->wakes = 0;
         account(g, m, g->members[i] == g->holder, now);
         uint32_t r = request_of(m);
+        going_on = going_on || r != 0;
         asks[i] = g->members[i] != g->holder && asks_now(m, r, now);
         asking += asks[i];
         if (g->members[i] == g->holder)
@@ -462,6 +476,7 @@ static void step(struct gpu *g, uint64_t now, bool new_period, struct watch *w)
         if (i != holder_pos && m->seen == 0 && m->wakes < BROKER_WAKES_PER_PERIOD)
             watch_word(w, &m->turn->request, 0);
     }
+    return going_on; /* a holder at work echoes its grant: r != 0 */
 }
 
 static void beat_all(uint64_t now)
@@ -482,10 +497,14 @@ static void *broker_main(void *arg)
             broker.period_start = now;
             beat_all(now);
         }
-        struct watch w = {.n = 0, .overflow = false, .deadline = broker.period_start + BROKER_PERIOD_NS};
+        struct watch w = {
+            .n = 0, .overflow = false, .deadline = broker.period_start + BROKER_IDLE_PERIOD_NS};
         watch_word(&w, &broker.wake, atomic_load(&broker.wake));
+        bool busy = false;
         for (int i = 0; i < broker.gpu_count; i++)
-            step(&broker.gpus[i], now, new_period, &w);
+            busy = step(&broker.gpus[i], now, new_period, &w) || busy;
+        if (busy)
+            watch_until(&w, broker.period_start + BROKER_PERIOD_NS);
         if (w.overflow)
             watch_until(&w, now + BROKER_POLL_NS);
         pthread_mutex_unlock(&broker.lock);

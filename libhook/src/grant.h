@@ -21,7 +21,8 @@
 #include "pacer.h"
 #include "vgpu_abi.h"
 
-/* The broker beats every 50 ms; a beat older than this means no broker
+/* The broker beats every 50 ms, or every 250 ms while nothing goes on at
+ * its GPUs (vgpu_broker.c); a beat older than this means no broker
  * (daemon stopped, or the vGPU's control block is no daemon's). */
 #define GRANT_BROKER_STALE_NS 1000000000ull
 /* Longest single sleep for a grant: the beat is looked at this often. */

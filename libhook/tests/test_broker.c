@@ -300,6 +300,50 @@ static void test_a_dead_asker_is_not_heard_again_at_once(void)
     teardown();
 }
 
+/* How many times the broker beat in `ms` milliseconds, looked at every
+ * millisecond. */
+static int beats_in(int ms)
+{
+    uint64_t last = atomic_load(&vgpus[0]->control.turn_beat_ns);
+    int beats = 0;
+    for (int i = 0; i < ms; i++) {
+        struct timespec t = {0, 1000000};
+        nanosleep(&t, NULL);
+        uint64_t beat = atomic_load(&vgpus[0]->control.turn_beat_ns);
+        beats += beat != last;
+        last = beat;
+    }
+    return beats;
+}
+
+/* While nothing goes on at its GPUs the broker looks four times a second,
+ * not twenty (each look costs an idle node's daemon), and still hears a
+ * request at once; a vGPU that paces brings the twenty looks back. */
+static void test_an_idle_broker_looks_seldom_and_hears_a_request_at_once(void)
+{
+    setup();
+    int idle = beats_in(1000);
+    CHECK(idle >= 2 && idle <= 5);
+
+    uint64_t asked = pacer_monotonic.now(NULL);
+    uint32_t got = grant_acquire(&vgpus[0]->grant, &pacer_monotonic);
+    CHECK(got > VGPU_TURN_WANT);
+    CHECK(pacer_monotonic.now(NULL) - asked < BROKER_PERIOD_NS); /* no idle period's wait */
+    grant_release(&vgpus[0]->grant, false);
+
+    /* A stamp, written as a pacing hook writes it (no wake). */
+    uint64_t now = pacer_monotonic.now(NULL);
+    atomic_store(&vgpus[0]->usage.devices[0].turn.paced_until_ns, now + 3000000000ull);
+    AWAIT(published_to(1) != 0);
+    CHECK(published_to(1) != 0);
+    CHECK(beats_in(1000) >= 10);
+
+    stamp(0, 0);
+    AWAIT(published_to(1) == 0);
+    CHECK(beats_in(1000) <= 5);
+    teardown();
+}
+
 static void test_with_no_broker_nobody_waits(void)
 {
     struct vgpu_blocks *v = calloc(1, sizeof(*v));
@@ -325,6 +369,7 @@ int main(void)
     test_hostile_words_move_nothing_of_another_vgpu();
     test_a_vgpu_sees_the_others_pacing_not_its_own();
     test_a_dead_asker_is_not_heard_again_at_once();
+    test_an_idle_broker_looks_seldom_and_hears_a_request_at_once();
     test_with_no_broker_nobody_waits();
     vgpu_broker_stop();
     return check_report("test_broker");
