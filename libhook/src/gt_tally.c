@@ -13,14 +13,18 @@
 #include "gt_state.h"
 
 static const char *const kind_names[GT_KINDS] = {
-    [GT_KIND_GATED] = "gated",   [GT_KIND_SHARED] = "shared",
-    [GT_KIND_SAMPLED] = "sampled", [GT_KIND_GRAPH] = "graph",
-    [GT_KIND_PLAIN] = "plain",   [GT_KIND_UNMEASURED] = "unmeasured",
+    [GT_KIND_GATED] = "gated",     [GT_KIND_SHARED] = "shared", [GT_KIND_SAMPLED] = "sampled",
+    [GT_KIND_GRAPH] = "graph",     [GT_KIND_PLAIN] = "plain",   [GT_KIND_UNMEASURED] = "unmeasured",
 };
 
 static struct {
     _Atomic uint64_t batches, launches, busy_ns, at_cost;
 } tally[GT_KINDS];
+
+static unsigned long long counted(_Atomic uint64_t *counter)
+{
+    return (unsigned long long)atomic_load_explicit(counter, memory_order_relaxed);
+}
 
 enum gt_kind gt_kind_of(const struct gt_batch *b)
 {
@@ -55,11 +59,8 @@ void gt_tally_write(void)
         n += snprintf(line + n, sizeof(line) - (size_t)n,
                       ", \"%s\": {\"batches\": %llu, \"launches\": %llu, \"busy_ns\": %llu, "
                       "\"at_cost\": %llu}",
-                      kind_names[k],
-                      (unsigned long long)atomic_load_explicit(&tally[k].batches, memory_order_relaxed),
-                      (unsigned long long)atomic_load_explicit(&tally[k].launches, memory_order_relaxed),
-                      (unsigned long long)atomic_load_explicit(&tally[k].busy_ns, memory_order_relaxed),
-                      (unsigned long long)atomic_load_explicit(&tally[k].at_cost, memory_order_relaxed));
+                      kind_names[k], counted(&tally[k].batches), counted(&tally[k].launches),
+                      counted(&tally[k].busy_ns), counted(&tally[k].at_cost));
     if (n <= 0 || (size_t)n + 2 > sizeof(line)) {
         log_warn("VGPU_BATCH_STATS: the line did not fit; nothing written");
         return;
