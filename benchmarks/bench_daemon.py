@@ -143,6 +143,19 @@ def make_vgpus(client: Client, n: int) -> list[dict[str, object]]:
     return out
 
 
+def usage_path(vgpu: dict[str, object]) -> str:
+    return str(vgpu["host_env"]["VGPU_USAGE"])  # type: ignore[index]
+
+
+def map_usage(path: str) -> mmap.mmap:
+    """A vGPU's usage block, mapped read-write as its hooks map it."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        return mmap.mmap(fd, ctypes.sizeof(UsageC))
+    finally:
+        os.close(fd)
+
+
 def give_slots(
     vgpus: list[dict[str, object]], procs: int, gpu_env: dict[str, str] | None
 ) -> MappedSleepers:
@@ -152,7 +165,7 @@ def give_slots(
     With ``gpu_env`` (the simulator's), each also holds memory on its vGPU's
     GPU, so that NVML lists it."""
     pidns = os.stat("/proc/self/ns/pid").st_ino
-    paths = [str(v["host_env"]["VGPU_USAGE"]) for v in vgpus]  # type: ignore[index]
+    paths = [usage_path(v) for v in vgpus]
     counts = [len(range(n, procs, len(vgpus))) for n in range(len(vgpus))]
     gpus = None if gpu_env is None else [n % SIM_DEVICES for n in range(len(vgpus))]  # make_vgpus
     sleepers = MappedSleepers(
@@ -160,9 +173,7 @@ def give_slots(
     )
     at = 0
     for path, count in zip(paths, counts, strict=True):
-        fd = os.open(path, os.O_RDWR)
-        mm = mmap.mmap(fd, ctypes.sizeof(UsageC))
-        os.close(fd)
+        mm = map_usage(path)
         block = UsageC.from_buffer(mm)
         for i, pid in enumerate(sleepers.pids[at : at + count]):
             slot = block.slots[i]
@@ -185,11 +196,7 @@ class Counters:
     whole path, not the quiet one that an idle node's ticks take)."""
 
     def __init__(self, vgpus: list[dict[str, object]], use: float, period: float = 0.02) -> None:
-        self._maps = []
-        for v in vgpus:
-            fd = os.open(str(v["host_env"]["VGPU_USAGE"]), os.O_RDWR)  # type: ignore[index]
-            self._maps.append(mmap.mmap(fd, ctypes.sizeof(UsageC)))
-            os.close(fd)
+        self._maps = [map_usage(usage_path(v)) for v in vgpus]
         self._use, self._period = use, period
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)

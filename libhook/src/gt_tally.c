@@ -39,6 +39,10 @@ enum gt_kind gt_kind_of(const struct gt_batch *b)
 
 void gt_tally(enum gt_kind kind, uint64_t launches, uint64_t busy_ns, bool at_cost)
 {
+    /* Counted only where a file asks for it: the counters are one line the
+     * monitor and the launching threads would otherwise share for nothing. */
+    if (vgpu.env.batch_stats_path == NULL)
+        return;
     atomic_fetch_add_explicit(&tally[kind].batches, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&tally[kind].launches, launches, memory_order_relaxed);
     atomic_fetch_add_explicit(&tally[kind].busy_ns, busy_ns, memory_order_relaxed);
