@@ -227,7 +227,7 @@ def main() -> int:
     sleepers = None
     rows: list[tuple[int, str, int, float, float, float, float]] = []
     try:
-        vgpus = make_vgpus(client, a.vgpus)
+        vgpus = make_vgpus(client, a.vgpus, "soft")
         sleepers = give_slots(vgpus, a.procs, None)
         tracked, _ = wait_tracked(client, a.procs, listed=False)
         routes = [

@@ -3,7 +3,7 @@ periods, and API latency at 200 requests/s.
 
     .venv/bin/python benchmarks/bench_daemon.py [--vgpus 100] [--procs 1000]
         [--nvml-listed] [--cpu-seconds 30] [--rate 200] [--api-seconds 15]
-        [--markdown FILE]
+        [--busy USE] [--mode soft|hard] [--markdown FILE]
 
 What is real and what is simulated: the daemon is the real vgpud (default
 config periods: control 0.1 s, NVML sample 0.2 s, scan 1 s) on the
@@ -19,7 +19,10 @@ that NVML lists every one of them (with its memory; they run no kernels,
 so no utilization figure). With --busy the benchmark itself moves every
 vGPU's usage counters (GPU time and launches) as the hooks of running
 processes would, so that every control tick steers every vGPU in full; without
-it a node of sleepers takes the controller's quiet path. The API load is GETs of a vGPU (by id),
+it a node of sleepers takes the controller's quiet path. The vGPUs are soft
+at 5 %, or with --mode hard hard at 4 % (hard vGPUs that share their GPUs
+get their shares whatever they do: the controller fixes them, and ticks
+skip them while no vGPU comes to be alone). The API load is GETs of a vGPU (by id),
 /v1/health and /v1/devices, a new unix-socket connection per request (what
 vgpuctl does), paced open-loop at the given rate from another process; the
 latency is measured by that client. The client shares the machine's cores
@@ -134,11 +137,14 @@ def start_daemon(
     return daemon, client, env
 
 
-def make_vgpus(client: Client, n: int) -> list[dict[str, object]]:
+def make_vgpus(client: Client, n: int, mode: str) -> list[dict[str, object]]:
+    """``n`` vGPUs spread over the GPUs: soft at 5 % (soft shares are not
+    admitted against each other: 100 fit on 4 GPUs), or hard, each GPU's
+    shares summing to at most 100 % (4 % for 100 vGPUs)."""
+    share = 5 if mode == "soft" else max(1, 100 // -(-n // SIM_DEVICES))
     out = []
     for i in range(n):
-        # Soft shares are not admitted against each other: 100 fit on 4 GPUs.
-        body = {"gpus": [i % SIM_DEVICES], "memory": "64m", "share": 5, "mode": "soft"}
+        body = {"gpus": [i % SIM_DEVICES], "memory": "64m", "share": share, "mode": mode}
         out.append(client.post("/v1/vgpus", body))
     return out
 
@@ -318,6 +324,9 @@ def main() -> int:
         metavar="USE",
         help="every vGPU's counters move as if its processes used this part of its GPU (0-1)",
     )
+    p.add_argument(
+        "--mode", choices=["soft", "hard"], default="soft", help="the vGPUs' compute mode"
+    )
     p.add_argument("--markdown", type=Path, help="also write the results here")
     a = p.parse_args()
 
@@ -329,7 +338,7 @@ def main() -> int:
         idle_before = cpu_seconds(daemon.pid)
         time.sleep(5)
         idle = (cpu_seconds(daemon.pid) - idle_before) / 5 * 100
-        vgpus = make_vgpus(client, a.vgpus)
+        vgpus = make_vgpus(client, a.vgpus, a.mode)
         sleepers = give_slots(vgpus, a.procs, env if a.nvml_listed else None)
         tracked, listed = wait_tracked(client, a.procs, a.nvml_listed)
         if a.busy:
@@ -377,7 +386,8 @@ def main() -> int:
         f"Linux {platform.release()}, Python {platform.python_version()}, vgpud {__version__}.",
         "GPU: SIMULATED (build/sim, 4 devices). Command: "
         f"`.venv/bin/python benchmarks/bench_daemon.py --vgpus {a.vgpus} --procs {a.procs}"
-        f"{' --nvml-listed' if a.nvml_listed else ''}{f' --busy {a.busy}' if a.busy else ''}`.",
+        f"{' --nvml-listed' if a.nvml_listed else ''}{f' --busy {a.busy}' if a.busy else ''}"
+        f" --mode {a.mode}`.",
         "",
         "Simulated: the GPU. Real: the daemon with its default periods, "
         f"{a.procs} sleeping processes each holding an ACTIVE slot (real pid, PID namespace and "

@@ -24,7 +24,9 @@
 #define GT_BATCH_NS 1000000ull
 #define GT_BATCH_MAX_LAUNCHES 256u
 /* Batches queued on a stream's device before the launcher waits. */
+#ifndef GT_INFLIGHT /* overridable at build time to compare */
 #define GT_INFLIGHT 2u
+#endif
 /* An open batch with no launch for this long is closed by the monitor. */
 #define GT_QUIET_NS 2000000ull
 
@@ -68,7 +70,9 @@
  * is under-charged until its next gated batch (running_cost.h); then its use
  * leaves no room and every batch is gated again.
  */
+#ifndef GT_GATE_SAMPLE
 #define GT_GATE_SAMPLE 8u
+#endif
 /*
  * A paced process that goes without the turn beside another paced tenant
  * (turnless.h) shares the GPU's time-slicing with it, and its event spans

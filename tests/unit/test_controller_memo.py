@@ -5,16 +5,19 @@ tick is computed in full; and a steady GPU is in fact reused."""
 from __future__ import annotations
 
 from dataclasses import replace
+from unittest import mock
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from vgpud.policy import controller
 from vgpud.policy.controller import (
     PPM_FULL,
     Allocation,
     ControllerState,
     GpuSample,
     SliceSample,
+    SliceState,
     Snapshot,
     compute_quotas,
 )
@@ -99,17 +102,106 @@ def test_a_recent_nvml_figure_is_not_settled_until_it_is_too_old() -> None:
 
 def test_a_steady_gpu_is_reused_and_a_change_is_computed() -> None:
     state = ControllerState()
-    steady = GpuSample(None, {"h": SliceSample(True, None, 10, 0)})
-    allocations = [Allocation("h", "GPU-0", 300_000)]
+    steady = GpuSample(None, {"s": SliceSample(True, None, 10, 0)})
+    allocations = [Allocation("s", "GPU-0", 300_000, soft=True)]
     for tick in range(3):
         _, state = compute_quotas(
             Snapshot((tick + 1) * TICK_NS, {"GPU-0": steady}), allocations, state
         )
     assert "GPU-0" in state.settled
-    kept = state.slices[("h", "GPU-0")]
+    kept = state.slices[("s", "GPU-0")]
     quotas, state = compute_quotas(Snapshot(4 * TICK_NS, {"GPU-0": steady}), allocations, state)
-    assert quotas == {("h", "GPU-0"): 300_000}
-    assert state.slices[("h", "GPU-0")] is kept  # not computed again
+    assert quotas == {("s", "GPU-0"): 300_000}
+    assert state.slices[("s", "GPU-0")] is kept  # not computed again
     share_change = [replace(allocations[0], share_ppm=PPM_FULL)]
     quotas, state = compute_quotas(Snapshot(5 * TICK_NS, {"GPU-0": steady}), share_change, state)
-    assert quotas == {("h", "GPU-0"): PPM_FULL}
+    assert quotas == {("s", "GPU-0"): PPM_FULL}
+
+
+# --- a GPU of hard vGPUs, none alone: fixed ----------------------------------
+
+HARD = [
+    Allocation("a", "GPU-0", 300_000),
+    Allocation("b", "GPU-0", 600_000),
+    Allocation("c", "GPU-1", PPM_FULL),
+]
+
+
+@st.composite
+def hard_runs(draw: st.DrawFn) -> list[Snapshot]:
+    """Busy ticks of the HARD vGPUs: counters that move, held back or not,
+    NVML figures, and now and then a vGPU alone on its GPU with small
+    launches (calibrated) or large ones."""
+    now = 0
+    counters = {a.vgpu_id: [0, 0, 0] for a in HARD}
+    ticks = []
+    for _ in range(draw(st.integers(10, 60))):
+        now += draw(st.sampled_from([TICK_NS] * 6 + [2 * TICK_NS, 7 * TICK_NS]))
+        slices: dict[str, dict[str, SliceSample]] = {"GPU-0": {}, "GPU-1": {}}
+        alone = draw(st.sampled_from([None, None, None, "a", "b", "c"]))
+        for a in HARD:
+            c = counters[a.vgpu_id]
+            busy = draw(st.integers(0, TICK_NS))
+            c[0] += busy
+            c[1] += draw(st.sampled_from([0, 0, TICK_NS // 2]))
+            c[2] += busy // draw(st.sampled_from([10_000, 2_000_000]))
+            util = draw(st.one_of(st.none(), st.floats(0, 100)))
+            slices[a.gpu][a.vgpu_id] = SliceSample(
+                True, util, c[0], c[1], c[2], alone=alone == a.vgpu_id
+            )
+        util = draw(st.one_of(st.none(), st.floats(0, 100)))
+        ticks.append(Snapshot(now, {gpu: GpuSample(util, s) for gpu, s in slices.items()}))
+    return ticks
+
+
+@settings(max_examples=100, deadline=None)
+@given(hard_runs())
+def test_a_fixed_gpu_gives_what_computing_it_in_full_gives(ticks: list[Snapshot]) -> None:
+    """Hard vGPUs none of which is alone are given their shares whatever
+    their counters and NVML's figures say: the shortcut (``_fixed``) gives,
+    tick for tick, the quotas and calibration the full computation gives
+    wherever it is taken; alone on its GPU, a vGPU is computed in full."""
+    fixed_state, full_state = ControllerState(), ControllerState()
+    for snapshot in ticks:
+        got, fixed_state = compute_quotas(snapshot, HARD, fixed_state)
+        with mock.patch.object(controller, "_fixed", return_value=False):
+            want, full_state = compute_quotas(snapshot, HARD, full_state)
+        for gpu, sample in snapshot.gpus.items():
+            if any(s.alone for s in sample.slices.values()):
+                assert gpu not in fixed_state.fixed
+                continue
+            assert gpu in fixed_state.fixed
+            for a in (a for a in HARD if a.gpu == gpu):
+                key = (a.vgpu_id, gpu)
+                assert (
+                    got[key] == want[key] == (a.share_ppm if a.share_ppm < PPM_FULL else PPM_FULL)
+                )
+                assert not fixed_state.slices[key].calibrated
+                assert not full_state.slices[key].calibrated
+
+
+def test_a_fixed_gpu_keeps_its_states_and_drops_its_figures() -> None:
+    """While fixed, a slice's state is not computed again tick by tick
+    (its counters stay as last read); NVML's figures and the means made of
+    them are dropped on the way in, and its learnt correction is kept."""
+    learnt = SliceState(
+        gpu_time_ns=5,
+        counters_at_ns=TICK_NS,
+        correction=1.2,
+        nvml_util=0.4,
+        seen_use=(0.5, 0.4),
+        held=0.5,
+        held_at_figure=0.5,
+        calibrated=True,
+    )
+    state = ControllerState(slices={("a", "GPU-0"): learnt})
+    busy = GpuSample(50.0, {"a": SliceSample(True, 50.0, 10**9, 10**8, 10**5)})
+    _, state = compute_quotas(Snapshot(2 * TICK_NS, {"GPU-0": busy}), HARD[:1], state)
+    rest = state.slices[("a", "GPU-0")]
+    assert rest == learnt._replace(
+        nvml_util=None, seen_use=None, held=0.0, held_at_figure=0.0, calibrated=False
+    )
+    busier = GpuSample(70.0, {"a": SliceSample(True, 70.0, 2 * 10**9, 10**8, 2 * 10**5)})
+    quotas, state = compute_quotas(Snapshot(3 * TICK_NS, {"GPU-0": busier}), HARD[:1], state)
+    assert quotas == {("a", "GPU-0"): 300_000}
+    assert state.slices[("a", "GPU-0")] is rest

@@ -14,7 +14,9 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from unittest import mock
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -38,6 +40,10 @@ GPUS = gpus(2)
 # (share, mode, weight, GPU): a hard and two soft vGPUs sharing a GPU, one
 # soft alone on the other.
 VGPUS = [(30, "hard", 1, 0), (20, "soft", 1, 0), (10, "soft", 3, 0), (50, "soft", 1, 1)]
+# Hard vGPUs only: the controller fixes every GPU none of them is alone on
+# (their quotas are their shares), and steering then skips ticks whatever
+# the counters and figures do. Updates keep each GPU's hard shares within it.
+HARD_VGPUS = [(30, "hard", 1, 0), (20, "hard", 1, 0), (10, "hard", 1, 1), (50, "hard", 1, 1)]
 CHANGES = ["launch", "held", "scan", "figures", "device", "sample", "listed", "update", "stall"]
 STRANGER = 99_999  # a process of no vGPU
 
@@ -170,12 +176,17 @@ def runs(draw: st.DrawFn) -> list[list[tuple[str, int, int]]]:
     return ticks
 
 
+@pytest.mark.parametrize(
+    ("vgpus", "most_share"), [(VGPUS, 99), (HARD_VGPUS, 50)], ids=["mixed", "hard"]
+)
 @settings(max_examples=60, deadline=None)
-@given(runs())
+@given(ticks=runs())
 def test_quiet_ticks_give_what_computing_every_tick_gives(
+    vgpus: list[tuple[int, str, int, int]],
+    most_share: int,
     ticks: list[list[tuple[str, int, int]]],
 ) -> None:
-    with registry(VGPUS) as reg:
+    with registry(vgpus) as reg:
         steering = Steering(Atomics.load())
         state = ctl.ControllerState()
         entries = reg.all()
@@ -207,7 +218,8 @@ def test_quiet_ticks_give_what_computing_every_tick_gives(
                     sample = nvml(value if what == "device" else util, figures, listed)
                     fresh = True
                 elif what == "update":
-                    update(reg, e.vgpu.id, UpdateRequest(share=1 + value % 99), GPUS, Rules())
+                    share = 1 + value % most_share
+                    update(reg, e.vgpu.id, UpdateRequest(share=share), GPUS, Rules())
                     entries = reg.all()
                 else:  # a stalled loop
                     now += value * TICK_NS
@@ -245,6 +257,43 @@ def test_a_vgpu_whose_counters_move_is_steered_at_the_next_tick() -> None:
         now += TICK_NS
         steering.tick(reg.all(), {}, None, None, now)
         assert soft.control.read_throttle(0).quota_ppm == 700_000
+
+
+def test_busy_hard_vgpus_are_steered_only_when_who_is_alone_may_change() -> None:
+    """Hard vGPUs that share their GPUs get their shares whatever they do:
+    with their counters and NVML's figures moving every tick, the
+    controller runs at the first tick and at each new scan or new list of
+    processes on a GPU (a vGPU may have come to be alone there, and be
+    calibrated), and every block still gets its heartbeat."""
+    with registry(HARD_VGPUS) as reg:
+        entries = reg.all()
+        steering = Steering(Atomics.load())
+        track = scan(entries, {e.vgpu.id: 1 for e in entries})
+        pids = tuple(1000 + 10 * n for n in range(len(entries)))
+        now = 0
+        with mock.patch.object(ctl, "compute_quotas", wraps=ctl.compute_quotas) as computed:
+            for n in range(30):
+                now += TICK_NS
+                for e in entries:
+                    e.usage._c.devices[0].gpu_time_ns += TICK_NS // 4
+                    e.usage._c.devices[0].launches += 1000
+                    e.usage._c.devices[0].throttled_ns += TICK_NS // 10
+                if n == 10:
+                    track = scan(entries, {e.vgpu.id: 2 for e in entries})
+                listed = pids if n < 20 else pids[:1]  # then the first vGPU is alone on GPU 0
+                figures = {pid: float(n) for pid in pids}
+                sample = nvml(n, figures, listed)
+                quotas = steering.tick(reg.all(), {}, track, sample, now)
+                assert [e.control.heartbeat_ns for e in reg.all()] == [now] * len(entries)
+                if n < 20:
+                    assert quotas == {
+                        (e.vgpu.id, s.gpu_uuid): percent_to_ppm(e.vgpu.limits.share)
+                        for e in entries
+                        for s in e.vgpu.slices
+                    }
+        # The first tick, the new scan, the first vGPU alone (then GPU 0 is
+        # computed in full at every tick: it is calibrated).
+        assert computed.call_count == 2 + 10
 
 
 def test_every_block_gets_its_heartbeat_at_every_tick() -> None:

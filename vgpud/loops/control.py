@@ -109,8 +109,10 @@ class _Plans:
 _GpuFigures = tuple[tuple[str, float | None, frozenset[int]], ...]
 # What a tick's quotas follow from, when no standalone block is steered and
 # no NVML figure falls to a vGPU: the plans, the scan, the counters and the
-# devices' figures.
-_Quiet = tuple[_Plans, TrackSnapshot | None, bytes, _GpuFigures]
+# devices' figures. Where the controller fixed every GPU (ctl.all_fixed),
+# only the plans, the scan and the processes NVML lists on each GPU (who is
+# alone): the counters and figures are None.
+_Quiet = tuple[_Plans, TrackSnapshot | None, bytes | None, _GpuFigures]
 
 
 class Steering:
@@ -125,9 +127,11 @@ class Steering:
         self._samples: dict[ctl.Key, ctl.SliceSample] = {}
         self._given: dict[ctl.Key, int] = {}
         self._writers: dict[ctl.Key, Callable[[int], object]] = {}
-        # The last tick's inputs when it was quiet and settled every GPU: a
-        # tick with the same inputs gives the same quotas (ctl.unchanged).
+        # The last tick's inputs when it settled or fixed every GPU: a tick
+        # with the same inputs gives the same quotas (ctl.unchanged).
         self._quiet: _Quiet | None = None
+        # Whether the last tick fixed every GPU (ctl.all_fixed).
+        self._fixed = False
         self._gpu_figures: tuple[NvmlSample | None, _GpuFigures] = (None, ())
         self._calibrated: dict[ctl.Key, bool] = {}
         self._calibrators: Mapping[ctl.Key, Callable[[bool], object]] = {}
@@ -147,15 +151,16 @@ class Steering:
         self.last_sample = sample
         plans = self._plans_of(list(entries))
         counters = plans.counters()
-        quiet: _Quiet | None = None
-        if not standalone and not self._figures_for_vgpus(fresh, track):
-            quiet = (plans, track, counters, self._figures(sample))
-            if quiet == self._quiet:
-                # Nothing new: what the controller would give again (most
-                # ticks of a node whose vGPUs are idle or steady).
-                quotas, self.state = ctl.unchanged(self.state, now_ns)
-                plans.heartbeat(now_ns)
-                return quotas
+        if (
+            not standalone
+            and (self._fixed or not self._figures_for_vgpus(fresh, track))
+            and self._quiet_key(plans, track, counters, sample, self._fixed) == self._quiet
+        ):
+            # Nothing new: what the controller would give again (most ticks
+            # of a node whose vGPUs are idle or steady, or all hard).
+            quotas, self.state = ctl.unchanged(self.state, now_ns)
+            plans.heartbeat(now_ns)
+            return quotas
 
         allocations = list(plans.allocations)
         words = memoryview(counters).cast("Q")
@@ -186,7 +191,13 @@ class Steering:
         # not written again (most ticks, most vGPUs).
         self._given, self._writers = quotas, writers
         self._mark_calibrated(plans, quotas)
-        self._quiet = quiet if ctl.all_settled(self.state, allocations) else None
+        self._fixed = ctl.all_fixed(self.state, allocations)
+        # (A GPU given a new NVML figure is never settled: the figure is
+        # state. A fixed one does not read it.)
+        settled = not standalone and ctl.all_settled(self.state, allocations)
+        self._quiet = (
+            self._quiet_key(plans, track, counters, sample, self._fixed) if settled else None
+        )
         plans.heartbeat(now_ns)
         for blocks in standalone.values():
             blocks.usage.steer_heartbeat(now_ns)
@@ -217,6 +228,20 @@ class Steering:
             owned.append(plan if plan is not None and plan.current(e) else _Owned.of(e))
         self._plans = _Plans(self.atomics, owned)
         return self._plans
+
+    def _quiet_key(
+        self,
+        plans: _Plans,
+        track: TrackSnapshot | None,
+        counters: bytes,
+        sample: NvmlSample | None,
+        fixed: bool,
+    ) -> _Quiet:
+        """What the quotas follow from (``_Quiet``)."""
+        figures = self._figures(sample)
+        if not fixed:
+            return (plans, track, counters, figures)
+        return (plans, track, None, tuple((uuid, None, pids) for uuid, _, pids in figures))
 
     def _figures(self, sample: NvmlSample | None) -> _GpuFigures:
         """Each GPU's utilization and listed processes in ``sample`` (worked

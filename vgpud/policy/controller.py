@@ -43,6 +43,9 @@ The algorithm and its tuning are described in docs/compute.md. In short:
   that does not use its part leaves it to the others). A vGPU that starts
   wanting its share is claimed for at the next tick, so soft vGPUs return
   to their shares within a few ticks plus one NVML sample period.
+- A GPU whose vGPUs are all hard, none of them calibrated, is fixed: every
+  quota is its share whatever was measured, and nothing is computed
+  (``_fixed``; ``all_fixed`` tells the caller it may skip such ticks).
 """
 
 from __future__ import annotations
@@ -224,6 +227,9 @@ class SettledGpu:
 class ControllerState:
     slices: Mapping[tuple[str, str], SliceState] = field(default_factory=dict)
     settled: Mapping[str, SettledGpu] = field(default_factory=dict)  # by GPU uuid
+    # GPUs whose quotas were their shares whatever was measured (``_fixed``),
+    # with those quotas, by GPU uuid.
+    fixed: Mapping[str, Mapping[Key, int]] = field(default_factory=dict)
 
 
 class _Reading(NamedTuple):
@@ -261,19 +267,29 @@ def compute_quotas(
     quotas: dict[Key, int] = {}
     new_states: dict[Key, SliceState] = {}
     settled: dict[str, SettledGpu] = {}
+    fixed: dict[str, Mapping[Key, int]] = {}
     for gpu, allocs in by_gpu.items():
         sample = snapshot.gpus.get(gpu, GpuSample())
-        inputs: GpuInputs = (sample.util, tuple((a, sample.slices.get(a.vgpu_id)) for a in allocs))
+        gpu_quotas: dict[Key, int] = {}
         memo = state.settled.get(gpu)
-        if memo is not None and memo.inputs == inputs:
+        is_fixed = _fixed(allocs, sample, tuning)
+        inputs: GpuInputs = (sample.util, tuple((a, sample.slices.get(a.vgpu_id)) for a in allocs))
+        if not is_fixed and memo is not None and memo.inputs == inputs:
             quotas.update(memo.quotas)
             new_states.update((key, state.slices[key]) for key in memo.quotas)
             settled[gpu] = replace(memo, read_at_ns=now)
             continue
         before = state if memo is None else _read_at(state, memo)
+        if is_fixed:
+            for a in allocs:
+                key = (a.vgpu_id, gpu)
+                gpu_quotas[key] = _to_ppm(_quota_of(ppm_to_fraction(a.share_ppm), 1.0), tuning)
+                new_states[key] = _at_rest(before.slices.get(key), a)
+            quotas.update(gpu_quotas)
+            fixed[gpu] = gpu_quotas
+            continue
         readings = [_read(a, sample, now, before, tuning) for a in allocs]
         fractions = _divide_gpu(readings, sample.util, tuning)
-        gpu_quotas: dict[Key, int] = {}
         for reading in readings:
             key = (reading.alloc.vgpu_id, gpu)
             quota, new_state = fractions[key]
@@ -282,27 +298,79 @@ def compute_quotas(
         quotas.update(gpu_quotas)
         if _settled(readings, before, new_states):
             settled[gpu] = SettledGpu(inputs, gpu_quotas, now)
-    return quotas, ControllerState(slices=new_states, settled=settled)
+    return quotas, ControllerState(slices=new_states, settled=settled, fixed=fixed)
 
 
 def all_settled(state: ControllerState, allocations: Sequence[Allocation]) -> bool:
-    """Whether the call that returned ``state`` settled every GPU of
-    ``allocations`` (the allocations it was given)."""
-    return len(state.settled) == len({a.gpu for a in allocations})
+    """Whether the call that returned ``state`` settled or fixed every GPU
+    of ``allocations`` (the allocations it was given)."""
+    return len(state.settled) + len(state.fixed) == len({a.gpu for a in allocations})
+
+
+def all_fixed(state: ControllerState, allocations: Sequence[Allocation]) -> bool:
+    """Whether the call that returned ``state`` fixed every GPU of
+    ``allocations``: for as long as the allocations stay and no vGPU is
+    alone on its GPU, every quota is its share, whatever the counters and
+    NVML's figures say."""
+    return len(state.fixed) == len({a.gpu for a in allocations})
 
 
 def unchanged(state: ControllerState, now_ns: int) -> tuple[dict[Key, int], ControllerState]:
     """What ``compute_quotas`` returns at ``now_ns`` for the same snapshot
     (but for its time) and allocations as the call that returned ``state``,
-    when that call settled every GPU (``all_settled``): each GPU's quotas
-    reused, only its read time moved on. The caller that knows its inputs
-    did not change skips building them (tests/unit/test_steering_quiet.py
-    checks the two agree)."""
+    when that call settled or fixed every GPU (``all_settled``): each GPU's
+    quotas reused, only a settled one's read time moved on. For a caller
+    that knows its inputs did not change (or, where every GPU is fixed,
+    that no vGPU came to be alone): it skips building them
+    (tests/unit/test_steering_quiet.py checks the two agree)."""
     quotas: dict[Key, int] = {}
     for memo in state.settled.values():
         quotas.update(memo.quotas)
+    for fixed in state.fixed.values():
+        quotas.update(fixed)
     settled = {gpu: replace(memo, read_at_ns=now_ns) for gpu, memo in state.settled.items()}
-    return quotas, ControllerState(slices=state.slices, settled=settled)
+    return quotas, ControllerState(slices=state.slices, settled=settled, fixed=state.fixed)
+
+
+def _fixed(allocs: Sequence[Allocation], sample: GpuSample, tuning: Tuning) -> bool:
+    """Whether every quota on the GPU is its share, whatever was measured:
+    every slice is hard, and none is calibrated (no learning from
+    per-process figures, and no vGPU alone on the GPU, or no calibration
+    alone). The common busy node (hard shares are the default) then costs
+    no more than an idle one: on the simulator's node of 100 busy vGPUs a
+    full tick took ~8 us a vGPU (docs/benchmarks/daemon.md)."""
+    if tuning.learn_from_nvml:
+        return False
+    for a in allocs:
+        if a.soft:
+            return False
+        s = sample.slices.get(a.vgpu_id)
+        if s is not None and s.alone and tuning.calibrate_alone:
+            return False
+    return True
+
+
+def _at_rest(prev: SliceState | None, alloc: Allocation) -> SliceState:
+    """A fixed slice's state: what it learnt (its correction, kept for the
+    next time it is alone) and nothing it measured. Its counters are left
+    as last read: the first tick that steers it again takes their rates
+    over the whole time between (a mean, as true as any), and whether its
+    launches are small from them. Its NVML figures and the means made of
+    them are dropped, not left to stand for that time: a figure of then
+    against the hook's measure since would be no bias."""
+    if prev is None:
+        return SliceState(target=ppm_to_fraction(alloc.share_ppm))
+    if (prev.nvml_util, prev.seen_use, prev.held, prev.held_at_figure, prev.calibrated) == (
+        None,
+        None,
+        0.0,
+        0.0,
+        False,
+    ):
+        return prev  # most ticks: at rest already
+    return prev._replace(
+        nvml_util=None, seen_use=None, held=0.0, held_at_figure=0.0, calibrated=False
+    )
 
 
 def _read_at(state: ControllerState, memo: SettledGpu) -> ControllerState:
@@ -536,7 +604,9 @@ def _corrected(r: _Reading, target: float, tuning: Tuning) -> tuple[float, Slice
     (docs/compute.md, "Windows").
     """
     if target >= 1.0:
-        return 1.0, r.state if r.state.target == 1.0 else r.state._replace(target=1.0)
+        return _quota_of(target, 1.0), r.state if r.state.target == 1.0 else r.state._replace(
+            target=1.0
+        )
     settle_ns = round(tuning.settle_s * NS_PER_S)
     learn_from = r.state.learn_from_ns
     if abs(target - r.state.target) > tuning.target_change:
@@ -553,15 +623,20 @@ def _corrected(r: _Reading, target: float, tuning: Tuning) -> tuple[float, Slice
         if factor > 1 and r.alone:
             learnt = min(learnt, max(correction, _seen_bias(r)))
         correction = min(max(learnt, tuning.correction_min), tuning.correction_max)
-    # Below the whole device the pacer never turns off: a quota that rounds
-    # to 100 % would stop pacing, overshoot, and swing back.
     # A correction learnt while calibrated is kept, unused, for the next
     # time: the same work alone again has the same bias.
-    quota = min(HARD_MAX, target * (correction if r.calibrated else 1.0))
+    quota = _quota_of(target, correction if r.calibrated else 1.0)
     s = r.state
     if (correction, target, learn_from) == (s.correction, s.target, s.learn_from_ns):
         return quota, s  # most ticks: nothing to copy
     return quota, s._replace(correction=correction, target=target, learn_from_ns=learn_from)
+
+
+def _quota_of(target: float, correction: float) -> float:
+    """The quota (fraction) for a target in NVML's measure: the whole
+    device unpaced; below it, never more than HARD_MAX, for a quota that
+    rounds to 100 % would stop pacing, overshoot, and swing back."""
+    return 1.0 if target >= 1.0 else min(HARD_MAX, target * correction)
 
 
 # The part of the time held back after Tuning.settle_s of unbroken hold.
