@@ -56,7 +56,9 @@
 /* A holder whose batches have all been measured keeps the turn this long,
  * for its next launch (a program that synchronises between steps), before
  * the monitor passes it on: a hand-off costs the GPU a wake-up or two. */
+#ifndef TURN_LINGER_NS
 #define TURN_LINGER_NS 500000ull
+#endif
 
 /* How long a paced process's stamp keeps the unpaced processes on its GPU
  * taking turns. It must outlast the paced process's gaps between batches
