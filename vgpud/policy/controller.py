@@ -273,12 +273,16 @@ def compute_quotas(
         gpu_quotas: dict[Key, int] = {}
         memo = state.settled.get(gpu)
         is_fixed = _fixed(allocs, sample, tuning)
-        inputs: GpuInputs = (sample.util, tuple((a, sample.slices.get(a.vgpu_id)) for a in allocs))
-        if not is_fixed and memo is not None and memo.inputs == inputs:
-            quotas.update(memo.quotas)
-            new_states.update((key, state.slices[key]) for key in memo.quotas)
-            settled[gpu] = replace(memo, read_at_ns=now)
-            continue
+        if not is_fixed:  # a fixed GPU's inputs are not compared: nothing is computed
+            inputs: GpuInputs = (
+                sample.util,
+                tuple((a, sample.slices.get(a.vgpu_id)) for a in allocs),
+            )
+            if memo is not None and memo.inputs == inputs:
+                quotas.update(memo.quotas)
+                new_states.update((key, state.slices[key]) for key in memo.quotas)
+                settled[gpu] = replace(memo, read_at_ns=now)
+                continue
         before = state if memo is None else _read_at(state, memo)
         if is_fixed:
             for a in allocs:
@@ -359,7 +363,7 @@ def _at_rest(prev: SliceState | None, alloc: Allocation) -> SliceState:
     them are dropped, not left to stand for that time: a figure of then
     against the hook's measure since would be no bias."""
     if prev is None:
-        return SliceState(target=ppm_to_fraction(alloc.share_ppm))
+        return _first_state(alloc)
     if (prev.nvml_util, prev.seen_use, prev.held, prev.held_at_figure, prev.calibrated) == (
         None,
         None,
@@ -371,6 +375,11 @@ def _at_rest(prev: SliceState | None, alloc: Allocation) -> SliceState:
     return prev._replace(
         nvml_util=None, seen_use=None, held=0.0, held_at_figure=0.0, calibrated=False
     )
+
+
+def _first_state(alloc: Allocation) -> SliceState:
+    """A slice's state before its first tick: aiming at its share."""
+    return SliceState(target=ppm_to_fraction(alloc.share_ppm))
 
 
 def _read_at(state: ControllerState, memo: SettledGpu) -> ControllerState:
@@ -434,7 +443,7 @@ def _read(
     # them for every slice of every tick.
     prev = state.slices.get(key)
     if prev is None:
-        prev = SliceState(target=ppm_to_fraction(alloc.share_ppm))
+        prev = _first_state(alloc)
     sample = gpu.slices.get(alloc.vgpu_id)
     if sample is None:
         sample = SliceSample(active=False)
