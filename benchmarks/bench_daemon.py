@@ -18,14 +18,18 @@ context and 1 MiB on its vGPU's GPU through the simulator's libcuda, so
 that NVML lists every one of them (with its memory; they run no kernels,
 so no utilization figure). With --busy the benchmark itself moves every
 vGPU's usage counters (GPU time and launches) as the hooks of running
-processes would, so that every control tick steers every vGPU in full; without
-it a node of sleepers takes the controller's quiet path. The vGPUs are soft
-at 5 %, or with --mode hard hard at 4 % (hard vGPUs that share their GPUs
-get their shares whatever they do: the controller fixes them, and ticks
-skip them while no vGPU comes to be alone). The API load is GETs of a vGPU (by id),
-/v1/health and /v1/devices, a new unix-socket connection per request (what
-vgpuctl does), paced open-loop at the given rate from another process; the
-latency is measured by that client. The client shares the machine's cores
+processes would, so that the controller sees new inputs at every tick;
+without it a node of sleepers takes the controller's quiet path. The vGPUs
+are soft at 5 % (125 % of each GPU), or with --mode hard hard at 4 %, or
+at --share. Where every quota is its share (hard vGPUs that share their
+GPUs, soft ones with processes whose shares fill them) the controller
+fixes the GPU and ticks skip it while no vGPU comes to be alone and the
+scan finds the same processes; soft shares that leave part of a GPU free
+(--share 3: 75 %) have that spare time divided at every tick. The API
+load is GETs of a vGPU (by id), /v1/health and /v1/devices, a new
+unix-socket connection per request (what vgpuctl does), paced open-loop
+at the given rate from another process; the latency is measured by that
+client. The client shares the machine's cores
 with the daemon: its own CPU and the daemon's request histogram (how many
 answers took at most 1 ms / 5 ms inside the daemon) are reported too, so
 that the client's part of the figure can be told apart.
@@ -137,11 +141,13 @@ def start_daemon(
     return daemon, client, env
 
 
-def make_vgpus(client: Client, n: int, mode: str) -> list[dict[str, object]]:
-    """``n`` vGPUs spread over the GPUs: soft at 5 % (soft shares are not
-    admitted against each other: 100 fit on 4 GPUs), or hard, each GPU's
-    shares summing to at most 100 % (4 % for 100 vGPUs)."""
-    share = 5 if mode == "soft" else max(1, 100 // -(-n // SIM_DEVICES))
+def make_vgpus(client: Client, n: int, mode: str, share: int | None) -> list[dict[str, object]]:
+    """``n`` vGPUs spread over the GPUs at ``share``; by default soft at 5 %
+    (soft shares are not admitted against each other: 100 fit on 4 GPUs,
+    125 % of each), or hard, each GPU's shares summing to at most 100 % (4 %
+    for 100 vGPUs)."""
+    if share is None:
+        share = 5 if mode == "soft" else max(1, 100 // -(-n // SIM_DEVICES))
     out = []
     for i in range(n):
         body = {"gpus": [i % SIM_DEVICES], "memory": "64m", "share": share, "mode": mode}
@@ -327,6 +333,12 @@ def main() -> int:
     p.add_argument(
         "--mode", choices=["soft", "hard"], default="soft", help="the vGPUs' compute mode"
     )
+    p.add_argument(
+        "--share",
+        type=int,
+        help="the vGPUs' share (%%; default 5 soft, each GPU's 100 %% divided hard); soft "
+        "shares that leave part of a GPU free have spare time divided among them every tick",
+    )
     p.add_argument("--markdown", type=Path, help="also write the results here")
     a = p.parse_args()
 
@@ -338,7 +350,7 @@ def main() -> int:
         idle_before = cpu_seconds(daemon.pid)
         time.sleep(5)
         idle = (cpu_seconds(daemon.pid) - idle_before) / 5 * 100
-        vgpus = make_vgpus(client, a.vgpus, a.mode)
+        vgpus = make_vgpus(client, a.vgpus, a.mode, a.share)
         sleepers = give_slots(vgpus, a.procs, env if a.nvml_listed else None)
         tracked, listed = wait_tracked(client, a.procs, a.nvml_listed)
         if a.busy:
@@ -387,7 +399,7 @@ def main() -> int:
         "GPU: SIMULATED (build/sim, 4 devices). Command: "
         f"`.venv/bin/python benchmarks/bench_daemon.py --vgpus {a.vgpus} --procs {a.procs}"
         f"{' --nvml-listed' if a.nvml_listed else ''}{f' --busy {a.busy}' if a.busy else ''}"
-        f" --mode {a.mode}`.",
+        f" --mode {a.mode}{f' --share {a.share}' if a.share is not None else ''}`.",
         "",
         "Simulated: the GPU. Real: the daemon with its default periods, "
         f"{a.procs} sleeping processes each holding an ACTIVE slot (real pid, PID namespace and "

@@ -118,66 +118,94 @@ def test_a_steady_gpu_is_reused_and_a_change_is_computed() -> None:
     assert quotas == {("s", "GPU-0"): PPM_FULL}
 
 
-# --- a GPU of hard vGPUs, none alone: fixed ----------------------------------
+# --- a GPU where every quota is its share: fixed ------------------------------
 
 HARD = [
     Allocation("a", "GPU-0", 300_000),
     Allocation("b", "GPU-0", 600_000),
     Allocation("c", "GPU-1", PPM_FULL),
 ]
+# Soft vGPUs whose shares fill their GPU while all of them have processes
+# (GPU-2 beside a hard one, GPU-3 over 100 %), and a GPU whose soft vGPU
+# can take spare time whenever it is active (GPU-4).
+FIXABLE = [
+    *HARD,
+    Allocation("s1", "GPU-2", 600_000, soft=True),
+    Allocation("s2", "GPU-2", 400_000, soft=True, weight=3),
+    Allocation("h", "GPU-2", 200_000),
+    Allocation("t1", "GPU-3", 700_000, soft=True, weight=2),
+    Allocation("t2", "GPU-3", 500_000, soft=True),
+    Allocation("u", "GPU-4", 500_000, soft=True),
+    Allocation("v", "GPU-4", 200_000),
+]
 
 
 @st.composite
-def hard_runs(draw: st.DrawFn) -> list[Snapshot]:
-    """Busy ticks of the HARD vGPUs: counters that move, held back or not,
-    NVML figures, and now and then a vGPU alone on its GPU with small
-    launches (calibrated) or large ones."""
+def busy_runs(draw: st.DrawFn) -> list[Snapshot]:
+    """Busy ticks of the FIXABLE vGPUs: counters that move, held back or
+    not, NVML figures, processes that come and go (as the scan sees them),
+    and now and then a vGPU alone on its GPU with small launches
+    (calibrated) or large ones."""
     now = 0
-    counters = {a.vgpu_id: [0, 0, 0] for a in HARD}
+    counters = {a.vgpu_id: [0, 0, 0] for a in FIXABLE}
     ticks = []
     for _ in range(draw(st.integers(10, 60))):
         now += draw(st.sampled_from([TICK_NS] * 6 + [2 * TICK_NS, 7 * TICK_NS]))
-        slices: dict[str, dict[str, SliceSample]] = {"GPU-0": {}, "GPU-1": {}}
-        alone = draw(st.sampled_from([None, None, None, "a", "b", "c"]))
-        for a in HARD:
+        slices: dict[str, dict[str, SliceSample]] = {}
+        alone = draw(st.sampled_from([None, None, None, *(a.vgpu_id for a in FIXABLE)]))
+        for a in FIXABLE:
             c = counters[a.vgpu_id]
             busy = draw(st.integers(0, TICK_NS))
             c[0] += busy
             c[1] += draw(st.sampled_from([0, 0, TICK_NS // 2]))
             c[2] += busy // draw(st.sampled_from([10_000, 2_000_000]))
             util = draw(st.one_of(st.none(), st.floats(0, 100)))
-            slices[a.gpu][a.vgpu_id] = SliceSample(
-                True, util, c[0], c[1], c[2], alone=alone == a.vgpu_id
+            active = draw(st.sampled_from([True, True, True, False]))
+            slices.setdefault(a.gpu, {})[a.vgpu_id] = SliceSample(
+                active, util, c[0], c[1], c[2], alone=alone == a.vgpu_id
             )
         util = draw(st.one_of(st.none(), st.floats(0, 100)))
         ticks.append(Snapshot(now, {gpu: GpuSample(util, s) for gpu, s in slices.items()}))
     return ticks
 
 
+def every_quota_is_its_share(gpu: str, sample: GpuSample) -> bool:
+    """What the shortcut is documented to take: no vGPU alone, and no soft
+    vGPU that spare time could go to."""
+    allocs = [a for a in FIXABLE if a.gpu == gpu]
+    if any(s.alone for s in sample.slices.values()):
+        return False
+    claimed = sum(a.share_ppm for a in allocs if a.soft and sample.slices[a.vgpu_id].active)
+    return not any(a.soft for a in allocs) or claimed >= PPM_FULL
+
+
 @settings(max_examples=100, deadline=None)
-@given(hard_runs())
+@given(busy_runs())
 def test_a_fixed_gpu_gives_what_computing_it_in_full_gives(ticks: list[Snapshot]) -> None:
-    """Hard vGPUs none of which is alone are given their shares whatever
-    their counters and NVML's figures say: the shortcut (``_fixed``) gives,
-    tick for tick, the quotas and calibration the full computation gives
-    wherever it is taken; alone on its GPU, a vGPU is computed in full."""
+    """Hard vGPUs none of which is alone, and soft ones whose active shares
+    fill the GPU, are given their shares whatever their counters and NVML's
+    figures say: the shortcut (``_fixed``) gives, tick for tick, the quotas
+    and calibration the full computation gives wherever it is taken; a
+    vGPU alone on its GPU, or spare time a soft vGPU may take, is computed
+    in full."""
     fixed_state, full_state = ControllerState(), ControllerState()
     for snapshot in ticks:
-        got, fixed_state = compute_quotas(snapshot, HARD, fixed_state)
+        got, fixed_state = compute_quotas(snapshot, FIXABLE, fixed_state)
         with mock.patch.object(controller, "_fixed", return_value=False):
-            want, full_state = compute_quotas(snapshot, HARD, full_state)
+            want, full_state = compute_quotas(snapshot, FIXABLE, full_state)
         for gpu, sample in snapshot.gpus.items():
-            if any(s.alone for s in sample.slices.values()):
+            if not every_quota_is_its_share(gpu, sample):
                 assert gpu not in fixed_state.fixed
                 continue
             assert gpu in fixed_state.fixed
-            for a in (a for a in HARD if a.gpu == gpu):
+            for a in (a for a in FIXABLE if a.gpu == gpu):
                 key = (a.vgpu_id, gpu)
                 assert (
                     got[key] == want[key] == (a.share_ppm if a.share_ppm < PPM_FULL else PPM_FULL)
                 )
                 assert not fixed_state.slices[key].calibrated
                 assert not full_state.slices[key].calibrated
+                assert fixed_state.slices[key].target == full_state.slices[key].target
 
 
 def test_a_fixed_gpu_keeps_its_states_and_drops_its_figures() -> None:
@@ -188,6 +216,7 @@ def test_a_fixed_gpu_keeps_its_states_and_drops_its_figures() -> None:
         gpu_time_ns=5,
         counters_at_ns=TICK_NS,
         correction=1.2,
+        target=0.3,
         nvml_util=0.4,
         seen_use=(0.5, 0.4),
         held=0.5,
@@ -205,3 +234,12 @@ def test_a_fixed_gpu_keeps_its_states_and_drops_its_figures() -> None:
     quotas, state = compute_quotas(Snapshot(3 * TICK_NS, {"GPU-0": busier}), HARD[:1], state)
     assert quotas == {("a", "GPU-0"): 300_000}
     assert state.slices[("a", "GPU-0")] is rest
+    # A new share is aimed at as the full computation aims at it: NVML's
+    # figures of the next Tuning.settle_s describe the time before.
+    doubled = [replace(HARD[0], share_ppm=600_000)]
+    quotas, state = compute_quotas(Snapshot(4 * TICK_NS, {"GPU-0": busier}), doubled, state)
+    assert quotas == {("a", "GPU-0"): 600_000}
+    settle_ns = round(controller.DEFAULT_TUNING.settle_s * 1e9)
+    assert state.slices[("a", "GPU-0")] == rest._replace(
+        target=0.6, learn_from_ns=4 * TICK_NS + settle_ns
+    )

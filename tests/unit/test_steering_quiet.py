@@ -44,6 +44,10 @@ VGPUS = [(30, "hard", 1, 0), (20, "soft", 1, 0), (10, "soft", 3, 0), (50, "soft"
 # (their quotas are their shares), and steering then skips ticks whatever
 # the counters and figures do. Updates keep each GPU's hard shares within it.
 HARD_VGPUS = [(30, "hard", 1, 0), (20, "hard", 1, 0), (10, "hard", 1, 1), (50, "hard", 1, 1)]
+# Soft vGPUs whose shares fill their GPUs (100 and 120 %): fixed while the
+# scan finds processes in all of them, as hard ones are; a vGPU without
+# processes, or an update, leaves spare time to divide.
+FULL_SOFT_VGPUS = [(60, "soft", 1, 0), (40, "soft", 3, 0), (70, "soft", 2, 1), (50, "soft", 1, 1)]
 CHANGES = ["launch", "held", "scan", "figures", "device", "sample", "listed", "update", "stall"]
 STRANGER = 99_999  # a process of no vGPU
 
@@ -177,7 +181,9 @@ def runs(draw: st.DrawFn) -> list[list[tuple[str, int, int]]]:
 
 
 @pytest.mark.parametrize(
-    ("vgpus", "most_share"), [(VGPUS, 99), (HARD_VGPUS, 50)], ids=["mixed", "hard"]
+    ("vgpus", "most_share"),
+    [(VGPUS, 99), (HARD_VGPUS, 50), (FULL_SOFT_VGPUS, 99)],
+    ids=["mixed", "hard", "full-soft"],
 )
 @settings(max_examples=60, deadline=None)
 @given(ticks=runs())
@@ -259,13 +265,17 @@ def test_a_vgpu_whose_counters_move_is_steered_at_the_next_tick() -> None:
         assert soft.control.read_throttle(0).quota_ppm == 700_000
 
 
-def test_busy_hard_vgpus_are_steered_only_when_who_is_alone_may_change() -> None:
-    """Hard vGPUs that share their GPUs get their shares whatever they do:
-    with their counters and NVML's figures moving every tick, the
-    controller runs at the first tick and at each new scan or new list of
-    processes on a GPU (a vGPU may have come to be alone there, and be
-    calibrated), and every block still gets its heartbeat."""
-    with registry(HARD_VGPUS) as reg:
+@pytest.mark.parametrize("vgpus", [HARD_VGPUS, FULL_SOFT_VGPUS], ids=["hard", "full-soft"])
+def test_busy_vgpus_given_their_shares_are_steered_only_when_that_may_change(
+    vgpus: list[tuple[int, str, int, int]],
+) -> None:
+    """Hard vGPUs that share their GPUs, and soft ones that fill them, get
+    their shares whatever they do: with their counters and NVML's figures
+    moving every tick, the controller runs at the first tick and at each
+    new scan (a vGPU's processes may have gone, leaving spare time) or new
+    list of processes on a GPU (a vGPU may have come to be alone there, and
+    be calibrated), and every block still gets its heartbeat."""
+    with registry(vgpus) as reg:
         entries = reg.all()
         steering = Steering(Atomics.load())
         track = scan(entries, {e.vgpu.id: 1 for e in entries})

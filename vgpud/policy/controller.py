@@ -43,9 +43,11 @@ The algorithm and its tuning are described in docs/compute.md. In short:
   that does not use its part leaves it to the others). A vGPU that starts
   wanting its share is claimed for at the next tick, so soft vGPUs return
   to their shares within a few ticks plus one NVML sample period.
-- A GPU whose vGPUs are all hard, none of them calibrated, is fixed: every
-  quota is its share whatever was measured, and nothing is computed
-  (``_fixed``; ``all_fixed`` tells the caller it may skip such ticks).
+- A GPU where no vGPU is calibrated and no soft vGPU can be given spare
+  time (it has none, or those with processes claim the whole GPU between
+  them) is fixed: every quota is its share whatever was measured, and
+  nothing is computed (``_fixed``; ``all_fixed`` tells the caller it may
+  skip such ticks).
 """
 
 from __future__ import annotations
@@ -288,7 +290,7 @@ def compute_quotas(
             for a in allocs:
                 key = (a.vgpu_id, gpu)
                 gpu_quotas[key] = _to_ppm(_quota_of(ppm_to_fraction(a.share_ppm), 1.0), tuning)
-                new_states[key] = _at_rest(before.slices.get(key), a)
+                new_states[key] = _at_rest(before.slices.get(key), a, now, tuning)
             quotas.update(gpu_quotas)
             fixed[gpu] = gpu_quotas
             continue
@@ -338,42 +340,60 @@ def unchanged(state: ControllerState, now_ns: int) -> tuple[dict[Key, int], Cont
 
 def _fixed(allocs: Sequence[Allocation], sample: GpuSample, tuning: Tuning) -> bool:
     """Whether every quota on the GPU is its share, whatever was measured:
-    every slice is hard, and none is calibrated (no learning from
-    per-process figures, and no vGPU alone on the GPU, or no calibration
-    alone). The common busy node (hard shares are the default) then costs
-    no more than an idle one: on the simulator's node of 100 busy vGPUs a
-    full tick took ~8 us a vGPU (docs/benchmarks/daemon.md)."""
+    none is calibrated (no learning from per-process figures, and no vGPU
+    alone on the GPU, or no calibration alone), and no soft vGPU can be
+    given spare time: there is no soft vGPU, or those the scan found
+    processes in claim the whole GPU between them (an active soft vGPU
+    claims all of its share, whatever it uses: _claim). A busy node
+    (hard shares are the default; soft ones that fill their GPUs) then
+    costs no more than an idle one: on the simulator's node of 100 busy
+    vGPUs a full tick took ~8 us a vGPU (docs/benchmarks/daemon.md)."""
     if tuning.learn_from_nvml:
         return False
+    soft = False
+    claimed_ppm = 0
     for a in allocs:
-        if a.soft:
-            return False
         s = sample.slices.get(a.vgpu_id)
         if s is not None and s.alone and tuning.calibrate_alone:
             return False
-    return True
+        if a.soft:
+            soft = True
+            if s is not None and s.active:
+                claimed_ppm += a.share_ppm
+    return not soft or claimed_ppm >= PPM_FULL
 
 
-def _at_rest(prev: SliceState | None, alloc: Allocation) -> SliceState:
+def _at_rest(prev: SliceState | None, alloc: Allocation, now_ns: int, tuning: Tuning) -> SliceState:
     """A fixed slice's state: what it learnt (its correction, kept for the
-    next time it is alone) and nothing it measured. Its counters are left
-    as last read: the first tick that steers it again takes their rates
-    over the whole time between (a mean, as true as any), and whether its
-    launches are small from them. Its NVML figures and the means made of
-    them are dropped, not left to stand for that time: a figure of then
-    against the hook's measure since would be no bias."""
+    next time it is alone), aiming at its share as the full computation
+    would, and nothing it measured. Its counters are left as last read:
+    the first tick that steers it again takes their rates over the whole
+    time between (a mean, as true as any), and whether its launches are
+    small from them. Its NVML figures and the means made of them are
+    dropped, not left to stand for that time: a figure of then against the
+    hook's measure since would be no bias."""
     if prev is None:
         return _first_state(alloc)
-    if (prev.nvml_util, prev.seen_use, prev.held, prev.held_at_figure, prev.calibrated) == (
-        None,
-        None,
-        0.0,
-        0.0,
-        False,
-    ):
+    target = min(1.0, ppm_to_fraction(alloc.share_ppm))
+    learn_from = _learn_from(prev, target, now_ns, tuning)
+    if (
+        prev.nvml_util,
+        prev.seen_use,
+        prev.held,
+        prev.held_at_figure,
+        prev.calibrated,
+        prev.target,
+        prev.learn_from_ns,
+    ) == (None, None, 0.0, 0.0, False, target, learn_from):
         return prev  # most ticks: at rest already
     return prev._replace(
-        nvml_util=None, seen_use=None, held=0.0, held_at_figure=0.0, calibrated=False
+        nvml_util=None,
+        seen_use=None,
+        held=0.0,
+        held_at_figure=0.0,
+        calibrated=False,
+        target=target,
+        learn_from_ns=learn_from,
     )
 
 
@@ -616,10 +636,7 @@ def _corrected(r: _Reading, target: float, tuning: Tuning) -> tuple[float, Slice
         return _quota_of(target, 1.0), r.state if r.state.target == 1.0 else r.state._replace(
             target=1.0
         )
-    settle_ns = round(tuning.settle_s * NS_PER_S)
-    learn_from = r.state.learn_from_ns
-    if abs(target - r.state.target) > tuning.target_change:
-        learn_from = max(learn_from, r.now_ns + settle_ns)
+    learn_from = _learn_from(r.state, target, r.now_ns, tuning)
     correction = r.state.correction
     u = r.fresh_nvml
     learning = r.calibrated and r.active and r.now_ns >= learn_from
@@ -639,6 +656,15 @@ def _corrected(r: _Reading, target: float, tuning: Tuning) -> tuple[float, Slice
     if (correction, target, learn_from) == (s.correction, s.target, s.learn_from_ns):
         return quota, s  # most ticks: nothing to copy
     return quota, s._replace(correction=correction, target=target, learn_from_ns=learn_from)
+
+
+def _learn_from(s: SliceState, target: float, now_ns: int, tuning: Tuning) -> int:
+    """From when NVML's figures are learnt from once the slice aims at
+    ``target``: a new aim (below the whole device) makes the figures of
+    the next Tuning.settle_s describe the time before it."""
+    if target < 1.0 and abs(target - s.target) > tuning.target_change:
+        return max(s.learn_from_ns, now_ns + round(tuning.settle_s * NS_PER_S))
+    return s.learn_from_ns
 
 
 def _quota_of(target: float, correction: float) -> float:
