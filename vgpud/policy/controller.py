@@ -636,7 +636,9 @@ def _corrected(r: _Reading, target: float, tuning: Tuning) -> tuple[float, Slice
         return _quota_of(target, 1.0), r.state if r.state.target == 1.0 else r.state._replace(
             target=1.0
         )
-    learn_from = _learn_from(r.state, target, r.now_ns, tuning)
+    learn_from = r.state.learn_from_ns
+    if target != r.state.target:  # most ticks aim where the last one did
+        learn_from = _learn_from(r.state, target, r.now_ns, tuning)
     correction = r.state.correction
     u = r.fresh_nvml
     learning = r.calibrated and r.active and r.now_ns >= learn_from
