@@ -1,5 +1,5 @@
 // Helpers shared by the CUDA probes in benchmarks/ (gate_probe.cu,
-// gate_steps.cu, probe_cost.cu): a monotonic clock in microseconds, a CPU
+// gate_steps.cu, probe_cost.cu, pair_probe.cu): a monotonic clock in microseconds, a CPU
 // busy-wait standing in for a framework's work between launches, and a
 // driver call that ends the probe when it fails.
 #ifndef VGPU_BENCH_GPU_PROBE_H
