@@ -141,7 +141,9 @@ def start_daemon(
     return daemon, client, env
 
 
-def make_vgpus(client: Client, n: int, mode: str, share: int | None) -> list[dict[str, object]]:
+def make_vgpus(
+    client: Client, n: int, mode: str, share: int | None = None
+) -> list[dict[str, object]]:
     """``n`` vGPUs spread over the GPUs at ``share``; by default soft at 5 %
     (soft shares are not admitted against each other: 100 fit on 4 GPUs,
     125 % of each), or hard, each GPU's shares summing to at most 100 % (4 %
