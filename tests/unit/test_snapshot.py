@@ -16,8 +16,9 @@ import vgpud.surface.service as service_module
 from tests.unit.apiclient import Api, get_ok, running_api
 from tests.unit.fakes import GIB
 from tests.unit.test_api_standalone import counters
+from vgpud.observe.cgroups import ContainerRef, Runtime
 from vgpud.observe.nvml import GpuSample, NvmlSample
-from vgpud.observe.tracker import GpuUse, TrackSnapshot, VgpuUse
+from vgpud.observe.tracker import GpuUse, ProcessKind, TrackedProcess, TrackSnapshot, VgpuUse
 from vgpud.surface.metrics import Metrics
 
 SA = "sa-803-4242"
@@ -176,6 +177,59 @@ async def test_metrics_and_the_api_show_the_same_figures(api: Api) -> None:
             ("vgpud_gpu_vgpus", len(d["vgpus"])),
         ):
             assert value is not None and labelled(metrics, name, gpu) == value, name
+
+
+def on_gpus(pid: int, kind: ProcessKind, *uuids: str) -> TrackedProcess:
+    """A process the scan found holding memory on ``uuids``."""
+    return TrackedProcess(
+        pid=pid,
+        ns_pid=pid,
+        pidns=4026531836,
+        start_time=100,
+        comm="p",
+        uid=1000,
+        container=ContainerRef(Runtime.DOCKER, "/docker/abc", container_id="abc"),
+        kind=kind,
+        vgpu_id=None,
+        slot=None,
+        memory=dict.fromkeys(uuids, GIB),
+    )
+
+
+async def test_processes_outside_vgpus_are_shown_per_gpu(api: Api) -> None:
+    """Processes on a GPU in no daemon-owned vGPU take no turns with the
+    vGPUs there, whose compute shares may then not hold: each GPU shows how
+    many the last scan found (standalone, hooked, unmanaged; not the
+    vGPUs' own, nor exited ones whose memory NVML still lists), in
+    /v1/devices and /metrics alike."""
+    uuids = [g.uuid for g in api.inventory.devices()]
+
+    async def shown() -> list[tuple[int, float]]:
+        metrics = Metrics(api.service)
+        return [
+            (
+                d["processes_outside_vgpus"],
+                labelled(
+                    metrics,
+                    "vgpud_gpu_processes_outside_vgpus",
+                    {"uuid": d["uuid"], "gpu": str(d["index"])},
+                ),
+            )
+            for d in await get_ok(api, "/v1/devices")
+        ]
+
+    assert await shown() == [(0, 0.0), (0, 0.0)]  # no scan yet
+    found = [
+        on_gpus(11, ProcessKind.VGPU, uuids[0]),
+        on_gpus(31, ProcessKind.UNMANAGED, uuids[0], uuids[1]),
+        on_gpus(32, ProcessKind.HOOKED, uuids[0]),
+        on_gpus(33, ProcessKind.STANDALONE, uuids[1]),
+        on_gpus(34, ProcessKind.EXITED, uuids[0]),
+    ]
+    api.service.track = TrackSnapshot(1.0, {p.pid: p for p in found}, {}, (), {}, (), (), True)
+    assert await shown() == [(2, 2.0), (2, 2.0)]
+    api.service.track = TrackSnapshot(2.0, {11: found[0]}, {}, (), {}, (), (), True)
+    assert await shown() == [(0, 0.0), (0, 0.0)]
 
 
 def samples(metrics: Metrics) -> list[tuple[str, dict[str, str], float]]:

@@ -61,7 +61,19 @@ GPU_MEMORY_TOTAL = _gauge("vgpud_gpu_memory_total_bytes", "GPU memory.")
 GPU_UTILIZATION = _gauge("vgpud_gpu_utilization_percent", "GPU utilization (NVML).")
 GPU_HEALTHY = _gauge("vgpud_gpu_healthy", "1 when the GPU is healthy.")
 GPU_VGPUS = _gauge("vgpud_gpu_vgpus", "vGPUs placed on the GPU.")
-GPU_FAMILIES = (GPU_MEMORY_USED, GPU_MEMORY_TOTAL, GPU_UTILIZATION, GPU_HEALTHY, GPU_VGPUS)
+GPU_OUTSIDE_VGPUS = _gauge(
+    "vgpud_gpu_processes_outside_vgpus",
+    "Processes on the GPU in no daemon-owned vGPU: they take no turns with the vGPUs, "
+    "whose compute shares may then not hold.",
+)
+GPU_FAMILIES = (
+    GPU_MEMORY_USED,
+    GPU_MEMORY_TOTAL,
+    GPU_UTILIZATION,
+    GPU_HEALTHY,
+    GPU_VGPUS,
+    GPU_OUTSIDE_VGPUS,
+)
 
 VGPU_MEMORY_USED = _gauge("vgpud_vgpu_memory_used_bytes", "Memory the vGPU holds (hook-tracked).")
 VGPU_MEMORY_LIMIT = _gauge("vgpud_vgpu_memory_limit_bytes", "The vGPU's memory limit.")
@@ -208,6 +220,7 @@ class Metrics:
             add(GPU_UTILIZATION, g.utilization)
             add(GPU_HEALTHY, 1.0 if g.healthy else 0.0)
             add(GPU_VGPUS, len(g.vgpus))
+            add(GPU_OUTSIDE_VGPUS, g.processes_outside_vgpus)
         out.extend(_families(GPU_FAMILIES, [gpu_lines]))
         known, lines = self._lines, {}
         for vgpu_id, managed in snap.vgpus.items():

@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 
 from vgpud.errors import NotFound
 from vgpud.observe.nvml import NvmlSample
-from vgpud.observe.tracker import TrackedProcess, TrackSnapshot, VgpuUse
+from vgpud.observe.tracker import ProcessKind, TrackedProcess, TrackSnapshot, VgpuUse
 from vgpud.units import percent_to_ppm, ppm_to_percent
 from vgpud.vgpus import recipe
 from vgpud.vgpus.blocks import UsageDevice
@@ -233,6 +233,8 @@ class GpuState:
     healthy: bool
     health_reason: str | None
     vgpus: tuple[str, ...]  # the daemon-owned vGPUs placed on it
+    # Processes on it that are in no daemon-owned vGPU (_outside_vgpus).
+    processes_outside_vgpus: int
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -248,6 +250,7 @@ class GpuState:
             "healthy": self.healthy,
             "health_reason": self.health_reason,
             "vgpus": list(self.vgpus),
+            "processes_outside_vgpus": self.processes_outside_vgpus,
         }
 
 
@@ -338,7 +341,13 @@ def fold(
         kept = MappingProxyType(vgpus)
         names = MappingProxyType({m.vgpu.name: i for i, m in vgpus.items() if m.vgpu.name})
         by_gpu = _by_gpu(vgpus)
-    gpus = tuple(_gpu(g, sample, by_gpu.get(g.uuid, ())) for g in sources.devices)
+    if previous is not None and previous.track is track:  # most folds: the same scan
+        outside = {g.uuid: g.processes_outside_vgpus for g in previous.gpus}
+    else:
+        outside = _outside_vgpus(track)
+    gpus = tuple(
+        _gpu(g, sample, by_gpu.get(g.uuid, ()), outside.get(g.uuid, 0)) for g in sources.devices
+    )
     return NodeSnapshot(
         version=version,
         at=at,
@@ -549,7 +558,26 @@ def _standalone(
     return MappingProxyType(out)
 
 
-def _gpu(g: GpuLike, sample: NvmlSample | None, vgpus: tuple[str, ...]) -> GpuState:
+def _outside_vgpus(track: TrackSnapshot | None) -> dict[str, int]:
+    """By GPU uuid, how many processes the scan found there (NVML lists
+    their memory) that are in no daemon-owned vGPU: standalone, hooked
+    without a proven slot, or unmanaged. They take no turns with the
+    vGPUs, so their GPU time enters the paced vGPUs' event pairs and those
+    are charged it (an H200 vGPU at 30 beside a GEMM in no vGPU got ~26
+    points of a GEMM's work, ~6 of a decode chain's: docs/compute.md). An
+    operator sees it here rather than as a share that does not hold."""
+    counts: dict[str, int] = {}
+    if track is None:
+        return counts
+    for p in track.processes.values():
+        if p.kind in (ProcessKind.VGPU, ProcessKind.EXITED):
+            continue
+        for uuid in p.memory:
+            counts[uuid] = counts.get(uuid, 0) + 1
+    return counts
+
+
+def _gpu(g: GpuLike, sample: NvmlSample | None, vgpus: tuple[str, ...], outside: int) -> GpuState:
     s = sample.gpus.get(g.uuid) if sample is not None else None
     return GpuState(
         index=g.index,
@@ -566,6 +594,7 @@ def _gpu(g: GpuLike, sample: NvmlSample | None, vgpus: tuple[str, ...]) -> GpuSt
         healthy=g.healthy,
         health_reason=getattr(g, "health_reason", None),
         vgpus=vgpus,
+        processes_outside_vgpus=outside,
     )
 
 
