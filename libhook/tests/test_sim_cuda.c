@@ -488,6 +488,48 @@ static void test_gated_events_time_the_kernels_not_the_gaps(void)
     gated_free(f);
 }
 
+/* A pair around a 10 ms kernel on `s` while another stream's 60 ms kernel
+ * holds the device: the pair's milliseconds. */
+static float span_beside_queued_work(CUfunction spin, CUstream s, CUstream other, const struct gate *g)
+{
+    CUevent e0, e1;
+    float ms = -1;
+    OK(cu.cuEventCreate(&e0, 0));
+    OK(cu.cuEventCreate(&e1, 0));
+    OK(launch_spin(spin, 60 * 1000000ULL, 1, other));
+    if (g != NULL)
+        OK(cu.cuStreamWaitValue32(s, g->dptr, 3, CU_STREAM_WAIT_VALUE_GEQ));
+    OK(cu.cuEventRecord(e0, s));
+    OK(launch_spin(spin, 10 * 1000000ULL, 1, s));
+    OK(cu.cuEventRecord(e1, s));
+    if (g != NULL)
+        gate_open(*g, 3);
+    OK(cu.cuStreamSynchronize(s));
+    OK(cu.cuEventElapsedTime(&ms, e0, e1));
+    OK(cu.cuStreamSynchronize(other));
+    OK(cu.cuEventDestroy_v2(e0));
+    OK(cu.cuEventDestroy_v2(e1));
+    return ms;
+}
+
+/* A start event that waited behind a gate is stamped when the device could
+ * next run the stream's work, as an H200 stamps it when its context runs
+ * (docs/simulator.md): a gated pair around one kernel times that kernel,
+ * not the other work queued on the device before it. A record the stream
+ * reaches at once is stamped then, and its pair counts that wait. */
+static void test_a_gated_pair_does_not_count_the_work_queued_before_it(void)
+{
+    struct gated f = gated_new();
+    CUstream other;
+    OK(cu.cuStreamCreate(&other, CU_STREAM_NON_BLOCKING));
+    float gated = span_beside_queued_work(f.spin, f.s, other, &f.g);
+    float open = span_beside_queued_work(f.spin, f.s, other, NULL);
+    CHECKF(gated >= 10 && gated < 40, "gated pair %.1f ms", (double)gated);
+    CHECKF(open >= 65, "ungated pair %.1f ms", (double)open);
+    OK(cu.cuStreamDestroy_v2(other));
+    gated_free(f);
+}
+
 /* Queue a wait with `flags` on a word holding `before`: held; the word
  * becomes `after`: released. A wait satisfied when queued holds nothing. */
 static void check_condition(CUstream s, struct gate g, unsigned flags, uint32_t value, uint32_t before, uint32_t after)
@@ -1032,6 +1074,7 @@ int main(void)
         test_capture_records_instead_of_running();
         test_gate_holds_work_until_the_word_is_written();
         test_gated_events_time_the_kernels_not_the_gaps();
+        test_a_gated_pair_does_not_count_the_work_queued_before_it();
         test_wait_conditions();
         test_blocking_calls_wait_for_the_gate();
         test_waits_chain_across_streams();

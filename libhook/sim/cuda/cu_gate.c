@@ -100,13 +100,25 @@ static void event_unref(CUevent e)
         free(e);
 }
 
-static void stamp(CUevent e, CUstream s)
+static void stamp(CUevent e, CUstream s, bool held)
 {
     /* Stamped when its stream reaches it, not when the device does: as on a
      * GPU that time-slices contexts, a pair of events around a process's
      * work also spans the other contexts' work that runs between them. */
     uint64_t t = sim_now(), tail = atomic_load(&s->tail);
-    atomic_store(&e->time, tail > t ? tail : t);
+    /* But a record that waited in the queue (behind a gate) on a stream
+     * with nothing left to run is stamped when the device could next run
+     * the stream's work: an H200 stamps a start event when its context
+     * runs, so a gated pair does not count the wait for another context's
+     * queued work before it (benchmarks/pair_probe.cu). */
+    if (held && tail <= t) {
+        uint64_t busy = cu_device_busy_until(s);
+        if (busy > t)
+            t = busy;
+    }
+    if (tail > t)
+        t = tail;
+    atomic_store(&e->time, t);
     atomic_store(&e->pending, false);
 }
 
@@ -133,10 +145,10 @@ static void run(CUstream s, const struct cu_work *w, bool held)
     case CU_WORK_RECORD:
         if (!held) {
             atomic_fetch_add(&w->event.event->gen, 1);
-            stamp(w->event.event, s);
+            stamp(w->event.event, s, false);
             atomic_store(&w->event.event->recorded, true);
         } else if (atomic_load(&w->event.event->gen) == w->event.gen) {
-            stamp(w->event.event, s);
+            stamp(w->event.event, s, true);
         }
         break;
     case CU_WORK_WAIT_EVENT:
@@ -372,7 +384,7 @@ void cu_ctx_drop_held(CUcontext ctx)
             struct cu_held_work *h = s->held;
             s->held = h->next;
             if (h->work.kind == CU_WORK_RECORD && atomic_load(&h->work.event.event->gen) == h->work.event.gen)
-                stamp(h->work.event.event, s); /* the context's end completes it */
+                stamp(h->work.event.event, s, false); /* the context's end completes it */
             retire(h);
         }
         unlist(link);

@@ -206,6 +206,8 @@ void cu_pool_note_release(const struct cu_alloc *a);
 CUresult cu_stream_resolve(CUstream h, bool per_thread, CUstream *out);
 /* Queue `duration` ns of device work on s; returns its end time. */
 uint64_t cu_stream_run(CUstream s, uint64_t duration);
+/* Until when the stream's device has work claimed, by any process. */
+uint64_t cu_device_busy_until(CUstream s);
 /* Raise *target to value if it is lower. */
 void cu_store_max(_Atomic uint64_t *target, uint64_t value);
 /* Wait for a time; pools then release what they hold above threshold. */

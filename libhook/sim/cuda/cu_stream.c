@@ -70,6 +70,12 @@ uint64_t cu_stream_run(CUstream s, uint64_t duration)
     return end;
 }
 
+uint64_t cu_device_busy_until(CUstream s)
+{
+    struct cu_device *d = &cu_proc->devices[s->ctx->ordinal];
+    return atomic_load(&cu_proc->st->devices[d->dev].busy_until);
+}
+
 void cu_wait_until(uint64_t t)
 {
     if (t > sim_now())
