@@ -374,7 +374,7 @@ def _at_rest(prev: SliceState | None, alloc: Allocation, now_ns: int, tuning: Tu
     hook's measure since would be no bias."""
     if prev is None:
         return _first_state(alloc)
-    target = min(1.0, ppm_to_fraction(alloc.share_ppm))
+    target = ppm_to_fraction(alloc.share_ppm)  # at most 1: _check
     learn_from = _learn_from(prev, target, now_ns, tuning)
     if (
         prev.nvml_util,
