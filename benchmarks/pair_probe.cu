@@ -42,6 +42,10 @@ __global__ void work(float *out, int iters)
         out[threadIdx.x] = x; // never: keeps the loop
 }
 
+// Nothing: run first, it makes the context run on the GPU before a pair's
+// start event (PAIR_PROBE_TOUCH).
+__global__ void touch(void) {}
+
 static int cmp(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -104,17 +108,36 @@ int main(int argc, char **argv)
     const char *label = argc > 3 ? argv[3] : role;
     CK(cuInit(0));
     cudaFree(0);
-    CUstream s;
-    CK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    // The tenant's stream: its own, or the legacy default stream, as an
+    // eager PyTorch program's (PAIR_PROBE_LEGACY); its events default or
+    // blocking-sync, as the hook's (PAIR_PROBE_BLOCKING).
+    CUstream s = CU_STREAM_LEGACY;
+    if (env_or("PAIR_PROBE_LEGACY", 0) == 0)
+        CK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    unsigned flags = env_or("PAIR_PROBE_BLOCKING", 0) != 0 ? CU_EVENT_BLOCKING_SYNC : CU_EVENT_DEFAULT;
     cudaStream_t rs = (cudaStream_t)s;
     float *out;
     cudaMalloc(&out, 4096);
     int iters = (int)env_or("PAIR_PROBE_ITERS", 10000);
     double gap_us = env_or("PAIR_PROBE_GAP_US", 10.0);
     int blocks = (int)env_or("PAIR_PROBE_BLOCKS", 1); // the tenant's kernels: 1, or the whole GPU
+    // Time the first kernel of each token (the stream idle before it), after
+    // PAIR_PROBE_IDLE_US of CPU between tokens; with an empty kernel between
+    // the gate and the start event (PAIR_PROBE_TOUCH).
+    bool first = env_or("PAIR_PROBE_FIRST", 0) != 0;
+    double idle_us = env_or("PAIR_PROBE_IDLE_US", 0);
+    bool touch_first = env_or("PAIR_PROBE_TOUCH", 0) != 0;
+    // Without the token's own events (a pair then opens the stream's new
+    // work, as a hooked batch does: PAIR_PROBE_NO_TOKEN), and with each
+    // token read back by a copy to pageable memory, as .item() does
+    // (PAIR_PROBE_COPY).
+    bool token_events = env_or("PAIR_PROBE_NO_TOKEN", 0) == 0;
+    bool copy = env_or("PAIR_PROBE_COPY", 0) != 0;
+    static float readback[4];
     // The kernel's first launch loads its module, which waits for the
     // context's work: behind a shut gate, for ever. Load it first.
     work<<<1, 32, 0, rs>>>(out, 1);
+    touch<<<1, 1, 0, rs>>>();
     CK(cuStreamSynchronize(s));
     double end = now_us() + seconds * 1e6;
 
@@ -137,21 +160,25 @@ int main(int argc, char **argv)
     static double gated[MAX_TOKENS], ungated[MAX_TOKENS], token[MAX_TOKENS];
     int ng = 0, nu = 0, nt = 0;
     CUevent t0e, t1e, k0, k1;
-    CK(cuEventCreate(&t0e, CU_EVENT_DEFAULT));
-    CK(cuEventCreate(&t1e, CU_EVENT_DEFAULT));
-    CK(cuEventCreate(&k0, CU_EVENT_DEFAULT));
-    CK(cuEventCreate(&k1, CU_EVENT_DEFAULT));
+    CK(cuEventCreate(&t0e, flags));
+    CK(cuEventCreate(&t1e, flags));
+    CK(cuEventCreate(&k0, flags));
+    CK(cuEventCreate(&k1, flags));
     long tokens = 0;
     double start = now_us();
     while (now_us() < end && nt < MAX_TOKENS) {
-        int sampled = (int)((tokens / 2) % KERNELS);
+        int sampled = first ? 0 : (int)((tokens / 2) % KERNELS);
+        if (idle_us > 0)
+            cpu_gap(idle_us);
         bool gate = tokens % 2 == 0;
-        if (timed)
+        if (timed && token_events)
             CK(cuEventRecord(t0e, s));
         for (int i = 0; i < KERNELS; i++) {
             bool pair = timed && i == sampled;
             if (pair && gate)
                 CK(cuStreamWaitValue32(s, g.dev, opened + 1, CU_STREAM_WAIT_VALUE_GEQ));
+            if (pair && touch_first)
+                touch<<<1, 1, 0, rs>>>();
             if (pair)
                 CK(cuEventRecord(k0, s));
             work<<<blocks, 32, 0, rs>>>(out, iters);
@@ -161,8 +188,10 @@ int main(int argc, char **argv)
                 *g.host = ++opened; // open once the kernel and its end are queued
             cpu_gap(gap_us);
         }
-        if (timed)
+        if (timed && token_events)
             CK(cuEventRecord(t1e, s));
+        if (copy)
+            CK(cuMemcpyDtoHAsync(readback, (CUdeviceptr)out, sizeof readback, s));
         CK(cuStreamSynchronize(s));
         tokens++;
         if (tokens == 1 || tokens % 20000 == 0)
@@ -175,8 +204,10 @@ int main(int argc, char **argv)
             gated[ng++] = ms * 1000;
         else
             ungated[nu++] = ms * 1000;
-        CK(cuEventElapsedTime(&ms, t0e, t1e));
-        token[nt++] = ms * 1000;
+        if (token_events) {
+            CK(cuEventElapsedTime(&ms, t0e, t1e));
+            token[nt++] = ms * 1000;
+        }
     }
     double wall_s = (now_us() - start) / 1e6;
     if (!timed) {
@@ -184,8 +215,9 @@ int main(int argc, char **argv)
         return 0;
     }
     printf("{\"role\": \"tenant\", \"phase\": \"%s\", \"iters\": %d, \"gap_us\": %.1f, "
-           "\"blocks\": %d, \"tokens_per_s\": %.1f, ",
-           label, iters, gap_us, blocks, tokens / wall_s);
+           "\"blocks\": %d, \"first\": %d, \"idle_us\": %.1f, \"touch\": %d, "
+           "\"tokens_per_s\": %.1f, ",
+           label, iters, gap_us, blocks, first, idle_us, touch_first, tokens / wall_s);
     print_pairs("gated_pair", gated, ng);
     printf(", ");
     print_pairs("ungated_pair", ungated, nu);

@@ -8,6 +8,7 @@
  */
 #include <pthread.h>
 
+#include "gputime.h"
 #include "vgpu.h"
 
 /* The primary context handle of each device, as cuDevicePrimaryCtxRetain
@@ -102,6 +103,7 @@ static CUresult destroy_ctx(CUcontext ctx, CUresult (*destroy)(CUcontext))
     CUresult rc = destroy(ctx);
     if (rc == CUDA_SUCCESS) {
         mem_ctx_destroyed(ctx); /* before measuring: what is tracked is gone */
+        gt_touch_forget(ctx);
         overhead_end(&probe);
     }
     return rc;
@@ -175,8 +177,10 @@ static CUresult primary_drop(CUdevice dev, CUresult (*call)(CUdevice))
     int active = 1;
     if (index >= 0 &&
         vgpu_real_cuda.cuDevicePrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS &&
-        !active)
+        !active) {
         mem_ctx_destroyed(atomic_load(&primary_ctx[index]));
+        gt_touch_forget(atomic_load(&primary_ctx[index]));
+    }
     overhead_end(&probe);
     return rc;
 }

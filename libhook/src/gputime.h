@@ -70,6 +70,24 @@
  * is under-charged until its next gated batch (running_cost.h); then its use
  * leaves no room and every batch is gated again.
  */
+/*
+ * Touched. Another context may hold the GPU when a gated batch opens on a
+ * stream with nothing left on it (beside a paced tenant without the
+ * turn; beside a process in no vGPU, which takes no turns, even with it),
+ * and on an H200 the batch's start event is then stamped when the gate
+ * opens, before the other context's time slice ends, wherever the
+ * stream's last work was a copy (a decoder reading its token back):
+ * beside a GEMM, such a pair around a ~15 us kernel read 432 us at the
+ * median and ~2 ms at p90, and a decode chain's shared batches were
+ * charged 31-35 us a launch for 7.3. Behind a kernel the start event
+ * waits for the context to run: with an empty kernel between the gate
+ * and the start event, 15 us, none over 19 (docs/benchmarks/
+ * inference-coloc-h200.md, "A start event after a copy"). So such a
+ * batch runs the hook's own empty kernel there first (gt_touch.c): the
+ * chain at 30 beside a GEMM tenant at 60 was charged ~20 for what it ran
+ * (30 before), the GEMM kept its share and the GPU was 93-94 % busy
+ * (80-82 before).
+ */
 #ifndef GT_GATE_SAMPLE
 #define GT_GATE_SAMPLE 8u
 #endif
@@ -185,6 +203,9 @@ void gt_capture_begin(CUstream stream, bool ptsz);
 void gt_capture_started(CUresult rc);
 /* `was_capturing`: the stream was capturing before the real EndCapture. */
 void gt_capture_ended(bool was_capturing);
+
+/* The context is destroyed: its touch kernel with it (gt_touch.c). */
+void gt_touch_forget(CUcontext ctx);
 
 /* The stream is about to be destroyed. */
 void gt_stream_destroy(CUstream stream);

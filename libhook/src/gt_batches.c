@@ -150,6 +150,21 @@ static struct gt_batch *inflight_limit(struct gt_stream *s, unsigned limit)
     return running >= limit ? oldest : NULL;
 }
 
+/* Has the stream nothing left on the GPU: none of its batches still
+ * running, or the last one's end reached? */
+static bool drained(struct gt_stream *s)
+{
+    struct gt_batch *last = NULL;
+    for (unsigned i = 0; i < GT_RING; i++) {
+        struct gt_batch *b = &s->ring[i];
+        if (atomic_load_explicit(&b->state, memory_order_acquire) == BATCH_QUEUED &&
+            !atomic_load_explicit(&b->done, memory_order_relaxed) &&
+            (last == NULL || b->seq > last->seq))
+            last = b;
+    }
+    return last == NULL || vgpu_real_cuda.cuEventQuery(last->end) == CUDA_SUCCESS;
+}
+
 static struct gt_batch *free_record(struct gt_stream *s)
 {
     for (unsigned i = 0; i < GT_RING; i++)
@@ -231,8 +246,15 @@ struct gt_batch *gt_open_batch(struct gt_stream *s, struct gt_dev *d, bool graph
          * stopped feeding. Before the gate shuts: the watcher looks at
          * every shut gate. */
         s->last_launch_ns = now_ns();
+        /* Touched where the stream is drained (gputime.h): decided before
+         * the gate shuts. With the turn too: a process in no vGPU takes
+         * none. Not while a stream captures: a module load may be among
+         * the calls a global capture refuses. */
+        bool touch = gate && !capturing && drained(s) && gt_touch_ready(s);
         if (gate)
             gt_gate_shut(s, b);
+        if (touch && b->gated)
+            gt_touch(s);
         if (vgpu_real_cuda.cuEventRecord(b->start, s->record_on) != CUDA_SUCCESS) {
             gt_gate_open(s, b);
             return NULL;

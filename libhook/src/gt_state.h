@@ -187,6 +187,14 @@ void gt_gate_shut(struct gt_stream *s, struct gt_batch *b);
 void gt_gate_open(struct gt_stream *s, struct gt_batch *b);
 uint32_t gt_gate_target(const struct gt_stream *s);
 
+/* ---- gt_touch.c ---- */
+
+/* Can the stream's context run the touch kernel (gputime.h)? Loads it and
+ * runs it once there the first time: call with no gate of `s` shut. */
+bool gt_touch_ready(struct gt_stream *s);
+/* Queue the touch kernel on the stream (after gt_touch_ready). */
+void gt_touch(struct gt_stream *s);
+
 /* ---- gt_monitor.c ---- */
 
 /* A detached helper thread that receives no signal of the application's. */

@@ -56,7 +56,7 @@ static uint64_t now_ns(void)
     X(cuGraphLaunch_ptsz) X(cuStreamBeginCapture_v2) X(cuStreamEndCapture) \
     X(cuGraphInstantiateWithFlags) X(cuCtxSynchronize) X(cuGraphExecDestroy) X(cuGraphDestroy) \
     X(cuStreamDestroy_v2) X(cuModuleUnload) X(cuDevicePrimaryCtxRelease_v2) X(cuMemAlloc_v2) \
-    X(cuMemsetD8_v2) X(cuMemFree_v2)
+    X(cuMemsetD8_v2) X(cuMemFree_v2) X(cuMemcpyDtoHAsync_v2)
 
 #define FIELD(name) __typeof__(name) *name;
 static struct {
@@ -84,10 +84,10 @@ struct work {
 
 static CUresult launch(const char *path, struct work *w)
 {
-    if (strcmp(path, "kernel") == 0)
-        return cu.cuLaunchKernel(w->f, 1, 1, 1, 32, 1, 1, 0, w->stream, w->params, NULL);
     if (strcmp(path, "kernel_ptsz") == 0) /* NULL: the per-thread default stream */
         return cu.cuLaunchKernel_ptsz(w->f, 1, 1, 1, 32, 1, 1, 0, NULL, w->params, NULL);
+    if (strcmp(path, "kernel") == 0 || strcmp(path, "readback") == 0)
+        return cu.cuLaunchKernel(w->f, 1, 1, 1, 32, 1, 1, 0, w->stream, w->params, NULL);
     if (strcmp(path, "legacy") == 0 || strcmp(path, "legacy_memset") == 0)
         return cu.cuLaunchKernel(w->f, 1, 1, 1, 32, 1, 1, 0, NULL, w->params, NULL);
     if (strcmp(path, "ex") == 0 || strcmp(path, "ex_ptsz") == 0) {
@@ -148,10 +148,14 @@ static int worker(const char *path, uint64_t kernel_us, double seconds, unsigned
         CALL(cu.cuGraphInstantiateWithFlags(&exec, g, 0));
     }
     /* legacy_memset: the application waits for the device in a call the
-     * hook does not see (a synchronous memset), with a gated batch open. */
+     * hook does not see (a synchronous memset), with a gated batch open.
+     * readback: it reads a word back on the stream at each sync, as a
+     * decoder reads its token. */
     bool unseen_wait = strcmp(path, "legacy_memset") == 0;
+    bool readback = strcmp(path, "readback") == 0;
     CUdeviceptr scratch = 0;
-    if (unseen_wait)
+    uint32_t word = 0;
+    if (unseen_wait || readback)
         CALL(cu.cuMemAlloc_v2(&scratch, 4096));
     uint64_t launches = 0, start = now_ns(), end = start + (uint64_t)(seconds * 1e9);
     do { /* at least one pass, even for a run of 0 s */
@@ -163,10 +167,14 @@ static int worker(const char *path, uint64_t kernel_us, double seconds, unsigned
         }
         CALL(launch(path, &w));
         if (++launches % sync_every == 0) {
-            if (unseen_wait)
+            if (unseen_wait) {
                 CALL(cu.cuMemsetD8_v2(scratch, 0, 4096));
-            else
+            } else if (readback) {
+                CALL(cu.cuMemcpyDtoHAsync_v2(&word, scratch, sizeof(word), w.stream));
+                CALL(cu.cuStreamSynchronize(w.stream));
+            } else {
                 CALL(cu.cuCtxSynchronize());
+            }
         }
     } while (now_ns() < end);
     CALL(cu.cuCtxSynchronize());
@@ -506,6 +514,59 @@ out:
     cleanup();
 }
 
+/* A process with no hook keeping the device busy: the test's own worker
+ * without LD_PRELOAD, 2 ms kernels, a sync every 8. */
+static pid_t start_unhooked_neighbour(double seconds)
+{
+    char libpath[4200], secs[32];
+    snprintf(libpath, sizeof(libpath), "%s/sim", build);
+    snprintf(secs, sizeof(secs), "%.2f", seconds);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int null = open("/dev/null", O_WRONLY);
+        dup2(null, 1);
+        unsetenv("LD_PRELOAD");
+        setenv("LD_LIBRARY_PATH", libpath, 1);
+        setenv("VGPU_SIM_STATE", state_path, 1);
+        execl(self, self, "worker", "kernel", "2000", secs, "8", (char *)NULL);
+        _exit(127);
+    }
+    return pid;
+}
+
+/* A paced process that reads each result back (a copy, then its next
+ * launch on a drained stream) beside another context's queued work: each
+ * batch's start event follows the hook's touch kernel, so it is charged
+ * its kernels, not the other context's work before them (gputime.h,
+ * "Touched"; the simulated device stamps a start event after a copy as an
+ * H200 does). Untouched, it was charged its whole limit, 50 %, for 1.0 % of
+ * work. */
+static void test_a_batch_after_a_read_back_is_charged_its_own_kernels(void)
+{
+    fresh_machine("readback");
+    pid_t neighbour = start_unhooked_neighbour(2.5);
+    struct timespec settle = {0, 200000000};
+    nanosleep(&settle, NULL);
+    struct result r;
+    bool started = run("50", 1, "readback", 200, 1.5, 1, &r) == 0;
+    int status;
+    waitpid(neighbour, &status, 0);
+    CHECKF(started, "the workers did not run");
+    struct vgpu_usage *u = map_usage();
+    if (!started || u == NULL) {
+        cleanup();
+        return;
+    }
+    double util = 100.0 * utilization(&r, 200);
+    double hook = 100.0 * (double)atomic_load(&u->devices[0].gpu_time_ns) / (double)r.wall_ns;
+    bool ok = util > 0.2 && hook < 2.0 * util + 0.5;
+    printf("read back beside queued work: work %.2f%%, hook measured %.2f%%: %s\n", util, hook,
+           ok ? "ok" : "FAILED");
+    CHECK(ok);
+    munmap(u, sizeof(*u));
+    cleanup();
+}
+
 /* 100 launches of 1 ms captured at a 10 % limit: capture takes no pacer
  * time (charged, they would need ~1 s) and counts no GPU time until the
  * graph runs. */
@@ -547,6 +608,7 @@ int main(int argc, char **argv)
     test_share_100_is_not_measured();
     test_unpaced_processes_are_measured_while_a_pacer_stamps();
     test_captured_launches_are_not_charged();
+    test_a_batch_after_a_read_back_is_charged_its_own_kernels();
     test_empty_kernels_do_not_hang();
     test_a_wait_the_hook_does_not_see_stalls_but_never_hangs();
     test_every_launch_path_is_paced();

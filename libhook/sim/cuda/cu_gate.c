@@ -110,8 +110,12 @@ static void stamp(CUevent e, CUstream s, bool held)
      * with nothing left to run is stamped when the device could next run
      * the stream's work: an H200 stamps a start event when its context
      * runs, so a gated pair does not count the wait for another context's
-     * queued work before it (benchmarks/pair_probe.cu). */
-    if (held && tail <= t) {
+     * queued work before it (benchmarks/pair_probe.cu). Not where the
+     * stream's last work was a copy (a token read back): there the H200
+     * stamps it at once, and the pair counts the other context's time
+     * slice, unless a kernel (the hook's touch) runs between the copy and
+     * the record. */
+    if (held && tail <= t && !atomic_load(&s->after_copy)) {
         uint64_t busy = cu_device_busy_until(s);
         if (busy > t)
             t = busy;
@@ -138,9 +142,11 @@ static void run(CUstream s, const struct cu_work *w, bool held)
     switch (w->kind) {
     case CU_WORK_KERNEL:
         cu_kernel_execute(s, &w->kernel);
+        atomic_store(&s->after_copy, false);
         break;
     case CU_WORK_COPY:
         copy_now(w);
+        atomic_store(&s->after_copy, true);
         break;
     case CU_WORK_RECORD:
         if (!held) {

@@ -84,6 +84,9 @@ CUresult cu_kernel_prepare(CUfunction f, uint64_t blocks, void **params, void **
             !arg(&a, 2, 16, sizeof(out->fill_n), &out->fill_n))
             return CUDA_ERROR_INVALID_VALUE;
         break;
+    case CU_KERNEL_TOUCH:
+        out->duration = 0;
+        break;
     case CU_KERNEL_OTHER:
         break;
     }

@@ -108,6 +108,8 @@ static enum cu_kernel_kind kind_of(const char *name)
         return CU_KERNEL_SPIN;
     if (strcmp(name, "vgpu_fill") == 0)
         return CU_KERNEL_FILL;
+    if (strcmp(name, "vgpu_touch") == 0)
+        return CU_KERNEL_TOUCH;
     return CU_KERNEL_OTHER;
 }
 

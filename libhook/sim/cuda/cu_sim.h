@@ -64,6 +64,7 @@ struct CUstream_st {
     struct cu_held_work *held, *held_last;
     struct CUstream_st *held_next;
     _Atomic bool is_held; /* held != NULL, readable without the lock */
+    _Atomic bool after_copy; /* its last work run was a copy, not a kernel (cu_gate.c, stamp) */
     bool destroyed;       /* destroyed while held: freed once released */
 };
 
@@ -214,7 +215,8 @@ void cu_store_max(_Atomic uint64_t *target, uint64_t value);
 void cu_wait_until(uint64_t t);
 
 /* ---- modules and launches (cu_module.c, cu_launch.c) ---- */
-enum cu_kernel_kind { CU_KERNEL_OTHER, CU_KERNEL_SPIN, CU_KERNEL_FILL };
+/* vgpu_touch: the hook's empty kernel (libhook/src/gt_touch.c), no time. */
+enum cu_kernel_kind { CU_KERNEL_OTHER, CU_KERNEL_SPIN, CU_KERNEL_FILL, CU_KERNEL_TOUCH };
 
 struct CUfunc_st {
     uint32_t tag;
