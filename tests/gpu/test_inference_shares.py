@@ -101,6 +101,51 @@ def test_a_decoder_next_to_a_gemm_tenant_keeps_its_pace_and_the_gemm_its_share(
     assert case["busy"] >= 0.95 * demand, seen
 
 
+def test_a_decode_chain_beside_a_gemm_tenant_is_charged_what_it_runs(
+    sampler: Sampler, tmp_path: Path
+) -> None:
+    """Through the daemon, the decode chain at 30 beside a GEMM tenant at
+    60. Each token ends in a read-back (a copy), so the next token's first
+    batch opens on a drained stream, and its start event took in the GEMM's
+    time slice until the hook ran its own empty kernel in front of it
+    (docs/compute.md, "Touched"). Charged what it runs, the chain is not
+    held back, and the GEMM tenant keeps its share: on an H200 the chain
+    was charged 19.4-20.3 for 18.4-19.5 points of work at its native
+    efficiency (29.9-30.1 for ~19.8 before), the GEMM did 71.4-72.5 % of its
+    native work (64.1-66.0) and the GPU was 93-94 % busy (80.5-82.2).
+    The chain's own share is not asserted: beside a GEMM it gets what the
+    GPU's time-slicing gives it (0.25-0.31 of its native work)."""
+    sides = Vgpus(tmp_path, device=0, calibrate=True)
+    try:
+        gemm_native = run_case("gemm", None, None, SECONDS, sampler, sides)
+        gemm_alone = run_case("gemm", 60, None, SECONDS, sampler, sides)
+        native = run_case("chain", None, None, SECONDS, sampler, sides)
+        case = run_case(
+            "chain",
+            30,
+            60,
+            SECONDS,
+            sampler,
+            sides,
+            neighbour_workload=("gemm", gemm_native["rate"]),
+        )
+    finally:
+        sides.stop()
+    work = case["rate"] / native["rate"]
+    ran = work * native["busy"]
+    alone_work = gemm_alone["rate"] / gemm_native["rate"] * 100
+    demand = 60 + min(30, native["busy"])
+    seen = (
+        f"chain at 30: charged {case['hook_busy']:.1f} for {work:.2f} of its native work "
+        f"({ran:.1f} points at its native busy {native['busy']:.1f}); GEMM at 60: "
+        f"{case['neighbour_work']:.1f} % of its native work beside it, {alone_work:.1f} % "
+        f"alone; GPU busy {case['busy']:.1f} for a demand of {demand:.1f}"
+    )
+    assert case["hook_busy"] == pytest.approx(ran, abs=TOLERANCE), seen
+    assert case["neighbour_work"] >= alone_work - TOLERANCE, seen
+    assert case["busy"] >= 0.95 * demand, seen
+
+
 @pytest.mark.parametrize(("workload", "share"), [("chain", 60), ("adds", 30)])
 def test_a_vgpu_alone_is_calibrated_by_nvml_to_its_share(
     sampler: Sampler, tmp_path: Path, workload: str, share: int
