@@ -28,10 +28,11 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from benchmarks.bench_inference import Standalone, Vgpus, run_case
+from benchmarks.bench_inference import Standalone, Tenancy, Vgpus, run_case
 from tests.integration.compute_harness import Sampler
 
 SECONDS = 5.0
@@ -67,15 +68,16 @@ def test_launch_bound_work_gets_its_share_and_is_charged_what_nvml_sees(
     assert case["hook_busy"] == pytest.approx(case["busy"], abs=TOLERANCE), seen
 
 
-def test_a_decoder_next_to_a_gemm_tenant_keeps_its_pace_and_the_gemm_its_share(
-    sampler: Sampler, tmp_path: Path
-) -> None:
-    sides = Standalone(tmp_path, separate_turns=False)
+def _beside_a_gemm_tenant(
+    workload: str, sampler: Sampler, sides: Tenancy
+) -> tuple[dict[str, Any], dict[str, Any], float]:
+    """`workload` natively, then at 30 beside a GEMM tenant at 60: the
+    two cases, and the GEMM tenant's work alone at 60 (% of its native)."""
     gemm_native = run_case("gemm", None, None, SECONDS, sampler, sides)
     gemm_alone = run_case("gemm", 60, None, SECONDS, sampler, sides)
-    native = run_case("hf-b1", None, None, SECONDS, sampler, sides)
+    native = run_case(workload, None, None, SECONDS, sampler, sides)
     case = run_case(
-        "hf-b1",
+        workload,
         30,
         60,
         SECONDS,
@@ -83,7 +85,14 @@ def test_a_decoder_next_to_a_gemm_tenant_keeps_its_pace_and_the_gemm_its_share(
         sides,
         neighbour_workload=("gemm", gemm_native["rate"]),
     )
-    alone_work = gemm_alone["rate"] / gemm_native["rate"] * 100
+    return native, case, gemm_alone["rate"] / gemm_native["rate"] * 100
+
+
+def test_a_decoder_next_to_a_gemm_tenant_keeps_its_pace_and_the_gemm_its_share(
+    sampler: Sampler, tmp_path: Path
+) -> None:
+    sides = Standalone(tmp_path, separate_turns=False)
+    native, case, alone_work = _beside_a_gemm_tenant("hf-b1", sampler, sides)
     pace = case["rate"] / native["rate"]
     demand = 60 + min(30, native["busy"])
     seen = (
@@ -117,23 +126,11 @@ def test_a_decode_chain_beside_a_gemm_tenant_is_charged_what_it_runs(
     GPU's time-slicing gives it (0.25-0.31 of its native work)."""
     sides = Vgpus(tmp_path, device=0, calibrate=True)
     try:
-        gemm_native = run_case("gemm", None, None, SECONDS, sampler, sides)
-        gemm_alone = run_case("gemm", 60, None, SECONDS, sampler, sides)
-        native = run_case("chain", None, None, SECONDS, sampler, sides)
-        case = run_case(
-            "chain",
-            30,
-            60,
-            SECONDS,
-            sampler,
-            sides,
-            neighbour_workload=("gemm", gemm_native["rate"]),
-        )
+        native, case, alone_work = _beside_a_gemm_tenant("chain", sampler, sides)
     finally:
         sides.stop()
     work = case["rate"] / native["rate"]
     ran = work * native["busy"]
-    alone_work = gemm_alone["rate"] / gemm_native["rate"] * 100
     demand = 60 + min(30, native["busy"])
     seen = (
         f"chain at 30: charged {case['hook_busy']:.1f} for {work:.2f} of its native work "
