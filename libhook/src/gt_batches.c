@@ -250,11 +250,11 @@ struct gt_batch *gt_open_batch(struct gt_stream *s, struct gt_dev *d, bool graph
          * the gate shuts. With the turn too: a process in no vGPU takes
          * none. Not while a stream captures: a module load may be among
          * the calls a global capture refuses. */
-        bool touch = gate && !capturing && drained(s) && gt_touch_ready(s);
+        CUfunction touch = gate && !capturing && drained(s) ? gt_touch_function(s) : NULL;
         if (gate)
             gt_gate_shut(s, b);
-        if (touch && b->gated)
-            gt_touch(s);
+        if (touch != NULL && b->gated)
+            gt_touch(s, touch);
         if (vgpu_real_cuda.cuEventRecord(b->start, s->record_on) != CUDA_SUCCESS) {
             gt_gate_open(s, b);
             return NULL;

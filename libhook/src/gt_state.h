@@ -189,11 +189,12 @@ uint32_t gt_gate_target(const struct gt_stream *s);
 
 /* ---- gt_touch.c ---- */
 
-/* Can the stream's context run the touch kernel (gputime.h)? Loads it and
- * runs it once there the first time: call with no gate of `s` shut. */
-bool gt_touch_ready(struct gt_stream *s);
-/* Queue the touch kernel on the stream (after gt_touch_ready). */
-void gt_touch(struct gt_stream *s);
+/* The touch kernel of the stream's context (gputime.h), NULL where it
+ * cannot be had. Loads it and runs it once there the first time: call
+ * with no gate of `s` shut. */
+CUfunction gt_touch_function(struct gt_stream *s);
+/* Queue it on the stream. */
+void gt_touch(struct gt_stream *s, CUfunction fn);
 
 /* ---- gt_monitor.c ---- */
 

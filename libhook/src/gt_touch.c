@@ -16,11 +16,13 @@ static const char touch_ptx[] = ".version 6.0\n"
                                 "\tret;\n"
                                 "}\n";
 
+/* Contexts with a touch kernel (or where it failed): beyond that many,
+ * batches go untouched, and may be charged more, never less. */
 #define TOUCH_CONTEXTS 32
 
 static struct {
     CUcontext ctx;
-    CUfunction fn;
+    CUfunction fn; /* NULL: it failed there, not tried again */
 } touches[TOUCH_CONTEXTS];
 static pthread_mutex_t touch_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -37,11 +39,16 @@ static CUresult launch(CUfunction fn, CUstream stream)
     return vgpu_real_cuda.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, stream, NULL, NULL);
 }
 
-/* The context's touch kernel, loaded and run once on `s` (no gate of it
- * shut) if it was not yet: NULL where it cannot be had. Through the hook's
- * own cuModuleLoadData, so that the module's memory counts in the vGPU as
- * any module's does. */
-static CUfunction function_for(struct gt_stream *s)
+static void failed(const char *what)
+{
+    log_info("no touch kernel in a context (%s): its batches that open on a drained stream "
+             "beside another context may be charged that context's time slice",
+             what);
+}
+
+/* See gt_state.h. Through the hook's own cuModuleLoadData, so that the
+ * module's memory counts in the vGPU as any module's does. */
+CUfunction gt_touch_function(struct gt_stream *s)
 {
     pthread_mutex_lock(&touch_lock);
     int i = slot_of(s->ctx);
@@ -54,10 +61,8 @@ static CUfunction function_for(struct gt_stream *s)
             fn = NULL;
             if (module != NULL)
                 vgpu_real_cuda.cuModuleUnload(module);
-            log_info("no touch kernel in a context: its batches that open on an idle stream "
-                     "beside another context may be charged that context's time slice");
+            failed("not loaded");
         }
-        /* Not again in this context, where it failed. */
         touches[i].ctx = s->ctx;
         touches[i].fn = fn;
     }
@@ -65,19 +70,18 @@ static CUfunction function_for(struct gt_stream *s)
     return fn;
 }
 
-bool gt_touch_ready(struct gt_stream *s)
+/* See gt_state.h. */
+void gt_touch(struct gt_stream *s, CUfunction fn)
 {
-    return function_for(s) != NULL;
-}
-
-void gt_touch(struct gt_stream *s)
-{
+    if (launch(fn, s->record_on) == CUDA_SUCCESS)
+        return;
     pthread_mutex_lock(&touch_lock);
     int i = slot_of(s->ctx);
-    CUfunction fn = i >= 0 ? touches[i].fn : NULL;
+    if (i >= 0 && touches[i].fn != NULL) {
+        touches[i].fn = NULL;
+        failed("a launch failed");
+    }
     pthread_mutex_unlock(&touch_lock);
-    if (fn != NULL && launch(fn, s->record_on) != CUDA_SUCCESS)
-        gt_touch_forget(s->ctx);
 }
 
 void gt_touch_forget(CUcontext ctx)
