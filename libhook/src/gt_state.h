@@ -233,6 +233,8 @@ enum gt_kind gt_kind_of(const struct gt_batch *b);
 /* Count one batch of `launches` charged `busy_ns` (`at_cost`: its cost
  * per launch, not its span). Any thread. */
 void gt_tally(enum gt_kind kind, uint64_t launches, uint64_t busy_ns, bool at_cost);
+/* A batch was touched (gt_touch.c). Any thread. */
+void gt_tally_touch(void);
 /* At exit: the counts, as one JSON line appended to VGPU_BATCH_STATS. */
 void gt_tally_write(void);
 

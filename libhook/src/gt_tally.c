@@ -21,6 +21,9 @@ static struct {
     _Atomic uint64_t batches, launches, busy_ns, at_cost;
 } tally[GT_KINDS];
 
+/* Batches the hook's touch kernel went in front of (gputime.h, "Touched"). */
+static _Atomic uint64_t touches;
+
 static unsigned long long counted(_Atomic uint64_t *counter)
 {
     return (unsigned long long)atomic_load_explicit(counter, memory_order_relaxed);
@@ -50,6 +53,12 @@ void gt_tally(enum gt_kind kind, uint64_t launches, uint64_t busy_ns, bool at_co
         atomic_fetch_add_explicit(&tally[kind].at_cost, 1, memory_order_relaxed);
 }
 
+void gt_tally_touch(void)
+{
+    if (vgpu.env.batch_stats_path != NULL)
+        atomic_fetch_add_explicit(&touches, 1, memory_order_relaxed);
+}
+
 /* One JSON line, appended with a single write so that the processes of a
  * run may share the file. */
 void gt_tally_write(void)
@@ -58,7 +67,8 @@ void gt_tally_write(void)
     if (path == NULL)
         return;
     char line[1024];
-    int n = snprintf(line, sizeof(line), "{\"pid\": %d", (int)getpid());
+    int n = snprintf(line, sizeof(line), "{\"pid\": %d, \"touched\": %llu", (int)getpid(),
+                     counted(&touches));
     for (int k = 0; k < GT_KINDS && n > 0 && (size_t)n < sizeof(line); k++)
         n += snprintf(line + n, sizeof(line) - (size_t)n,
                       ", \"%s\": {\"batches\": %llu, \"launches\": %llu, \"busy_ns\": %llu, "

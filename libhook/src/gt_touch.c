@@ -73,8 +73,10 @@ CUfunction gt_touch_function(struct gt_stream *s)
 /* See gt_state.h. */
 void gt_touch(struct gt_stream *s, CUfunction fn)
 {
-    if (launch(fn, s->record_on) == CUDA_SUCCESS)
+    if (launch(fn, s->record_on) == CUDA_SUCCESS) {
+        gt_tally_touch();
         return;
+    }
     pthread_mutex_lock(&touch_lock);
     int i = slot_of(s->ctx);
     if (i >= 0 && touches[i].fn != NULL) {

@@ -74,6 +74,11 @@ def test_every_launch_is_counted_once_in_the_kind_that_measured_it(
         assert launches(line, "sampled") >= 0.5 * launched, line
         assert line["sampled"]["at_cost"] > 0, line
     assert line["gated"]["at_cost"] == 0, line  # a gated span is its own measure
+    # Its CPU launches slower than its kernels run: its stream is drained
+    # when a batch opens, and the gated ones are touched (docs/compute.md,
+    # "Touched"); no other batch is.
+    gated = line["gated"]["batches"] + line["shared"]["batches"]
+    assert 0 < line["touched"] <= gated, line
 
 
 def test_an_unpaced_process_measures_nothing_and_says_so(
@@ -83,6 +88,7 @@ def test_an_unpaced_process_measures_nothing_and_says_so(
     burn(sim_env, tmp_path, 100, stats, *LAUNCH_BOUND)
     (line,) = [json.loads(s) for s in stats.read_text().splitlines()]
     assert launches(line, *KINDS) == 0, line
+    assert line["touched"] == 0, line
 
 
 def test_processes_append_a_line_each_and_a_bad_path_costs_only_a_warning(
