@@ -138,7 +138,7 @@ vgpud/k8s/proto/%/api_pb2.py: vgpud/k8s/proto/%/api.proto $(VENV_STAMP)
 lint: venv
 	$(VENV)/bin/ruff check vgpud tests benchmarks demo
 	$(VENV)/bin/ruff format --check vgpud tests benchmarks demo
-	$(VENV)/bin/mypy vgpud demo
+	$(VENV)/bin/mypy vgpud demo tests/unit
 
 test-c: lib sim tools $(CTESTS)
 	@set -e; for t in $(CTESTS); do echo "== $$t"; VGPU_BUILD=$(BUILD) $$t; done

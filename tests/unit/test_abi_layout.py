@@ -45,7 +45,7 @@ def python_layout() -> dict[str, int]:
     out: dict[str, int] = dict(CONSTANTS)
     for struct in abi.ABI_STRUCTS:
         out[f"sizeof {struct.c_name}"] = ctypes.sizeof(struct)
-        for name, ctype in struct._fields_:
+        for name, ctype, *_ in struct._fields_:
             out[f"offsetof {struct.c_name}.{name}"] = getattr(struct, name).offset
             out[f"sizeof {struct.c_name}.{name}"] = ctypes.sizeof(ctype)
     return out
@@ -63,7 +63,7 @@ def c_program() -> str:
     for struct in abi.ABI_STRUCTS:
         s = f"struct {struct.c_name}"
         lines.append(f'    printf("sizeof {struct.c_name} %zu\\n", sizeof({s}));')
-        for name, _ in struct._fields_:
+        for name, *_ in struct._fields_:
             key = f"{struct.c_name}.{name}"
             lines.append(f'    printf("offsetof {key} %zu\\n", offsetof({s}, {name}));')
             lines.append(f'    printf("sizeof {key} %zu\\n", sizeof((({s} *)0)->{name}));')

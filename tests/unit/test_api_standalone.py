@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,7 +21,7 @@ READ_ONLY = "standalone vGPU: its limits come from the container's environment"
 
 
 def counters(**kw: int) -> UsageDevice:
-    fields = dict.fromkeys(
+    fields: dict[str, Any] = dict.fromkeys(
         ("used", "peak", "oom_count", "gpu_time_ns", "launches", "throttled_ns"), 0
     )
     return UsageDevice(**{**fields, "mem_limit": 0, "share_ppm": 0, **kw})

@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 import pytest
 
 from vgpud.policy.controller import (
-    PPM_FULL,
     Allocation,
     ControllerState,
     GpuSample,
@@ -17,6 +16,7 @@ from vgpud.policy.controller import (
     Tuning,
     compute_quotas,
 )
+from vgpud.units import PPM_FULL
 
 GPU = "GPU-0"
 TICK_NS = 100_000_000

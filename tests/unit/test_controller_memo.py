@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 
 from vgpud.policy import controller
 from vgpud.policy.controller import (
-    PPM_FULL,
     Allocation,
     ControllerState,
     GpuSample,
@@ -21,6 +20,7 @@ from vgpud.policy.controller import (
     Snapshot,
     compute_quotas,
 )
+from vgpud.units import PPM_FULL
 
 TICK_NS = 100_000_000
 ALLOCATIONS = [
@@ -38,7 +38,7 @@ def runs(draw: st.DrawFn) -> list[tuple[int, Snapshot]]:
     now = 0
     counters = {a.vgpu_id: [0, 0] for a in ALLOCATIONS}
     samples = {a.vgpu_id: SliceSample(active=True) for a in ALLOCATIONS}
-    device = {"GPU-0": None, "GPU-1": None}
+    device: dict[str, float | None] = {"GPU-0": None, "GPU-1": None}
     ticks = []
     for _ in range(draw(st.integers(10, 80))):
         # A stalled loop or a sample period now and then: time matters too.

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from vgpud.ctl import client as client_mod
 from vgpud.ctl.client import Client, DaemonUnreachable
 from vgpud.ctl.doctor import find_driver, risky, unhooked
 from vgpud.ctl.elf import ElfError, exported_functions
@@ -26,7 +25,7 @@ def refuse_with(monkeypatch: pytest.MonkeyPatch, err: OSError) -> None:
     def connect(self: socket.socket, address: object) -> None:
         raise err
 
-    monkeypatch.setattr(client_mod.socket.socket, "connect", connect)
+    monkeypatch.setattr("vgpud.ctl.client.socket.socket.connect", connect)
 
 
 def test_permission_denied_names_the_group(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -13,7 +13,7 @@ from vgpud.loops.scan import Watch
 from vgpud.observe.nvml import GpuSample, NvmlSample
 from vgpud.observe.tracker import Tracker
 from vgpud.surface.metrics import Metrics
-from vgpud.vgpus.blocks import Atomics
+from vgpud.vgpus.atomics import Atomics
 
 
 async def test_nvml_is_sampled_slowly_only_while_nothing_needs_it(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.unit.apiclient import running_api
 from vgpud.loops.control import Steering
-from vgpud.surface.metrics import Metrics
+from vgpud.surface.metrics import Histogram, Metrics
 from vgpud.units import PPM_FULL
 from vgpud.vgpus.atomics import Atomics
 from vgpud.vgpus.model import UpdateRequest
@@ -91,7 +91,7 @@ async def test_the_histograms_read_as_prometheus_client_writes_them(tmp_path: Pa
     async with running_api(tmp_path) as api:
         metrics = Metrics(api.service)
         reference = CollectorRegistry()
-        label_sets = {
+        label_sets: dict[Histogram, list[tuple[str, ...]]] = {
             metrics.loop_seconds: [("scan",), ("control",)],
             # A method and route as a client may send them: quoted, escaped, odd.
             metrics.request_seconds: [('GE"T', "/v1/a\\b\nc", "404"), ("GET", "/v1/health", "200")],

@@ -134,7 +134,7 @@ class FakeNvml:
         return SimpleNamespace(busId=f"00000000:0{handle}:00.0".encode())
 
     def nvmlDeviceGetTopologyCommonAncestor(self, a: int, b: int) -> int:
-        return pynvml.NVML_TOPOLOGY_SINGLE
+        return int(pynvml.NVML_TOPOLOGY_SINGLE)
 
     def nvmlDeviceGetUtilizationRates(self, handle: int) -> Any:
         self._enter("nvmlDeviceGetUtilizationRates", handle)

@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 
-from vgpud.observe import procfs
 from vgpud.observe.cgroups import classify, parse_cgroup_file
 from vgpud.observe.procfs import MappedFile, ProcessTable, ProcFS, parse_maps, parse_stat
 
@@ -146,7 +145,7 @@ def test_unreadable_process_is_skipped(
             raise OSError(code, os.strerror(code))
         return real_open(path, flags, *args)
 
-    monkeypatch.setattr(procfs.os, "open", deny)
+    monkeypatch.setattr("vgpud.observe.procfs.os.open", deny)
     assert sorted(ProcessTable(ProcFS(tree)).refresh()) == [1, 4150]
 
 
@@ -154,7 +153,7 @@ def test_other_errors_are_raised(tree: Path, monkeypatch: pytest.MonkeyPatch) ->
     def broken(path: Any, flags: int, *args: Any) -> int:
         raise OSError(errno.EMFILE, "Too many open files")
 
-    monkeypatch.setattr(procfs.os, "open", broken)
+    monkeypatch.setattr("vgpud.observe.procfs.os.open", broken)
     with pytest.raises(OSError, match="Too many open files"):
         ProcFS(tree).stat(1)
 
