@@ -211,14 +211,16 @@ VGPU_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 
 /* ---- modules: their code and data live in device memory ------------------ */
 
-static CUresult loaded(struct overhead_probe *probe, CUresult rc, CUmodule *module)
+/* `own`: the hook's own module, whose refusal is no OOM of the application's. */
+static CUresult loaded(struct overhead_probe *probe, CUresult rc, CUmodule *module, bool own)
 {
     if (rc != CUDA_SUCCESS || probe->index < 0)
         return rc;
     if (overhead_end(probe) != 0) {
         vgpu_real_cuda.cuModuleUnload(*module);
         *module = NULL;
-        return budget_oom(probe->index, "module load", probe->wanted);
+        return own ? CUDA_ERROR_OUT_OF_MEMORY
+                   : budget_oom(probe->index, "module load", probe->wanted);
     }
     return rc;
 }
@@ -228,7 +230,14 @@ VGPU_EXPORT CUresult cuModuleLoadData(CUmodule *module, const void *image)
     VGPU_CUDA_ENTER(cuModuleLoadData);
     struct overhead_probe probe;
     probe_current(&probe);
-    return loaded(&probe, vgpu_real_cuda.cuModuleLoadData(module, image), module);
+    return loaded(&probe, vgpu_real_cuda.cuModuleLoadData(module, image), module, false);
+}
+
+CUresult ctx_own_module_load(CUmodule *module, const void *image)
+{
+    struct overhead_probe probe;
+    probe_current(&probe);
+    return loaded(&probe, vgpu_real_cuda.cuModuleLoadData(module, image), module, true);
 }
 
 VGPU_EXPORT CUresult cuModuleLoadDataEx(CUmodule *module, const void *image,
@@ -240,7 +249,7 @@ VGPU_EXPORT CUresult cuModuleLoadDataEx(CUmodule *module, const void *image,
     probe_current(&probe);
     CUresult rc =
         vgpu_real_cuda.cuModuleLoadDataEx(module, image, numOptions, options, optionValues);
-    return loaded(&probe, rc, module);
+    return loaded(&probe, rc, module, false);
 }
 
 VGPU_EXPORT CUresult cuModuleUnload(CUmodule hmod)

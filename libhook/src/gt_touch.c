@@ -46,8 +46,8 @@ static void failed(const char *what)
              what);
 }
 
-/* See gt_state.h. Through the hook's own cuModuleLoadData, so that the
- * module's memory counts in the vGPU as any module's does. */
+/* See gt_state.h. Its memory counts in the vGPU as any module's does
+ * (ctx_own_module_load). */
 CUfunction gt_touch_function(struct gt_stream *s)
 {
     pthread_mutex_lock(&touch_lock);
@@ -55,7 +55,7 @@ CUfunction gt_touch_function(struct gt_stream *s)
     CUfunction fn = i >= 0 ? touches[i].fn : NULL;
     if (i < 0 && (i = slot_of(NULL)) >= 0) {
         CUmodule module = NULL;
-        if (cuModuleLoadData(&module, touch_ptx) != CUDA_SUCCESS ||
+        if (ctx_own_module_load(&module, touch_ptx) != CUDA_SUCCESS ||
             vgpu_real_cuda.cuModuleGetFunction(&fn, module, "vgpu_touch") != CUDA_SUCCESS ||
             launch(fn, s->record_on) != CUDA_SUCCESS) {
             fn = NULL;

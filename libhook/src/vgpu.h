@@ -364,6 +364,10 @@ void overhead_reset(void);
 void mem_ctx_destroyed(CUcontext ctx);
 /* Fork child: forget the parent's contexts, re-initialise the locks. */
 void ctx_hooks_reset(void);
+/* A module of the hook's own (gt_touch.c) into the current context: its
+ * memory measured and charged as any module's, but one that does not fit
+ * is no out-of-memory of the application's (not counted, not warned). */
+CUresult ctx_own_module_load(CUmodule *module, const void *image);
 
 /* ---- share_hooks.c: memory other processes may hold --------------------- *
  * An allocation exported to another process (cuIpcGetMemHandle, a VMM handle

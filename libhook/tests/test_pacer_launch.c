@@ -567,6 +567,46 @@ static void test_a_batch_after_a_read_back_is_charged_its_own_kernels(void)
     cleanup();
 }
 
+/* The readback worker in a slice of `limit` with modules of 8 MiB (the
+ * simulator's VGPU_SIM_MODULE_BYTES): its usage block's out-of-memory
+ * count and peak, or false if it did not run. */
+static bool touch_module_run(const char *name, const char *limit, uint64_t *ooms, uint64_t *peak)
+{
+    fresh_machine(name);
+    setenv("VGPU_SIM_MODULE_BYTES", "8m", 1);
+    setenv("CUDA_MEM_LIMIT", limit, 1);
+    struct result r;
+    bool started = run("50", 1, "readback", 200, 0.3, 1, &r) == 0;
+    unsetenv("VGPU_SIM_MODULE_BYTES");
+    unsetenv("CUDA_MEM_LIMIT");
+    struct vgpu_usage *u = started ? map_usage() : NULL;
+    if (u != NULL) {
+        *ooms = atomic_load(&u->devices[0].oom_count);
+        *peak = atomic_load(&u->devices[0].peak);
+        munmap(u, sizeof(*u));
+    }
+    cleanup();
+    return u != NULL;
+}
+
+/* The touch kernel's module is the hook's own: charged in the slice as any
+ * module is (the context's 48 MiB, the worker's module and the touch's:
+ * a peak of 64 MiB), but where it does not fit (a slice of 60 MiB) the
+ * application sees no out-of-memory, none counted in its usage block, and
+ * its batches go untouched. */
+static void test_the_touch_module_is_charged_and_never_an_oom_of_the_process(void)
+{
+    uint64_t ooms = 0, peak = 0, tight_ooms = 0, tight_peak = 0;
+    bool ran = touch_module_run("touch-fits", "100m", &ooms, &peak) &&
+               touch_module_run("touch-oom", "60m", &tight_ooms, &tight_peak);
+    bool ok = ran && ooms == 0 && peak >= 64ull << 20 && tight_ooms == 0 &&
+              tight_peak <= 60ull << 20;
+    printf("touch module: in 100 MiB peak %" PRIu64 " MiB; in 60 MiB peak %" PRIu64
+           " MiB, %" PRIu64 " out-of-memory counted: %s\n",
+           peak >> 20, tight_peak >> 20, tight_ooms, ok ? "ok" : "FAILED");
+    CHECK(ok);
+}
+
 /* 100 launches of 1 ms captured at a 10 % limit: capture takes no pacer
  * time (charged, they would need ~1 s) and counts no GPU time until the
  * graph runs. */
@@ -609,6 +649,7 @@ int main(int argc, char **argv)
     test_unpaced_processes_are_measured_while_a_pacer_stamps();
     test_captured_launches_are_not_charged();
     test_a_batch_after_a_read_back_is_charged_its_own_kernels();
+    test_the_touch_module_is_charged_and_never_an_oom_of_the_process();
     test_empty_kernels_do_not_hang();
     test_a_wait_the_hook_does_not_see_stalls_but_never_hangs();
     test_every_launch_path_is_paced();

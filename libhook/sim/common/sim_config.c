@@ -165,7 +165,8 @@ int sim_config_from_env(struct sim_config *cfg)
         parse_count("VGPU_SIM_KERNEL_NS", 0, UINT32_MAX * 1000ULL, &cfg->kernel_ns) != 0 ||
         parse_count("VGPU_SIM_NVML_LAUNCH_NS", 0, 1000000ULL, &cfg->nvml_launch_ns) != 0 ||
         parse_size_var("VGPU_SIM_MEMORY", false, &cfg->memory) != 0 ||
-        parse_size_var("VGPU_SIM_CTX_OVERHEAD", true, &cfg->ctx_overhead) != 0)
+        parse_size_var("VGPU_SIM_CTX_OVERHEAD", true, &cfg->ctx_overhead) != 0 ||
+        parse_size_var("VGPU_SIM_MODULE_BYTES", true, &cfg->module_bytes) != 0)
         return -1;
     cfg->devices = (uint32_t)devices;
     cfg->sms = (uint32_t)sms;

@@ -39,6 +39,7 @@ struct sim_config {
     uint32_t sms;
     uint64_t memory;       /* bytes per device */
     uint64_t ctx_overhead; /* bytes charged per context */
+    uint64_t module_bytes; /* bytes charged per loaded module */
     uint64_t kernel_ns;    /* duration of a kernel the sim does not know */
     /* NVML's utilization also counts this much of the front end's time
      * before each kernel that finds the device idle (a real GPU's counts

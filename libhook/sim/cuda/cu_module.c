@@ -21,6 +21,8 @@ struct CUmod_st {
     bool any_name; /* a binary image: every name resolves */
     char *entries; /* PTX: the .entry names, each NUL-terminated, then "" */
     struct CUfunc_st *functions;
+    unsigned dev;      /* the simulated device its context is on */
+    uint64_t charged;  /* VGPU_SIM_MODULE_BYTES, given back at unload */
 };
 
 static bool ident_char(char c)
@@ -81,6 +83,13 @@ static CUresult module_load(CUmodule *module, const void *image)
         free(m);
         return CUDA_ERROR_INVALID_IMAGE;
     } else if ((m->entries = ptx_entries(image)) == NULL) {
+        free(m);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    m->dev = ctx->dev;
+    m->charged = cu_proc->st->config.module_bytes;
+    if (cu_charge(m->dev, m->charged) != CUDA_SUCCESS) {
+        free(m->entries);
         free(m);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
@@ -161,6 +170,7 @@ CUresult cuModuleUnload(CUmodule hmod)
         free(f);
     }
     hmod->tag = CU_TAG_DEAD;
+    cu_uncharge(hmod->dev, hmod->charged);
     free(hmod->entries);
     free(hmod);
     pthread_mutex_unlock(&cu_lock);
