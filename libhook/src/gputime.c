@@ -92,6 +92,7 @@ static void atfork_child(void)
     gt.head = gt.tail = NULL;
     gt.monitor_running = false;
     gt_streams_forget_thread();
+    gt_touch_reset();
     turn_reset();
 }
 

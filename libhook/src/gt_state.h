@@ -195,6 +195,8 @@ uint32_t gt_gate_target(const struct gt_stream *s);
 CUfunction gt_touch_function(struct gt_stream *s);
 /* Queue it on the stream. */
 void gt_touch(struct gt_stream *s, CUfunction fn);
+/* In a forked child: the parent's contexts, and their modules, are not its. */
+void gt_touch_reset(void);
 
 /* ---- gt_monitor.c ---- */
 

@@ -6,6 +6,8 @@
  * stream shuts: a module's first launch may load it lazily, which waits
  * for the context's work, and behind a shut gate that would be for ever.
  */
+#include <string.h>
+
 #include "gt_state.h"
 
 static const char touch_ptx[] = ".version 6.0\n"
@@ -84,6 +86,12 @@ void gt_touch(struct gt_stream *s, CUfunction fn)
         failed("a launch failed");
     }
     pthread_mutex_unlock(&touch_lock);
+}
+
+void gt_touch_reset(void)
+{
+    memset(touches, 0, sizeof(touches));
+    pthread_mutex_init(&touch_lock, NULL);
 }
 
 void gt_touch_forget(CUcontext ctx)
