@@ -1,6 +1,8 @@
 """Reusing a settled GPU's quotas changes nothing: the controller fed long
 runs of unchanged inputs gives, tick for tick, what it gives when every
-tick is computed in full; and a steady GPU is in fact reused."""
+tick is computed in full; and a steady GPU is in fact reused. So does
+reusing a busy GPU's quotas while its vGPUs' uses stay where they do not
+move them (``SteadyGpu``)."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from vgpud.policy.controller import (
 from vgpud.units import PPM_FULL
 
 TICK_NS = 100_000_000
+NOT_COUNTERS = SliceState._fields.index("correction")
 ALLOCATIONS = [
     Allocation("h", "GPU-0", 300_000),
     Allocation("s1", "GPU-0", 200_000, soft=True, weight=1),
@@ -74,6 +77,10 @@ def same_as_computing_every_tick(
         got, reusing = compute_quotas(snapshot, allocations, reusing)
         want, full = compute_quotas(snapshot, allocations, full)
         assert got == want, f"at {now / 1e9:.1f} s"
+        # And what each slice remembers, but for its counters (a reused
+        # GPU's are read again when it is computed).
+        for key, state in full.slices.items():
+            assert reusing.slices[key][NOT_COUNTERS:] == state[NOT_COUNTERS:], key
         full = ControllerState(slices=full.slices)  # never settled: always computed
     return reusing
 
@@ -84,6 +91,119 @@ def test_reused_quotas_are_the_ones_a_full_computation_gives(
     ticks: list[tuple[int, Snapshot]],
 ) -> None:
     same_as_computing_every_tick(ticks)
+
+
+# Uses (fractions of the GPU) a vGPU keeps for a while: idle, under its
+# share, about its share and target, and all of the GPU.
+USES = [0.0, 0.1, 0.3, 0.4, 0.5, 0.97]
+BUSY_CHANGES = ["use", "held", "nvml", "idle", "alone", "same"]
+
+
+@st.composite
+def steady_runs(draw: st.DrawFn) -> list[tuple[int, Snapshot]]:
+    """Ticks where each vGPU keeps using the GPU at one rate for a while (its
+    counters move every tick), with every kind of change between: another
+    rate, a hold, an NVML figure, processes gone or back, alone on its GPU
+    or not (with small launches, alone, a vGPU is calibrated)."""
+    now = 0
+    counters = {a.vgpu_id: [0, 0, 0] for a in ALLOCATIONS}
+    uses = {a.vgpu_id: draw(st.sampled_from(USES)) for a in ALLOCATIONS}
+    launch_ns = {a.vgpu_id: draw(st.sampled_from([10_000, 2_000_000])) for a in ALLOCATIONS}
+    active = {a.vgpu_id: True for a in ALLOCATIONS}
+    alone = {a.vgpu_id: False for a in ALLOCATIONS}
+    device: dict[str, float | None] = {"GPU-0": None, "GPU-1": None}
+    ticks = []
+    for _ in range(draw(st.integers(10, 80))):
+        dt = draw(st.sampled_from([TICK_NS] * 6 + [2 * TICK_NS, 7 * TICK_NS]))
+        now += dt
+        steady = draw(st.sampled_from([True, True, True, True, False]))
+        slices = {}
+        for a in ALLOCATIONS:
+            change = "same" if steady else draw(st.sampled_from(BUSY_CHANGES))
+            c = counters[a.vgpu_id]
+            if change == "use":
+                uses[a.vgpu_id] = draw(st.sampled_from(USES))
+            elif change == "held":
+                c[1] += draw(st.integers(1, dt))
+            elif change == "idle":
+                active[a.vgpu_id] = not active[a.vgpu_id]
+            elif change == "alone":
+                alone[a.vgpu_id] = not alone[a.vgpu_id]
+            used = round(uses[a.vgpu_id] * dt) if active[a.vgpu_id] else 0
+            c[0] += used
+            c[2] += -(-used // launch_ns[a.vgpu_id])
+            util = draw(st.floats(0, 100)) if change == "nvml" else None
+            slices[a.vgpu_id] = SliceSample(
+                active[a.vgpu_id], util, c[0], c[1], c[2], alone[a.vgpu_id]
+            )
+        if draw(st.integers(0, 9)) == 0:
+            device["GPU-0"] = draw(st.one_of(st.none(), st.floats(0, 100)))
+        gpus = {
+            uuid: GpuSample(
+                device[uuid], {a.vgpu_id: slices[a.vgpu_id] for a in ALLOCATIONS if a.gpu == uuid}
+            )
+            for uuid in device
+        }
+        ticks.append((now, Snapshot(now_ns=now, gpus=gpus)))
+    return ticks
+
+
+@settings(max_examples=200, deadline=None)
+@given(steady_runs())
+def test_a_busy_gpu_reused_while_steady_gives_what_a_full_computation_gives(
+    ticks: list[tuple[int, Snapshot]],
+) -> None:
+    same_as_computing_every_tick(ticks)
+
+
+def test_a_busy_gpu_is_reused_while_its_uses_stay_and_computed_when_one_moves() -> None:
+    """GPU-0's three vGPUs use about their targets (the hard one its share,
+    the soft ones their share and spare): their quotas stay, so the GPU is
+    computed once and reused while the counters move; the soft one at 0.3
+    falling to 0.1 is computed at once, as computing every tick does."""
+    allocations = [a for a in ALLOCATIONS if a.gpu == "GPU-0"]
+    counters = {"h": 0, "s1": 0, "s2": 0}
+    held = {"h": 0, "s1": 0, "s2": 0}
+
+    def tick(
+        n: int, uses: dict[str, float], waited: str | None = None, figure: float | None = None
+    ) -> tuple[int, Snapshot]:
+        for k, use in uses.items():
+            counters[k] += round(use * TICK_NS)
+        if waited is not None:
+            held[waited] += TICK_NS // 2
+        slices = {
+            k: SliceSample(True, figure if k == "h" else None, counters[k], held[k], n)
+            for k in counters
+        }
+        return n * TICK_NS, Snapshot(n * TICK_NS, {"GPU-0": GpuSample(80.0, slices)})
+
+    at_target = {"h": 0.3, "s1": 0.3, "s2": 0.4}
+    ticks = [tick(n, at_target) for n in range(1, 8)]
+    state = same_as_computing_every_tick(ticks, allocations)
+    assert "GPU-0" in state.steady and "GPU-0" not in state.settled
+    kept = state.slices[("s1", "GPU-0")]
+    quotas, state = compute_quotas(tick(8, at_target)[1], allocations, state)
+    assert state.slices[("s1", "GPU-0")] is kept  # reused, not computed
+    assert quotas == state.steady["GPU-0"].quotas
+    counters.update(h=0, s1=0, s2=0)
+    moved = [tick(n, at_target) for n in range(1, 9)]
+    moved += [tick(9, {**at_target, "s1": 0.1}), tick(10, {**at_target, "s1": 0.1})]
+    state = same_as_computing_every_tick(moved, allocations)
+    assert "GPU-0" not in state.steady  # s1 now uses less than it is given
+    # The hard one idle with its processes: what it does not use is spare.
+    counters.update(h=0, s1=0, s2=0)
+    idle = [tick(n, at_target) for n in range(1, 9)]
+    idle += [tick(n, {**at_target, "h": 0.0}) for n in range(9, 12)]
+    same_as_computing_every_tick(idle, allocations)
+    # Held back for a tick: its held mean decays over the next ones, which
+    # are computed (a state that moves is no steady one). An NVML figure of
+    # the hard one's: it stands in for its use for 0.5 s.
+    counters.update(h=0, s1=0, s2=0)
+    waits = [tick(n, at_target) for n in range(1, 9)]
+    waits += [tick(9, at_target, waited="h")] + [tick(n, at_target) for n in range(10, 30)]
+    waits += [tick(30, at_target, figure=5.0)] + [tick(n, at_target) for n in range(31, 40)]
+    same_as_computing_every_tick(waits, allocations)
 
 
 def test_a_recent_nvml_figure_is_not_settled_until_it_is_too_old() -> None:

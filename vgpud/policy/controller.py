@@ -226,9 +226,24 @@ class SettledGpu:
 
 
 @dataclass(frozen=True)
+class SteadyGpu:
+    """A busy GPU whose last computation changed nothing but its slices'
+    counters, with every slice in a class where its use does not move its
+    quota (``_flat``): while each stays there, the same quotas and states
+    come out, and they are reused; only the counters move on, kept here
+    (not in the slices' states) until a tick computes the GPU again."""
+
+    allocations: tuple[Allocation, ...]
+    quotas: Mapping[Key, int]
+    sample: GpuSample  # the counters last read
+    read_at_ns: int  # when
+
+
+@dataclass(frozen=True)
 class ControllerState:
     slices: Mapping[tuple[str, str], SliceState] = field(default_factory=dict)
     settled: Mapping[str, SettledGpu] = field(default_factory=dict)  # by GPU uuid
+    steady: Mapping[str, SteadyGpu] = field(default_factory=dict)  # by GPU uuid
     # GPUs whose quotas were their shares whatever was measured (``_fixed``),
     # with those quotas, by GPU uuid.
     fixed: Mapping[str, Mapping[Key, int]] = field(default_factory=dict)
@@ -269,12 +284,23 @@ def compute_quotas(
     quotas: dict[Key, int] = {}
     new_states: dict[Key, SliceState] = {}
     settled: dict[str, SettledGpu] = {}
+    steady: dict[str, SteadyGpu] = {}
     fixed: dict[str, Mapping[Key, int]] = {}
     for gpu, allocs in by_gpu.items():
         sample = snapshot.gpus.get(gpu, GpuSample())
         gpu_quotas: dict[Key, int] = {}
         memo = state.settled.get(gpu)
+        was_steady = state.steady.get(gpu)
         is_fixed = _fixed(allocs, sample, tuning)
+        if (
+            not is_fixed
+            and was_steady is not None
+            and _still_steady(was_steady, allocs, sample, now, state, tuning)
+        ):
+            quotas.update(was_steady.quotas)
+            new_states.update((key, state.slices[key]) for key in was_steady.quotas)
+            steady[gpu] = replace(was_steady, sample=sample, read_at_ns=now)
+            continue
         if not is_fixed:  # a fixed GPU's inputs are not compared: nothing is computed
             inputs: GpuInputs = (
                 sample.util,
@@ -286,6 +312,8 @@ def compute_quotas(
                 settled[gpu] = replace(memo, read_at_ns=now)
                 continue
         before = state if memo is None else _read_at(state, memo)
+        if was_steady is not None:
+            before = _counters_of(before, was_steady)
         if is_fixed:
             for a in allocs:
                 key = (a.vgpu_id, gpu)
@@ -304,7 +332,9 @@ def compute_quotas(
         quotas.update(gpu_quotas)
         if _settled(readings, before, new_states):
             settled[gpu] = SettledGpu(inputs, gpu_quotas, now)
-    return quotas, ControllerState(slices=new_states, settled=settled, fixed=fixed)
+        elif _steady(readings, before, new_states, tuning):
+            steady[gpu] = SteadyGpu(tuple(allocs), gpu_quotas, sample, now)
+    return quotas, ControllerState(slices=new_states, settled=settled, steady=steady, fixed=fixed)
 
 
 def all_settled(state: ControllerState, allocations: Sequence[Allocation]) -> bool:
@@ -436,6 +466,112 @@ def _settled(
         ):
             return False
     return True
+
+
+# SliceState's fields from here on are not counters: a steady GPU's
+# computation leaves them as they were.
+_STATE_FROM = SliceState._fields.index("correction")
+
+
+def _steady(
+    readings: Sequence[_Reading],
+    before: ControllerState,
+    after: Mapping[Key, SliceState],
+    tuning: Tuning,
+) -> bool:
+    """Whether this GPU's computation changed nothing but counters (a new
+    NVML figure, or a held mean that decays, is a change), with every
+    slice ``_flat``: while each stays flat by its counters, the next ticks
+    give the same (``_still_steady``; tests/unit/test_controller_memo.py
+    checks this against computing every tick). A figure that stands in for
+    a use (``_read``) was flat too, and so is the use after it."""
+    for r in readings:
+        prev = before.slices.get((r.alloc.vgpu_id, r.alloc.gpu))
+        state = after[(r.alloc.vgpu_id, r.alloc.gpu)]
+        if (
+            prev is None
+            or state[_STATE_FROM:] != prev[_STATE_FROM:]
+            or not _flat(r.alloc, r.active, r.use, r.throttled, r.alone, state, tuning)
+        ):
+            return False
+    return True
+
+
+def _flat(
+    alloc: Allocation,
+    active: bool,
+    use: float | None,
+    throttled: float,
+    alone: bool,
+    state: SliceState,
+    tuning: Tuning,
+) -> bool:
+    """Whether a slice's reading is one whose use does not move any quota
+    of its GPU, nor its state but for counters: not held back (its held
+    mean stays 0), not calibrating (alone, its calibration may turn), and
+    inactive, or using enough of what it has that it claims all of it
+    (``_claim``; a soft vGPU, all of the spare time it can get:
+    ``_extra_cap``)."""
+    if throttled > tuning.throttled_min or state.calibrated != tuning.learn_from_nvml:
+        return False
+    if tuning.calibrate_alone and alone and not tuning.learn_from_nvml:
+        return False
+    if not active:
+        return use == 0.0
+    if use is None:
+        return False
+    if alloc.soft:
+        return use >= state.target - tuning.ramp / 2
+    return use >= tuning.near_share * ppm_to_fraction(alloc.share_ppm)
+
+
+def _still_steady(
+    memo: SteadyGpu,
+    allocs: Sequence[Allocation],
+    sample: GpuSample,
+    now_ns: int,
+    state: ControllerState,
+    tuning: Tuning,
+) -> bool:
+    """Whether the GPU's allocations are the memo's and each slice's
+    reading now, from the counters last read, is flat as the states it
+    keeps say (``_read`` and ``_flat``), with no NVML figure come, and some
+    vGPU used it: a GPU whose counters all stood still is computed, so
+    that it may settle (``_settled``), which costs a tick less."""
+    if tuple(allocs) != memo.allocations:
+        return False
+    dt_s = (now_ns - memo.read_at_ns) / NS_PER_S
+    used = False
+    for a in allocs:
+        new, old = sample.slices.get(a.vgpu_id), memo.sample.slices.get(a.vgpu_id)
+        if new is None or old is None or new.util is not None:
+            return False
+        use = _rate(new.gpu_time_ns, old.gpu_time_ns, dt_s)
+        throttled = _rate(new.throttled_ns, old.throttled_ns, dt_s)
+        if throttled is None:
+            return False
+        s = state.slices[(a.vgpu_id, a.gpu)]
+        active = new.active or bool(use) or throttled > 0
+        if active != s.active or not _flat(a, active, use, throttled, new.alone, s, tuning):
+            return False
+        used = used or bool(use)
+    return used
+
+
+def _counters_of(state: ControllerState, memo: SteadyGpu) -> ControllerState:
+    """The state as if the ticks that reused ``memo`` had been computed:
+    they changed nothing but the counters, last read into the memo."""
+    slices = dict(state.slices)
+    for key in memo.quotas:
+        # As _read takes a slice with no sample.
+        c = memo.sample.slices.get(key[0]) or SliceSample(active=False)
+        slices[key] = slices[key]._replace(
+            gpu_time_ns=c.gpu_time_ns,
+            throttled_ns=c.throttled_ns,
+            launches=c.launches,
+            counters_at_ns=memo.read_at_ns,
+        )
+    return replace(state, slices=slices)
 
 
 def _check(alloc: Allocation) -> None:
