@@ -35,6 +35,25 @@ ALLOCATIONS = [
 CHANGES = ["same", "same", "launch", "held", "nvml", "idle"]
 
 
+def snapshot(
+    draw: st.DrawFn,
+    now: int,
+    device: dict[str, float | None],
+    samples: dict[str, SliceSample],
+) -> Snapshot:
+    """The tick's snapshot of ALLOCATIONS' samples; now and then GPU-0's
+    device figure changes (kept in ``device``)."""
+    if draw(st.integers(0, 9)) == 0:
+        device["GPU-0"] = draw(st.one_of(st.none(), st.floats(0, 100)))
+    gpus = {
+        uuid: GpuSample(
+            device[uuid], {a.vgpu_id: samples[a.vgpu_id] for a in ALLOCATIONS if a.gpu == uuid}
+        )
+        for uuid in device
+    }
+    return Snapshot(now_ns=now, gpus=gpus)
+
+
 @st.composite
 def runs(draw: st.DrawFn) -> list[tuple[int, Snapshot]]:
     """Ticks where inputs mostly repeat, with changes of every kind between."""
@@ -57,15 +76,7 @@ def runs(draw: st.DrawFn) -> list[tuple[int, Snapshot]]:
             util = draw(st.floats(0, 100)) if change == "nvml" else None
             active = samples[a.vgpu_id].active != (change == "idle")
             samples[a.vgpu_id] = SliceSample(active, util, c[0], c[1])
-        if draw(st.integers(0, 9)) == 0:
-            device["GPU-0"] = draw(st.one_of(st.none(), st.floats(0, 100)))
-        gpus = {
-            uuid: GpuSample(
-                device[uuid], {a.vgpu_id: samples[a.vgpu_id] for a in ALLOCATIONS if a.gpu == uuid}
-            )
-            for uuid in device
-        }
-        ticks.append((now, Snapshot(now_ns=now, gpus=gpus)))
+        ticks.append((now, snapshot(draw, now, device, samples)))
     return ticks
 
 
@@ -136,15 +147,7 @@ def steady_runs(draw: st.DrawFn) -> list[tuple[int, Snapshot]]:
             slices[a.vgpu_id] = SliceSample(
                 active[a.vgpu_id], util, c[0], c[1], c[2], alone[a.vgpu_id]
             )
-        if draw(st.integers(0, 9)) == 0:
-            device["GPU-0"] = draw(st.one_of(st.none(), st.floats(0, 100)))
-        gpus = {
-            uuid: GpuSample(
-                device[uuid], {a.vgpu_id: slices[a.vgpu_id] for a in ALLOCATIONS if a.gpu == uuid}
-            )
-            for uuid in device
-        }
-        ticks.append((now, Snapshot(now_ns=now, gpus=gpus)))
+        ticks.append((now, snapshot(draw, now, device, slices)))
     return ticks
 
 
