@@ -132,37 +132,24 @@ void gt_abandon_open(struct gt_stream *s)
     settle_at_estimate(b);
 }
 
-/* The oldest batch of the stream still running on the device, if the
- * stream has `limit` of them. */
-static struct gt_batch *inflight_limit(struct gt_stream *s, unsigned limit)
+/* How many of the stream's batches may still be running on the device,
+ * and the oldest and the newest of them (NULL when none). */
+static unsigned running(struct gt_stream *s, struct gt_batch **oldest, struct gt_batch **newest)
 {
-    struct gt_batch *oldest = NULL;
-    unsigned running = 0;
+    unsigned n = 0;
+    *oldest = *newest = NULL;
     for (unsigned i = 0; i < GT_RING; i++) {
         struct gt_batch *b = &s->ring[i];
         if (atomic_load_explicit(&b->state, memory_order_acquire) != BATCH_QUEUED ||
             atomic_load_explicit(&b->done, memory_order_relaxed))
             continue;
-        running++;
-        if (oldest == NULL || b->seq < oldest->seq)
-            oldest = b;
+        n++;
+        if (*oldest == NULL || b->seq < (*oldest)->seq)
+            *oldest = b;
+        if (*newest == NULL || b->seq > (*newest)->seq)
+            *newest = b;
     }
-    return running >= limit ? oldest : NULL;
-}
-
-/* Has the stream nothing left on the GPU: none of its batches still
- * running, or the last one's end reached? */
-static bool drained(struct gt_stream *s)
-{
-    struct gt_batch *last = NULL;
-    for (unsigned i = 0; i < GT_RING; i++) {
-        struct gt_batch *b = &s->ring[i];
-        if (atomic_load_explicit(&b->state, memory_order_acquire) == BATCH_QUEUED &&
-            !atomic_load_explicit(&b->done, memory_order_relaxed) &&
-            (last == NULL || b->seq > last->seq))
-            last = b;
-    }
-    return last == NULL || vgpu_real_cuda.cuEventQuery(last->end) == CUDA_SUCCESS;
+    return n;
 }
 
 static struct gt_batch *free_record(struct gt_stream *s)
@@ -206,8 +193,8 @@ struct gt_batch *gt_open_batch(struct gt_stream *s, struct gt_dev *d, bool graph
         if (s->open != NULL)
             return s->open;
         bool capturing = atomic_load_explicit(&gt.captures, memory_order_acquire) > 0;
-        struct gt_batch *oldest = capturing ? NULL : inflight_limit(s, limit);
-        if (oldest != NULL) {
+        struct gt_batch *oldest = NULL, *newest = NULL;
+        if (!capturing && running(s, &oldest, &newest) >= limit) {
             /* Bound the queue: a deep queue would let the stream run far
              * past its quota before the measurements catch up. */
             CUevent end = oldest->end;
@@ -246,11 +233,14 @@ struct gt_batch *gt_open_batch(struct gt_stream *s, struct gt_dev *d, bool graph
          * stopped feeding. Before the gate shuts: the watcher looks at
          * every shut gate. */
         s->last_launch_ns = now_ns();
-        /* Touched where the stream is drained (gputime.h): decided before
-         * the gate shuts. With the turn too: a process in no vGPU takes
-         * none. Not while a stream captures: a module load may be among
-         * the calls a global capture refuses. */
-        CUfunction touch = gate && !capturing && drained(s) ? gt_touch_function(s) : NULL;
+        /* Touched where the stream is drained (gputime.h): none of its
+         * batches still running, or the newest one's end reached. Decided
+         * before the gate shuts. With the turn too: a process in no vGPU
+         * takes none. Not while a stream captures: a module load may be
+         * among the calls a global capture refuses. */
+        bool drained = gate && !capturing &&
+                       (newest == NULL || vgpu_real_cuda.cuEventQuery(newest->end) == CUDA_SUCCESS);
+        CUfunction touch = drained ? gt_touch_function(s) : NULL;
         if (gate)
             gt_gate_shut(s, b);
         if (touch != NULL && b->gated)
