@@ -521,8 +521,8 @@ def _flat(
     if use is None:
         return False
     if alloc.soft:
-        return use >= state.target - tuning.ramp / 2
-    return use >= tuning.near_share * ppm_to_fraction(alloc.share_ppm)
+        return _uses_its_target(use, state.target, tuning)
+    return _near_share(use, ppm_to_fraction(alloc.share_ppm), tuning)
 
 
 def _still_steady(
@@ -734,7 +734,7 @@ def _wants_share(r: _Reading, device_util: float | None, tuning: Tuning) -> bool
     """Whether an active vGPU may want all of its share right now."""
     if r.use is None or r.throttled > tuning.throttled_min:
         return True
-    if r.use >= tuning.near_share * r.share:
+    if _near_share(r.use, r.share, tuning):
         return True
     # Below its share on a full device: squeezed by the others, not idle.
     return device_util is not None and device_util >= tuning.saturated
@@ -872,9 +872,20 @@ def _extra_cap(r: _Reading, tuning: Tuning) -> float:
     when it uses what it was given (or is held back), else room to grow."""
     if r.use is None or r.throttled > tuning.throttled_min:
         return 1.0
-    if r.use >= r.state.target - tuning.ramp / 2:
+    if _uses_its_target(r.use, r.state.target, tuning):
         return 1.0
     return max(0.0, 2.0 * r.use + tuning.ramp - r.share)
+
+
+def _near_share(use: float, share: float, tuning: Tuning) -> bool:
+    """A vGPU using this much of its share may want all of it (``_claim``)."""
+    return use >= tuning.near_share * share
+
+
+def _uses_its_target(use: float, target: float, tuning: Tuning) -> bool:
+    """A soft vGPU using this much of what it was given can use all of the
+    spare time (``_extra_cap``)."""
+    return use >= target - tuning.ramp / 2
 
 
 def _water_fill(spare: float, soft: list[_Reading], tuning: Tuning) -> dict[Key, float]:
