@@ -107,14 +107,17 @@ def test_reused_quotas_are_the_ones_a_full_computation_gives(
 # Uses (fractions of the GPU) a vGPU keeps for a while: idle, under its
 # share, about its share and target, and all of the GPU.
 USES = [0.0, 0.1, 0.3, 0.4, 0.5, 0.97]
-BUSY_CHANGES = ["use", "held", "nvml", "idle", "alone", "same"]
+# "back": the counters go back (a block made again, or a tenant that
+# writes its own usage words).
+BUSY_CHANGES = ["use", "held", "nvml", "idle", "alone", "back", "same"]
 
 
 @st.composite
 def steady_runs(draw: st.DrawFn) -> list[tuple[int, Snapshot]]:
     """Ticks where each vGPU keeps using the GPU at one rate for a while (its
     counters move every tick), with every kind of change between: another
-    rate, a hold, an NVML figure, processes gone or back, alone on its GPU
+    rate, a hold, an NVML figure, processes gone or back, counters that go
+    back, alone on its GPU
     or not (with small launches, alone, a vGPU is calibrated)."""
     now = 0
     counters = {a.vgpu_id: [0, 0, 0] for a in ALLOCATIONS}
@@ -140,6 +143,8 @@ def steady_runs(draw: st.DrawFn) -> list[tuple[int, Snapshot]]:
                 active[a.vgpu_id] = not active[a.vgpu_id]
             elif change == "alone":
                 alone[a.vgpu_id] = not alone[a.vgpu_id]
+            elif change == "back":
+                c[:] = [draw(st.integers(0, v)) for v in c]
             used = round(uses[a.vgpu_id] * dt) if active[a.vgpu_id] else 0
             c[0] += used
             c[2] += -(-used // launch_ns[a.vgpu_id])
