@@ -62,7 +62,7 @@ CUfunction gt_touch_function(struct gt_stream *s)
             launch(fn, s->record_on) != CUDA_SUCCESS) {
             fn = NULL;
             if (module != NULL)
-                vgpu_real_cuda.cuModuleUnload(module);
+                cuModuleUnload(module); /* the hook's own: its charge given back */
             failed("not loaded");
         }
         touches[i].ctx = s->ctx;

@@ -117,8 +117,8 @@ def steady_runs(draw: st.DrawFn) -> list[tuple[int, Snapshot]]:
     """Ticks where each vGPU keeps using the GPU at one rate for a while (its
     counters move every tick), with every kind of change between: another
     rate, a hold, an NVML figure, processes gone or back, counters that go
-    back, alone on its GPU
-    or not (with small launches, alone, a vGPU is calibrated)."""
+    back, alone on its GPU or not (with small launches, alone, a vGPU is
+    calibrated)."""
     now = 0
     counters = {a.vgpu_id: [0, 0, 0] for a in ALLOCATIONS}
     uses = {a.vgpu_id: draw(st.sampled_from(USES)) for a in ALLOCATIONS}
