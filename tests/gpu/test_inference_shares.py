@@ -28,7 +28,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -68,11 +68,15 @@ def test_launch_bound_work_gets_its_share_and_is_charged_what_nvml_sees(
     assert case["hook_busy"] == pytest.approx(case["busy"], abs=TOLERANCE), seen
 
 
-def _beside_a_gemm_tenant(
-    workload: str, sampler: Sampler, sides: Tenancy
-) -> tuple[dict[str, Any], dict[str, Any], float]:
-    """`workload` natively, then at 30 beside a GEMM tenant at 60: the
-    two cases, and the GEMM tenant's work alone at 60 (% of its native)."""
+class Beside(NamedTuple):
+    native: dict[str, Any]  # the workload alone, native
+    case: dict[str, Any]  # at 30 beside the GEMM tenant at 60
+    alone_work: float  # the GEMM tenant's work alone at 60, % of its native
+    gemm_rate: float  # the GEMM loop's native rate
+
+
+def _beside_a_gemm_tenant(workload: str, sampler: Sampler, sides: Tenancy) -> Beside:
+    """`workload` natively, then at 30 beside a GEMM tenant at 60."""
     gemm_native = run_case("gemm", None, None, SECONDS, sampler, sides)
     gemm_alone = run_case("gemm", 60, None, SECONDS, sampler, sides)
     native = run_case(workload, None, None, SECONDS, sampler, sides)
@@ -85,26 +89,40 @@ def _beside_a_gemm_tenant(
         sides,
         neighbour_workload=("gemm", gemm_native["rate"]),
     )
-    return native, case, gemm_alone["rate"] / gemm_native["rate"] * 100
+    alone_work = gemm_alone["rate"] / gemm_native["rate"] * 100
+    return Beside(native, case, alone_work, gemm_native["rate"])
 
 
 def test_a_decoder_next_to_a_gemm_tenant_keeps_its_pace_and_the_gemm_its_share(
     sampler: Sampler, tmp_path: Path
 ) -> None:
     sides = Standalone(tmp_path, separate_turns=False)
-    native, case, alone_work = _beside_a_gemm_tenant("hf-b1", sampler, sides)
-    pace = case["rate"] / native["rate"]
+    native, case, alone_work, gemm_rate = _beside_a_gemm_tenant("hf-b1", sampler, sides)
+    # The decoder uses less than its share. Beside the GEMM tenant it waits
+    # for the GPU's time-slicing, whatever the hook does: so its pace is
+    # judged against both native beside a native GEMM loop, run just after
+    # (a CPU-bound decoder's native rate moves with the lent VM's CPU by a
+    # third within minutes: 55.8 and 76.8 tokens/s on one H200 node within
+    # the hour). With a turn for every batch it got 0.36-0.57 of its native
+    # rate and the GEMM tenant lost 9 points of work (H100).
+    both_native = run_case(
+        "hf-b1", None, 0, SECONDS, sampler, sides, neighbour_workload=("gemm", gemm_rate)
+    )
+    pace = case["rate"] / both_native["rate"]
     demand = 60 + min(30, native["busy"])
     seen = (
-        f"decoder at 30: {pace:.2f} of its native tokens/s (native busy {native['busy']:.1f}); "
-        f"GEMM at 60: {case['neighbour_work']:.1f} % of its native work beside it, "
-        f"{alone_work:.1f} % alone; GPU busy {case['busy']:.1f} for a demand of {demand:.1f}"
+        f"decoder at 30: {pace:.2f} of its tokens/s with both native (alone "
+        f"{case['rate'] / native['rate']:.2f}; native busy {native['busy']:.1f}), held back "
+        f"{case['hook_throttled']:.1f} % of the time; GEMM at 60: "
+        f"{case['neighbour_work']:.1f} % of its native work beside it, {alone_work:.1f} % "
+        f"alone; GPU busy {case['busy']:.1f} for a demand of {demand:.1f}"
     )
-    # The decoder uses less than its share. Beside the GEMM tenant it waits
-    # for the GPU's time-slicing (0.61 and 1.05 of its native rate in two H100
-    # runs, 0.77 with both native); with a turn for every batch it got
-    # 0.36-0.57 and the GEMM tenant lost 9 points of work.
-    assert pace >= 0.5, seen
+    # Its pacer never holds it back, and it keeps the pace time-slicing
+    # leaves it, less the hook's cost on paced launch-bound work (0.90-0.93
+    # of native: docs/benchmarks/hook-cost-h200.md): on an H200 1.01 and
+    # 0.79 of it, where against its rate alone it read 0.46-0.80.
+    assert case["hook_throttled"] <= 1.0, seen
+    assert pace >= 0.7, seen
     # The GEMM tenant's share holds: its work as when alone at 60.
     assert case["neighbour_work"] >= alone_work - TOLERANCE, seen
     assert case["busy"] >= 0.95 * demand, seen
@@ -126,7 +144,7 @@ def test_a_decode_chain_beside_a_gemm_tenant_is_charged_what_it_runs(
     GPU's time-slicing gives it (0.25-0.31 of its native work)."""
     sides = Vgpus(tmp_path, device=0, calibrate=True)
     try:
-        native, case, alone_work = _beside_a_gemm_tenant("chain", sampler, sides)
+        native, case, alone_work, _ = _beside_a_gemm_tenant("chain", sampler, sides)
     finally:
         sides.stop()
     work = case["rate"] / native["rate"]
@@ -150,7 +168,8 @@ def test_a_vgpu_alone_is_calibrated_by_nvml_to_its_share(
     """Through the daemon, a launch-bound vGPU alone on the GPU is calibrated
     by NVML's device figure (docs/compute.md, "Calibrated by NVML while
     alone"): its control block says so, and NVML sees min(share, native busy)
-    within 3 points, mean and every 1 s window. On an H100 without it
+    within 3 points on the mean, and in every 1 s window within 3 points of
+    min(share, the native run's windows). On an H100 without it
     (calibrate_alone = false) the chain at 60 read 62.0 and the adds at 30
     31.0; with it 59.6 and 30.0."""
     sides = Vgpus(tmp_path, device=0, calibrate=True)
@@ -160,12 +179,20 @@ def test_a_vgpu_alone_is_calibrated_by_nvml_to_its_share(
     finally:
         sides.stop()
     want = min(share, native["busy"])
-    windows = case["busy_windows"]
+    windows, native_windows = case["busy_windows"], native["busy_windows"]
+    # A window is judged against min(share, what the work kept the GPU busy
+    # natively in a window): where the share does not bind, the work's own
+    # pace moves with the CPU from second to second (the chain natively:
+    # 63-73 within one run on an H200), and so does NVML's figure.
+    low = min(share, min(native_windows)) - TOLERANCE
+    high = min(share, max(native_windows)) + TOLERANCE
     seen = (
         f"{workload} at {share}: NVML busy {case['busy']:.1f}, 1 s windows "
-        f"{min(windows):.1f}-{max(windows):.1f} (native {native['busy']:.1f}); quotas given "
+        f"{min(windows):.1f}-{max(windows):.1f} (native {native['busy']:.1f}, windows "
+        f"{min(native_windows):.1f}-{max(native_windows):.1f}); held back "
+        f"{case['hook_throttled']:.1f} % of the time; quotas given "
         f"{sorted({q for _, q, _ in case['quotas']})} ppm"
     )
     assert any(calibrated for t, _, calibrated in case["quotas"] if t >= 0), seen
     assert case["busy"] == pytest.approx(want, abs=TOLERANCE), seen
-    assert all(abs(w - want) <= TOLERANCE for w in windows), seen
+    assert all(low <= w <= high for w in windows), seen
