@@ -243,6 +243,154 @@ def test_quiet_ticks_give_what_computing_every_tick_gives(
                     assert bool(flags & DEV_SOFT) == (e.vgpu.limits.mode == "soft")
 
 
+# Soft vGPUs that leave spare time on both GPUs, and a hard one: where each
+# uses what it is given, the controller reuses their GPUs (ctl.SteadyGpu)
+# and steering, while only the counters move, does not even build the
+# samples (ctl.steady_again).
+SPARE_VGPUS = [(30, "hard", 1, 0), (20, "soft", 1, 0), (10, "soft", 3, 0), (40, "soft", 1, 1)]
+BUSY_CHANGES = ["less", "held", "back", "scan", "sample", "figures", "listed", "update", "stall"]
+
+
+@st.composite
+def busy_runs(draw: st.DrawFn) -> list[list[tuple[str, int, int]]]:
+    """Ticks on which every vGPU uses what it was given, in long runs, and
+    changes of every kind between (each: what, which vGPU, a number)."""
+    ticks: list[list[tuple[str, int, int]]] = []
+    for _ in range(draw(st.integers(10, 60))):
+        if draw(st.sampled_from([True, True, True, False])):
+            ticks.append([])
+            continue
+        which = st.integers(0, len(SPARE_VGPUS) - 1)
+        ticks.append(
+            [
+                (draw(st.sampled_from(BUSY_CHANGES)), draw(which), draw(st.integers(0, 100)))
+                for _ in range(draw(st.integers(1, 2)))
+            ]
+        )
+    return ticks
+
+
+class BusyNode:
+    """SPARE_VGPUS, each using the part of its quota ``part`` says from
+    one tick to the next (the hook's counters), the scan finding processes
+    in each, NVML listing none of them; and the controller called in full
+    beside steering, as ``reference`` does."""
+
+    def __init__(self, reg: Registry) -> None:
+        self.reg = reg
+        self.steering = Steering(Atomics.load())
+        self.state = ctl.ControllerState()
+        self.entries = reg.all()
+        self.live = {e.vgpu.id: 1 for e in self.entries}
+        self.track = scan(self.entries, self.live)
+        self.listed: tuple[int, ...] = ()
+        self.sample = nvml(None, {})
+        self.part = {e.vgpu.id: 1.0 for e in self.entries}
+        self.now = 0
+        self.computed = 0  # ticks on which steering called the controller
+
+    def change(self, what: str, which: int, value: int) -> bool:
+        """One change; whether it is a new NVML sample."""
+        e = self.entries[which]
+        device = e.usage._c.devices[0]
+        if what == "less":  # none of it (idle, once its processes are gone), some, most
+            self.part[e.vgpu.id] = (0.0, 0.4, 0.97)[value % 3]
+        elif what == "held":
+            device.throttled_ns += value * TICK_NS // 100
+        elif what == "back":  # a block made again, or a tenant writing its own words
+            device.gpu_time_ns = value * TICK_NS // 100
+        elif what == "scan":
+            self.live[e.vgpu.id] = value % 3
+            self.track = scan(self.entries, self.live)
+        elif what in ("sample", "figures", "listed"):
+            pid = 1000 + 10 * which
+            if what == "listed":  # nobody, the vGPU's first process, or it and a stranger
+                self.listed = ((), (pid,), (pid, STRANGER))[value % 3]
+            figures = {pid: float(value)} if what == "figures" else {}
+            self.sample = nvml(None, figures, self.listed)
+            return True
+        elif what == "update":
+            update(self.reg, e.vgpu.id, UpdateRequest(share=1 + value % 60), GPUS, Rules())
+            self.entries = self.reg.all()
+        else:  # a stalled loop
+            self.now += value * TICK_NS
+        return False
+
+    def tick(self, fresh: bool) -> None:
+        """Each vGPU's use since the last tick, then a tick of steering
+        against the controller called in full."""
+        dt = TICK_NS
+        self.now += dt
+        for e in self.entries:
+            quota = e.control.read_throttle(0).quota_ppm
+            e.usage._c.devices[0].gpu_time_ns += round(quota / PPM_FULL * self.part[e.vgpu.id] * dt)
+        with mock.patch.object(ctl, "compute_quotas", wraps=ctl.compute_quotas) as spy:
+            quotas = self.steering.tick(self.entries, {}, self.track, self.sample, self.now)
+        self.computed += spy.call_count
+        expected, self.state = reference(
+            self.entries, self.track, self.sample, fresh, self.now, self.state
+        )
+        assert quotas == expected
+        assert self.steering.state == self.state
+        for e in self.entries:
+            key = (e.vgpu.id, e.vgpu.slices[0].gpu_uuid)
+            assert e.control.read_throttle(0).quota_ppm == expected[key]
+
+
+@settings(max_examples=60, deadline=None)
+@given(ticks=busy_runs())
+def test_busy_steady_ticks_give_what_computing_every_tick_gives(
+    ticks: list[list[tuple[str, int, int]]],
+) -> None:
+    with registry(SPARE_VGPUS) as reg:
+        node = BusyNode(reg)
+        for changes in ticks:
+            fresh = False
+            for what, which, value in changes:
+                fresh = node.change(what, which, value) or fresh
+            node.tick(fresh)
+
+
+def test_busy_vgpus_using_what_they_are_given_are_computed_only_when_one_changes() -> None:
+    """Every vGPU uses its quota from the second tick on: steering calls
+    the controller while it learns (the first ticks have no rate yet) and
+    then not at all while only the counters move, a new NVML sample with
+    nothing for a vGPU included; a soft vGPU that uses less, a hold, or a
+    figure for a vGPU is computed at that very tick."""
+
+    def steady(node: BusyNode) -> int:
+        """Ticks until the controller is not called for five in a row."""
+        calm = 0
+        for _ in range(100):
+            before = node.computed
+            node.tick(fresh=False)
+            calm = calm + 1 if node.computed == before else 0
+            if calm == 5:
+                return node.computed
+        raise AssertionError("never steady")
+
+    with registry(SPARE_VGPUS) as reg:
+        node = BusyNode(reg)
+        learnt = steady(node)
+        for n in range(20):
+            node.tick(fresh=node.change("sample", 0, 0) if n % 2 else False)
+        assert node.computed == learnt
+        for what, which in [("less", 1), ("held", 0), ("figures", 2)]:
+            node.tick(fresh=node.change(what, which, 40))  # "less": 0.4 of its quota
+            assert node.computed == learnt + 1, what
+            node.part[node.entries[1].vgpu.id] = 1.0  # back to using what it is given
+            learnt = steady(node)
+        # The vGPU alone on GPU 1 stops, then its processes go: with every
+        # counter there still, that GPU is computed (and settles), as
+        # computing every tick does (each tick checks it against that).
+        node.part[node.entries[3].vgpu.id] = 0.0
+        node.tick(fresh=False)
+        node.change("scan", 3, 0)
+        for _ in range(5):
+            node.tick(fresh=False)
+        assert GPUS[1].uuid in node.steering.state.settled
+
+
 def test_a_vgpu_whose_counters_move_is_steered_at_the_next_tick() -> None:
     with registry([(30, "hard", 1, 0), (20, "soft", 1, 0)]) as reg:
         hard, soft = reg.all()

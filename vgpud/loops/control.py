@@ -113,13 +113,71 @@ _GpuFigures = tuple[tuple[str, float | None, frozenset[int]], ...]
 # only the plans, the scan and the processes NVML lists on each GPU (who is
 # alone): the counters and figures are None.
 _Quiet = tuple[_Plans, TrackSnapshot | None, bytes | None, _GpuFigures]
+# What a steady run's ticks share but the counters: the plans, the scan and
+# the devices' figures.
+_RunKey = tuple[_Plans, TrackSnapshot | None, _GpuFigures]
+
+
+class _SteadyRun:
+    """Ticks on which every GPU was steady (the controller reused each
+    one, ctl.SteadyGpu) and nothing but the counters moved: steering asks
+    ctl.steady_again, from the counter words alone, whether the controller
+    would reuse them all once more, and does not build its samples or call
+    it (on a node of busy soft vGPUs that leave spare time, most ticks).
+    The controller's state is then ``base`` but for the steady memos'
+    counters, the words last read: made only when asked (``state``)."""
+
+    def __init__(
+        self,
+        key: _RunKey,
+        snapshot: ctl.Snapshot,
+        keys: Sequence[ctl.Key],
+        base: ctl.ControllerState,
+        words: memoryview,
+    ) -> None:
+        self.key = key
+        self.base = base
+        self.uuids = tuple(base.steady)
+        self.util = {uuid: snapshot.gpus[uuid].util for uuid in self.uuids}
+        self.gpus = ctl.steady_rows(base, snapshot, {k: 3 * i for i, k in enumerate(keys)})
+        self.words = words
+        self.read_at_ns = snapshot.now_ns
+        self.moved = False  # whether a tick reused it since ``base``
+
+    def again(self, words: memoryview, now_ns: int, tuning: ctl.Tuning) -> bool:
+        """One more tick of the run, if the controller would reuse every GPU."""
+        dt_s = (now_ns - self.read_at_ns) / ctl.NS_PER_S
+        if not ctl.steady_again(self.gpus, words, self.words, dt_s, tuning):
+            return False
+        self.words, self.read_at_ns, self.moved = words, now_ns, True
+        return True
+
+    def state(self) -> ctl.ControllerState:
+        if not self.moved:
+            return self.base
+        w = self.words
+        samples = {
+            uuid: ctl.GpuSample(
+                self.util[uuid],
+                {
+                    r.alloc.vgpu_id: ctl.SliceSample(
+                        r.active, None, w[r.at], w[r.at + 1], w[r.at + 2], r.alone
+                    )
+                    for r in rows
+                },
+            )
+            for uuid, rows in zip(self.uuids, self.gpus, strict=True)
+        }
+        return ctl.steady_at(self.base, samples, self.read_at_ns)
 
 
 class Steering:
     def __init__(self, atomics: Atomics, tuning: ctl.Tuning = ctl.DEFAULT_TUNING) -> None:
         self.atomics = atomics
         self.tuning = tuning
-        self.state = ctl.ControllerState()
+        self._state = ctl.ControllerState()
+        # While every GPU stays steady and only the counters move.
+        self._run: _SteadyRun | None = None
         self.last_sample: NvmlSample | None = None
         self._plans = _Plans(atomics, ())
         # Last tick's samples: an unchanged one is passed again as the same
@@ -138,6 +196,11 @@ class Steering:
         # Which vGPU the last scan counted each pid for (worked out once per scan).
         self._track_owners: tuple[TrackSnapshot | None, dict[int, str]] = (None, {})
 
+    @property
+    def state(self) -> ctl.ControllerState:
+        """The controller's state, as computing every tick in full leaves it."""
+        return self._state if self._run is None else self._run.state()
+
     def tick(
         self,
         entries: Iterable[Entry],
@@ -151,19 +214,32 @@ class Steering:
         self.last_sample = sample
         plans = self._plans_of(list(entries))
         counters = plans.counters()
-        if (
+        words = memoryview(counters).cast("Q")
+        run = self._run
+        if run is not None:
+            if (
+                not standalone
+                and run.key == (plans, track, self._figures(sample))
+                and not self._figures_for_vgpus(fresh, track)
+                and run.again(words, now_ns, self.tuning)
+            ):
+                # Only the counters moved, and every GPU stays steady: the
+                # quotas given last, which are the steady GPUs' own.
+                plans.heartbeat(now_ns)
+                return self._given
+            self._state, self._run = run.state(), None
+        elif (
             not standalone
             and (self._fixed or not self._figures_for_vgpus(fresh, track))
             and self._quiet_key(plans, track, counters, sample, self._fixed) == self._quiet
         ):
             # Nothing new: what the controller would give again (most ticks
             # of a node whose vGPUs are idle or steady, or all hard).
-            quotas, self.state = ctl.unchanged(self.state, now_ns)
+            quotas, self._state = ctl.unchanged(self._state, now_ns)
             plans.heartbeat(now_ns)
             return quotas
 
         allocations = list(plans.allocations)
-        words = memoryview(counters).cast("Q")
         pacing = {
             key: (words[3 * i], words[3 * i + 1], words[3 * i + 2])
             for i, key in enumerate(plans.keys)
@@ -183,7 +259,7 @@ class Steering:
         snapshot = self._snapshot(
             allocations, len(plans.allocations), pacing, track, sample, fresh, now_ns
         )
-        quotas, self.state = ctl.compute_quotas(snapshot, allocations, self.state, self.tuning)
+        quotas, self._state = ctl.compute_quotas(snapshot, allocations, self._state, self.tuning)
         for key, quota in quotas.items():
             if self._given.get(key) != quota or writers[key] is not self._writers.get(key):
                 writers[key](quota)
@@ -191,13 +267,16 @@ class Steering:
         # not written again (most ticks, most vGPUs).
         self._given, self._writers = quotas, writers
         self._mark_calibrated(plans, quotas)
-        self._fixed = ctl.all_fixed(self.state, allocations)
+        self._fixed = ctl.all_fixed(self._state, allocations)
         # (A GPU given a new NVML figure is never settled: the figure is
         # state. A fixed one does not read it.)
-        settled = not standalone and ctl.all_settled(self.state, allocations)
+        settled = not standalone and ctl.all_settled(self._state, allocations)
         self._quiet = (
             self._quiet_key(plans, track, counters, sample, self._fixed) if settled else None
         )
+        if not standalone and self._state.steady and ctl.all_steady(self._state, allocations):
+            steady_key = (plans, track, self._figures(sample))
+            self._run = _SteadyRun(steady_key, snapshot, plans.keys, self._state, words)
         plans.heartbeat(now_ns)
         for blocks in standalone.values():
             blocks.usage.steer_heartbeat(now_ns)
@@ -209,7 +288,7 @@ class Steering:
         gate them); written where it changed, or to a block not written yet.
         Standalone processes are not told: their steering may only lower
         their own limit, so a bias upward cannot be corrected there."""
-        slices, marked, known = self.state.slices, self._calibrated, self._calibrators
+        slices, marked, known = self._state.slices, self._calibrated, self._calibrators
         marks: dict[ctl.Key, bool] = {}
         for key, calibrate in plans.calibrators.items():
             marks[key] = on = slices[key].calibrated and quotas[key] < PPM_FULL

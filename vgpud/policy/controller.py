@@ -546,16 +546,118 @@ def _still_steady(
         new, old = sample.slices.get(a.vgpu_id), memo.sample.slices.get(a.vgpu_id)
         if new is None or old is None or new.util is not None:
             return False
-        use = _rate(new.gpu_time_ns, old.gpu_time_ns, dt_s)
-        throttled = _rate(new.throttled_ns, old.throttled_ns, dt_s)
-        if throttled is None:
-            return False
-        s = state.slices[(a.vgpu_id, a.gpu)]
-        active = new.active or bool(use) or throttled > 0
-        if active != s.active or not _flat(a, active, use, throttled, new.alone, s, tuning):
+        use = _flat_again(
+            a,
+            state.slices[(a.vgpu_id, a.gpu)],
+            new.active,
+            new.alone,
+            (new.gpu_time_ns, old.gpu_time_ns, new.throttled_ns, old.throttled_ns),
+            dt_s,
+            tuning,
+        )
+        if use is None:
             return False
         used = used or bool(use)
     return used
+
+
+def _flat_again(
+    a: Allocation,
+    s: SliceState,
+    seen_active: bool,
+    alone: bool,
+    counters: tuple[int, int, int, int],
+    dt_s: float,
+    tuning: Tuning,
+) -> float | None:
+    """A slice's use since its counters were last read, if its reading
+    from them (``counters``: GPU time now and then, pacer waits now and
+    then) is flat as the state it keeps says (``_read`` and ``_flat``);
+    None where it is not."""
+    use = _rate(counters[0], counters[1], dt_s)
+    throttled = _rate(counters[2], counters[3], dt_s)
+    if use is None or throttled is None:
+        return None
+    active = seen_active or bool(use) or throttled > 0
+    if active != s.active or not _flat(a, active, use, throttled, alone, s, tuning):
+        return None
+    return use
+
+
+class SteadyRow(NamedTuple):
+    """A slice of a steady GPU, as a caller that reuses it from the raw
+    counters holds it (``steady_rows``, ``steady_again``): what its last
+    sample said but its counters, where those are, and its state (which
+    reuses keep)."""
+
+    alloc: Allocation
+    active: bool  # SliceSample.active
+    alone: bool  # SliceSample.alone
+    at: int  # its GPU time's index in the counter words; its pacer waits follow
+    state: SliceState
+
+
+def steady_rows(
+    state: ControllerState, snapshot: Snapshot, at: Mapping[Key, int]
+) -> tuple[tuple[SteadyRow, ...], ...]:
+    """The slices of each steady GPU of ``state``, the one ``compute_quotas``
+    returned for ``snapshot``, with the index of each one's counters in
+    the caller's words (``at``), in ``state.steady``'s order."""
+    return tuple(
+        tuple(
+            SteadyRow(a, s.active, s.alone, at[key], state.slices[key])
+            for a in memo.allocations
+            for key, s in (((a.vgpu_id, gpu), snapshot.gpus[gpu].slices[a.vgpu_id]),)
+        )
+        for gpu, memo in state.steady.items()
+    )
+
+
+def all_steady(state: ControllerState, allocations: Sequence[Allocation]) -> bool:
+    """Whether the call that returned ``state`` found every GPU of
+    ``allocations`` steady (``SteadyGpu``)."""
+    return len(state.steady) == len({a.gpu for a in allocations})
+
+
+def steady_again(
+    gpus: Sequence[Sequence[SteadyRow]],
+    words: Sequence[int],
+    last: Sequence[int],
+    dt_s: float,
+    tuning: Tuning = DEFAULT_TUNING,
+) -> bool:
+    """Whether ``compute_quotas`` would reuse every GPU once more (each
+    ``_still_steady``), where the state it last returned had every GPU
+    steady (``all_steady``; ``gpus``: its ``steady_rows``) and the new
+    samples differ from the last only by the counters: ``words`` now,
+    ``last`` ``dt_s`` before. For a caller that knows nothing else changed
+    (the same allocations, scan and NVML lists, no NVML figure for any
+    slice): it skips building the samples. It then gives the same quotas
+    and states; the memos' counters are ``words`` (``steady_at``)."""
+    for rows in gpus:
+        used = False
+        for r in rows:
+            i = r.at
+            counters = (words[i], last[i], words[i + 1], last[i + 1])
+            use = _flat_again(r.alloc, r.state, r.active, r.alone, counters, dt_s, tuning)
+            if use is None:
+                return False
+            used = used or bool(use)
+        if not used:
+            return False
+    return True
+
+
+def steady_at(
+    state: ControllerState, samples: Mapping[str, GpuSample], read_at_ns: int
+) -> ControllerState:
+    """``state`` (every GPU steady) after reuses that ``steady_again`` let
+    a caller skip, the last at ``read_at_ns`` with ``samples`` (by GPU)."""
+    steady = {
+        gpu: replace(memo, sample=samples[gpu], read_at_ns=read_at_ns)
+        for gpu, memo in state.steady.items()
+    }
+    return replace(state, steady=steady)
 
 
 def _counters_of(state: ControllerState, memo: SteadyGpu) -> ControllerState:
