@@ -78,8 +78,9 @@ class Watch:
         views = {e.vgpu.id: VgpuBlocks(e.usage, e.control) for e in entries}
         snapshot = await self.in_thread(self._track, views, self.service.sample)
         self.service.track = snapshot
-        # The fold just made (~1.5 ms of the loop at 100 vGPUs and 1000
-        # processes) and the rest of the scan's loop work (~1 ms) are two
+        # The fold just made while the snapshot is read (~1.5 ms of the
+        # loop at 100 vGPUs and 1000 processes; unread, the first read
+        # folds it) and the rest of the scan's loop work (~1 ms) are two
         # turns of the loop, not one: a request that came meanwhile is
         # answered between them.
         await asyncio.sleep(0)

@@ -43,10 +43,11 @@ RENDERED_MAX = 256
 # per-process samples are 200 ms apart anyway, and reading 100 vGPUs'
 # blocks costs most of a millisecond.
 RENDER_MAX_AGE = 0.2
-# How long after a read the ticks keep the snapshot that fresh. Unread, it
-# is folded by the scans alone (scan_interval, 1 s): a fold reads every
-# vGPU's blocks, ~0.8 ms of a core at 100 vGPUs in the daemon, and five a
-# second nobody reads would be 0.4 % of a core.
+# How long after a read the ticks keep the snapshot that fresh, and a scan
+# folds it at once. Unread, it is folded by the first read after a scan: a
+# fold reads every vGPU's blocks and the scan's processes, ~1.7 ms of a
+# core at 100 vGPUs and 1000 processes in the daemon (one a second is
+# 0.17 % of a core), five a second would be ~0.4 %.
 WATCHED_FOR = 2.0
 
 
@@ -100,6 +101,8 @@ class Service:
         # A change through the API whose fold waits for its answer to be
         # sent (``changed``): folded then, or by the first read before that.
         self._unfolded = False
+        # A scan whose fold waits for the next read: nobody was reading.
+        self._unscanned = False
         self._read_at = -WATCHED_FOR  # time.monotonic() of the last read
         self._rendered_of = self._snapshot
         self._rendered: dict[Hashable, bytes] = {}
@@ -115,8 +118,11 @@ class Service:
 
     @property
     def snapshot(self) -> NodeSnapshot:
-        """The node's snapshot, every change through the API in it."""
-        if self._unfolded:
+        """The node's snapshot, every change through the API and the last
+        scan in it."""
+        if self._unscanned:
+            self.refresh()
+        elif self._unfolded:
             self._fold(reread=False)
         return self._snapshot
 
@@ -136,7 +142,12 @@ class Service:
     @track.setter
     def track(self, value: TrackSnapshot | None) -> None:
         self._track = value
-        self.refresh()  # who runs where: shown from the scan that found it
+        # Who runs where: shown from the scan that found it; folded now
+        # while the snapshot is read, else by the first read.
+        if time.monotonic() - self._read_at < WATCHED_FOR:
+            self.refresh()
+        else:
+            self._unscanned = True
 
     def changed(self) -> None:
         """The registry changed (through the API): a new snapshot, in which
@@ -178,8 +189,10 @@ class Service:
         return self.snapshot
 
     def _fold(self, *, reread: bool) -> None:
-        """A new snapshot; any fold takes in the changes waiting for one."""
+        """A new snapshot; any fold takes in the changes waiting for one,
+        one that reads the blocks again a scan waiting for one too."""
         self._unfolded = False
+        self._unscanned = self._unscanned and not reread
         self._snapshot = self._folded(self._snapshot, reread=reread)
 
     def _folded(self, previous: NodeSnapshot | None, *, reread: bool) -> NodeSnapshot:
