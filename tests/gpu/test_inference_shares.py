@@ -74,6 +74,25 @@ class Beside(NamedTuple):
     alone_work: float  # the GEMM tenant's work alone at 60, % of its native
     gemm_rate: float  # the GEMM loop's native rate
 
+    @property
+    def demand(self) -> float:
+        """What the two tenants can use: the GEMM its 60, the workload
+        min(30, its native busy)."""
+        return 60 + min(30.0, float(self.native["busy"]))
+
+    def gemm_seen(self) -> str:
+        return (
+            f"GEMM at 60: {self.case['neighbour_work']:.1f} % of its native work beside it, "
+            f"{self.alone_work:.1f} % alone; GPU busy {self.case['busy']:.1f} for a demand "
+            f"of {self.demand:.1f}"
+        )
+
+    def assert_the_gemm_keeps_its_share(self, seen: str) -> None:
+        """The GEMM tenant's work as when alone at 60, and the GPU busy for
+        95 % of the demand."""
+        assert self.case["neighbour_work"] >= self.alone_work - TOLERANCE, seen
+        assert self.case["busy"] >= 0.95 * self.demand, seen
+
 
 def _beside_a_gemm_tenant(workload: str, sampler: Sampler, sides: Tenancy) -> Beside:
     """`workload` natively, then at 30 beside a GEMM tenant at 60."""
@@ -97,7 +116,8 @@ def test_a_decoder_next_to_a_gemm_tenant_keeps_its_pace_and_the_gemm_its_share(
     sampler: Sampler, tmp_path: Path
 ) -> None:
     sides = Standalone(tmp_path, separate_turns=False)
-    native, case, alone_work, gemm_rate = _beside_a_gemm_tenant("hf-b1", sampler, sides)
+    beside = _beside_a_gemm_tenant("hf-b1", sampler, sides)
+    native, case = beside.native, beside.case
     # The decoder uses less than its share. Beside the GEMM tenant it waits
     # for the GPU's time-slicing, whatever the hook does: so its pace is
     # judged against both native beside a native GEMM loop, run just after
@@ -106,16 +126,19 @@ def test_a_decoder_next_to_a_gemm_tenant_keeps_its_pace_and_the_gemm_its_share(
     # the hour). With a turn for every batch it got 0.36-0.57 of its native
     # rate and the GEMM tenant lost 9 points of work (H100).
     both_native = run_case(
-        "hf-b1", None, 0, SECONDS, sampler, sides, neighbour_workload=("gemm", gemm_rate)
+        "hf-b1",
+        None,
+        0,
+        SECONDS,
+        sampler,
+        sides,
+        neighbour_workload=("gemm", beside.gemm_rate),
     )
     pace = case["rate"] / both_native["rate"]
-    demand = 60 + min(30, native["busy"])
     seen = (
         f"decoder at 30: {pace:.2f} of its tokens/s with both native (alone "
         f"{case['rate'] / native['rate']:.2f}; native busy {native['busy']:.1f}), held back "
-        f"{case['hook_throttled']:.1f} % of the time; GEMM at 60: "
-        f"{case['neighbour_work']:.1f} % of its native work beside it, {alone_work:.1f} % "
-        f"alone; GPU busy {case['busy']:.1f} for a demand of {demand:.1f}"
+        f"{case['hook_throttled']:.1f} % of the time; {beside.gemm_seen()}"
     )
     # Its pacer never holds it back, and it keeps the pace time-slicing
     # leaves it, less the hook's cost on paced launch-bound work (0.90-0.93
@@ -123,9 +146,7 @@ def test_a_decoder_next_to_a_gemm_tenant_keeps_its_pace_and_the_gemm_its_share(
     # 0.79 of it, where against its rate alone it read 0.46-0.80.
     assert case["hook_throttled"] <= 1.0, seen
     assert pace >= 0.7, seen
-    # The GEMM tenant's share holds: its work as when alone at 60.
-    assert case["neighbour_work"] >= alone_work - TOLERANCE, seen
-    assert case["busy"] >= 0.95 * demand, seen
+    beside.assert_the_gemm_keeps_its_share(seen)
 
 
 def test_a_decode_chain_beside_a_gemm_tenant_is_charged_what_it_runs(
@@ -144,21 +165,18 @@ def test_a_decode_chain_beside_a_gemm_tenant_is_charged_what_it_runs(
     GPU's time-slicing gives it (0.25-0.31 of its native work)."""
     sides = Vgpus(tmp_path, device=0, calibrate=True)
     try:
-        native, case, alone_work, _ = _beside_a_gemm_tenant("chain", sampler, sides)
+        beside = _beside_a_gemm_tenant("chain", sampler, sides)
     finally:
         sides.stop()
+    native, case = beside.native, beside.case
     work = case["rate"] / native["rate"]
     ran = work * native["busy"]
-    demand = 60 + min(30, native["busy"])
     seen = (
         f"chain at 30: charged {case['hook_busy']:.1f} for {work:.2f} of its native work "
-        f"({ran:.1f} points at its native busy {native['busy']:.1f}); GEMM at 60: "
-        f"{case['neighbour_work']:.1f} % of its native work beside it, {alone_work:.1f} % "
-        f"alone; GPU busy {case['busy']:.1f} for a demand of {demand:.1f}"
+        f"({ran:.1f} points at its native busy {native['busy']:.1f}); {beside.gemm_seen()}"
     )
     assert case["hook_busy"] == pytest.approx(ran, abs=TOLERANCE), seen
-    assert case["neighbour_work"] >= alone_work - TOLERANCE, seen
-    assert case["busy"] >= 0.95 * demand, seen
+    beside.assert_the_gemm_keeps_its_share(seen)
 
 
 @pytest.mark.parametrize(("workload", "share"), [("chain", 60), ("adds", 30)])
