@@ -6,7 +6,8 @@ vGPUs, the API on the unix socket (a stale socket from a crash is replaced;
 a live one means another vgpud runs: refused), READY=1 once the socket
 answers. A failed start exits with EXIT_START_FAILED (3).
 
-Running: three periodic loops, each timed into a histogram:
+Running: three periodic jobs on one clock (vgpud/loops/clock.py: they share
+the event loop's wake-ups), each timed into a histogram:
   control (control_interval): quotas and heartbeats into the control blocks;
           the watchdog ping rides on it;
   sample  (sample_interval):  NVML figures, off the event loop (NVML's thread);
@@ -37,6 +38,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +51,8 @@ from vgpud.config import RESTART_KEYS, Config, ConfigError, changed_keys, load_c
 from vgpud.errors import ApiError
 from vgpud.libpaths import LibraryNotFound, find_library
 from vgpud.loops import sample as sample_loop
-from vgpud.loops.control import Steering
+from vgpud.loops.clock import Clock, Job
+from vgpud.loops.control import QUIET_PERIOD_S, Steering
 from vgpud.loops.scan import Watch
 from vgpud.observe import nvml
 from vgpud.observe.tracker import Tracker
@@ -202,11 +205,20 @@ class Daemon:
         # Each save's time, told on the loop (the histogram takes no lock).
         self.registry.on_saved = node.metrics.save_seconds.labels().observe
         await self._serve(service, node.metrics)
-        self.loops = [
-            self._loop(node, "control", c.control_interval, self._control),
-            self._loop(node, "sample", c.sample_interval, self._sample),
-            self._loop(node, "scan", c.scan_interval, self._scan),
-        ]
+        clock = Clock(
+            [
+                Job("control", partial(self._interval, "control"), partial(self._control, node)),
+                Job(
+                    "sample",
+                    partial(self._interval, "sample"),
+                    partial(self._sample, node),
+                    waits=True,
+                ),
+                Job("scan", partial(self._interval, "scan"), partial(self._scan, node), waits=True),
+            ],
+            lambda name, seconds: node.metrics.loop_seconds.labels(name).observe(seconds),
+        )
+        self.loops = [asyncio.get_running_loop().create_task(clock.run(), name="vgpud-clock")]
         return node
 
     def _hook_library(self) -> Path:
@@ -311,35 +323,19 @@ class Daemon:
 
     # --- loops ----------------------------------------------------------------
 
-    def _loop(
-        self, node: Node, name: str, interval: float, body: Callable[[Node], Awaitable[None]]
-    ) -> asyncio.Task[None]:
-        async def run() -> None:
-            histogram = node.metrics.loop_seconds.labels(name)
-            next_at = time.monotonic()
-            while True:
-                start = time.monotonic()
-                try:
-                    await body(node)
-                except asyncio.CancelledError:
-                    raise
-                except Exception:
-                    log.exception("loop iteration failed", loop=name)
-                histogram.observe(time.monotonic() - start)
-                # Fixed rate, but never a burst to catch up after a stall.
-                next_at = max(next_at + self._interval(name, interval), time.monotonic())
-                await asyncio.sleep(next_at - time.monotonic())
-
-        return asyncio.get_running_loop().create_task(run(), name=f"vgpud-{name}")
-
-    def _interval(self, name: str, default: float) -> float:
-        """The current period (a reload may have changed it). NVML is sampled
+    def _interval(self, name: str) -> float:
+        """A loop's period now (a reload may have changed it). NVML is sampled
         at the scan's pace while nothing needs its figures sooner: no vGPU
         to steer, no process on a GPU (one that appears is in the next
-        sample, as it would be in the next scan)."""
-        period = float(getattr(self.config, f"{name}_interval", default))
-        if name == "sample" and self.node is not None and _idle(self.node.service):
+        sample, as it would be in the next scan). The controller ticks at
+        QUIET_PERIOD_S while its last tick computed nothing new."""
+        period = float(getattr(self.config, f"{name}_interval"))
+        if self.node is None:
+            return period
+        if name == "sample" and _idle(self.node.service):
             return max(period, self.config.scan_interval)
+        if name == "control" and self.node.steering.reused:
+            return max(period, QUIET_PERIOD_S)
         return period
 
     async def _control(self, node: Node) -> None:

@@ -1,14 +1,16 @@
 """The loops' periods: NVML is sampled at its own period while anything
-needs its figures, and at the scan's while nothing does."""
+needs its figures, and at the scan's while nothing does; the controller
+ticks at its quiet period after a tick that computed nothing."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from tests.unit.apiclient import running_api
 from vgpud.config import Config
 from vgpud.daemon import Daemon, Node
-from vgpud.loops.control import Steering
+from vgpud.loops.control import QUIET_PERIOD_S, Steering
 from vgpud.loops.scan import Watch
 from vgpud.observe.nvml import GpuSample, NvmlSample
 from vgpud.observe.tracker import Tracker
@@ -31,7 +33,18 @@ async def test_nvml_is_sampled_slowly_only_while_nothing_needs_it(tmp_path: Path
         )
 
         def period() -> float:
-            return daemon._interval("sample", config.sample_interval)
+            return daemon._interval("sample")
+
+        steering = daemon.node.steering
+        steering.tick([], {}, None, None, 1)
+        assert not steering.reused  # the first tick computes
+        assert daemon._interval("control") == config.control_interval
+        steering.tick([], {}, None, None, 2)
+        assert steering.reused  # nothing new
+        assert daemon._interval("control") == QUIET_PERIOD_S > config.control_interval
+        daemon.config = replace(config, control_interval=0.5)
+        assert daemon._interval("control") == 0.5  # never faster than configured
+        daemon.config = config
 
         assert period() == config.scan_interval  # idle: nothing to steer or watch
         created = await api.client.post("/v1/vgpus", json={"memory": "1g"})

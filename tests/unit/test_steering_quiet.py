@@ -327,6 +327,8 @@ class BusyNode:
         with mock.patch.object(ctl, "compute_quotas", wraps=ctl.compute_quotas) as spy:
             quotas = self.steering.tick(self.entries, {}, self.track, self.sample, self.now)
         self.computed += spy.call_count
+        # The control loop waits longer after a tick that computed nothing.
+        assert self.steering.reused == (spy.call_count == 0)
         expected, self.state = reference(
             self.entries, self.track, self.sample, fresh, self.now, self.state
         )

@@ -32,6 +32,17 @@ from vgpud.vgpus.blocks import ControlBlock, UsageBlock
 from vgpud.vgpus.model import Vgpu
 from vgpud.vgpus.registry import Entry
 
+# The control period after a tick that gave the last quotas again without
+# computing them (nothing new, or a steady run): the controller only
+# watches then, and a change it would answer is seen a little later. Each
+# tick is a wake-up of the event loop, which on a shared VM costs more than
+# the tick itself (caches cold after the pause: docs/benchmarks/daemon.md).
+# Twice the default period: half the wake-ups, every heartbeat far inside
+# the hook's 2 s, and at most 0.1 s more before a change is answered (a
+# soft vGPU yielded in 0.4-0.6 s of its 1 s on an H200; a limit change
+# has a second).
+QUIET_PERIOD_S = 0.2
+
 
 @dataclass(frozen=True)
 class _Owned:
@@ -190,6 +201,9 @@ class Steering:
         self._quiet: _Quiet | None = None
         # Whether the last tick fixed every GPU (ctl.all_fixed).
         self._fixed = False
+        # Whether the last tick gave the last quotas again without computing
+        # them: the control loop may then wait longer (QUIET_PERIOD_S).
+        self.reused = False
         self._gpu_figures: tuple[NvmlSample | None, _GpuFigures] = (None, ())
         self._calibrated: dict[ctl.Key, bool] = {}
         self._calibrators: Mapping[ctl.Key, Callable[[bool], object]] = {}
@@ -226,6 +240,7 @@ class Steering:
                 # Only the counters moved, and every GPU stays steady: the
                 # quotas given last, which are the steady GPUs' own.
                 plans.heartbeat(now_ns)
+                self.reused = True
                 return self._given
             self._state, self._run = run.state(), None
         elif (
@@ -237,8 +252,10 @@ class Steering:
             # of a node whose vGPUs are idle or steady, or all hard).
             quotas, self._state = ctl.unchanged(self._state, now_ns)
             plans.heartbeat(now_ns)
+            self.reused = True
             return quotas
 
+        self.reused = False
         allocations = list(plans.allocations)
         pacing = {
             key: (words[3 * i], words[3 * i + 1], words[3 * i + 2])
