@@ -9,8 +9,8 @@ Why: on a shared VM a wake-up of the loop after a pause costs more than
 the work it wakes for (its caches cold; docs/benchmarks/daemon.md), and
 three loops each on its own timer woke it for each job apart.
 
-A job runs at a fixed rate and never bursts to catch up after a stall: a
-run that comes late is followed by the next point of its grid after now.
+A job runs at a fixed rate and never bursts to catch up after a stall:
+after runs missed, it runs once at once, then on its grid again.
 A period that changes (a reload, the controller's quiet period) takes
 effect from the next run, on the new period's grid. A job that waits for
 another thread (the sample, the scan) runs as a task of its own while the
