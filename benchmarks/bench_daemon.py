@@ -69,29 +69,40 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
 
 
-def thread_cpu(pid: int) -> dict[int, tuple[str, float]]:
-    """Each thread of ``pid``: its name (comm) and utime + stime (s) so far."""
+def thread_cpu(pid: int) -> dict[int, tuple[str, float, int]]:
+    """Each thread of ``pid``: its name (comm), utime + stime (s) and how
+    many times it has slept and woken (voluntary context switches) so far."""
     out = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
             stat = (task / "stat").read_text()
+            status = (task / "status").read_text()
         except OSError:
             continue  # ended meanwhile
         comm = stat.split("(", 1)[1].rsplit(")", 1)[0]
         fields = stat.rsplit(")", 1)[1].split()
-        out[int(task.name)] = (comm, (int(fields[11]) + int(fields[12])) / CLK_TCK)
+        woke = next(
+            int(line.split()[1])
+            for line in status.splitlines()
+            if line.startswith("voluntary_ctxt_switches")
+        )
+        out[int(task.name)] = (comm, (int(fields[11]) + int(fields[12])) / CLK_TCK, woke)
     return out
 
 
 def per_thread(
-    pid: int, before: dict[int, tuple[str, float]], seconds: float
-) -> list[tuple[str, float]]:
-    """Each thread's share of a core since ``before`` (its name, the main
-    thread's "event loop"), largest first."""
+    pid: int, before: dict[int, tuple[str, float, int]], seconds: float
+) -> list[tuple[str, float, float]]:
+    """Each thread's share of a core since ``before`` and its wake-ups a
+    second (its name, the main thread's "event loop"), largest share first.
+    On a shared VM a wake-up after a pause costs more than most of what it
+    wakes for (docs/benchmarks/daemon.md): the wake-ups are the steadier
+    figure of the two."""
     out = []
-    for tid, (comm, cpu) in thread_cpu(pid).items():
-        share = (cpu - before.get(tid, (comm, 0.0))[1]) / seconds * 100
-        out.append(("event loop" if tid == pid else f"{comm} ({tid})", share))
+    for tid, (comm, cpu, woke) in thread_cpu(pid).items():
+        _, cpu0, woke0 = before.get(tid, (comm, 0.0, 0))
+        name = "event loop" if tid == pid else f"{comm} ({tid})"
+        out.append((name, (cpu - cpu0) / seconds * 100, (woke - woke0) / seconds))
     return sorted(out, key=lambda t: -t[1])
 
 
@@ -425,8 +436,9 @@ def main() -> int:
         f"{f' ({listed} NVML-listed)' if a.nvml_listed else ''}, {a.cpu_seconds:.0f} s | "
         f"{busy:.2f} % of a core | < 2 % |",
         *(
-            f"| … thread {name} (utime + stime, same window) | {share:.2f} % | |"
-            for name, share in threads_busy
+            f"| … thread {name} (utime + stime, same window; wake-ups) "
+            f"| {share:.2f} % ({woke:.1f}/s) | |"
+            for name, share, woke in threads_busy
             if share > 0
         ),
         f"| API at {a.rate:.0f} req/s for {a.api_seconds:.0f} s "
