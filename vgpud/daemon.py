@@ -10,7 +10,8 @@ Running: three periodic jobs on one clock (vgpud/loops/clock.py: they share
 the event loop's wake-ups), each timed into a histogram:
   control (control_interval): quotas and heartbeats into the control blocks;
           the watchdog ping rides on it;
-  sample  (sample_interval):  NVML figures, off the event loop (NVML's thread);
+  sample  (sample_interval):  NVML figures, read on NVML's thread and taken at
+          the next tick (vgpud/loops/sample.py);
   scan    (scan_interval):    host processes, reaping, the backstop, events.
 Each hands the service what it found (quotas, a sample, a scan), which
 folds the node's snapshot that the API and /metrics render from.
@@ -50,9 +51,9 @@ from vgpud import log as logsetup
 from vgpud.config import RESTART_KEYS, Config, ConfigError, changed_keys, load_config
 from vgpud.errors import ApiError
 from vgpud.libpaths import LibraryNotFound, find_library
-from vgpud.loops import sample as sample_loop
 from vgpud.loops.clock import Clock, Job
 from vgpud.loops.control import QUIET_PERIOD_S, Steering
+from vgpud.loops.sample import Sampling
 from vgpud.loops.scan import Watch
 from vgpud.observe import nvml
 from vgpud.observe.tracker import Tracker
@@ -156,6 +157,7 @@ class Daemon:
         self.registry: Registry | None = None
         self.gpus: nvml.GpuGateway | None = None
         self.node: Node | None = None
+        self.sampling: Sampling | None = None
         self.socket_inode: int | None = None
         self.last_watchdog = 0.0
         self.state_lock: int | None = None  # held for the process's life
@@ -205,15 +207,14 @@ class Daemon:
         # Each save's time, told on the loop (the histogram takes no lock).
         self.registry.on_saved = node.metrics.save_seconds.labels().observe
         await self._serve(service, node.metrics)
+        self.sampling = Sampling(
+            self.gpus, service, node.metrics.loop_seconds.labels("sample").observe
+        )
         clock = Clock(
             [
                 Job("control", partial(self._interval, "control"), partial(self._control, node)),
-                Job(
-                    "sample",
-                    partial(self._interval, "sample"),
-                    partial(self._sample, node),
-                    waits=True,
-                ),
+                # Timed on NVML's thread, and told when taken.
+                Job("sample", partial(self._interval, "sample"), self._sample, timed=False),
                 Job("scan", partial(self._interval, "scan"), partial(self._scan, node), waits=True),
             ],
             lambda name, seconds: node.metrics.loop_seconds.labels(name).observe(seconds),
@@ -339,6 +340,8 @@ class Daemon:
         return period
 
     async def _control(self, node: Node) -> None:
+        if self.sampling is not None:
+            self.sampling.take()  # a sample read since the last tick
         service = node.service
         track = service.track
         # Standalone blocks belong to the tracker, which may unmap one while
@@ -353,9 +356,9 @@ class Daemon:
             self.notifier.watchdog()
             self.last_watchdog = time.monotonic()
 
-    async def _sample(self, node: Node) -> None:
-        assert self.gpus is not None
-        await sample_loop.sample(self.gpus, node.service)
+    async def _sample(self) -> None:
+        assert self.sampling is not None
+        self.sampling.start()
 
     async def _scan(self, node: Node) -> None:
         await node.watch.scan()

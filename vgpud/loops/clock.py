@@ -15,7 +15,8 @@ A period that changes (a reload, the controller's quiet period) takes
 effect from the next run, on the new period's grid. A job that waits for
 another thread (the sample, the scan) runs as a task of its own while the
 clock goes on, and is not started again before its last run has ended.
-Each run is timed (``timed``); one that fails is logged, and the job goes on.
+Each run is timed (``timed``), but for a job that times itself; one that
+fails is logged, and the job goes on.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class Job:
     period: Callable[[], float]  # asked after each run: it may change
     run: Callable[[], Awaitable[object]]
     waits: bool = False  # it waits for another thread: a task of its own
+    timed: bool = True  # False: the job times itself (its work is elsewhere)
 
 
 class Clock:
@@ -95,7 +97,8 @@ class Clock:
             raise
         except Exception:
             log.exception("loop iteration failed", loop=job.name)
-        self.timed(job.name, self.now() - start)
+        if job.timed:
+            self.timed(job.name, self.now() - start)
 
 
 def _next(origin: float, due: float, period: float, now: float) -> float:

@@ -24,6 +24,9 @@ Public interface
     ``devices() -> list[GpuInfo]``  the inventory, health included (no I/O).
     ``driver_version -> str | None``
     ``async sample() -> NvmlSample``  one read of every device.
+    ``sample_soon() -> Future[(NvmlSample, seconds)]``  the same read, asked
+                          for without an event loop to wake when it is done
+                          (a ``concurrent.futures`` future; the read's time).
     ``topology(uuid_a, uuid_b) -> TopologyLevel | None`` (cached, no I/O).
     ``async close()``     stops the health thread, nvmlShutdown.
 ``NullNvml``: the same protocol with no devices; ``available`` is False.
@@ -47,7 +50,7 @@ import ctypes
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from enum import IntEnum
 from functools import cached_property
@@ -207,6 +210,7 @@ class GpuGateway(Protocol):
     def devices(self) -> list[GpuInfo]: ...
     def topology(self, uuid_a: str, uuid_b: str) -> TopologyLevel | None: ...
     async def sample(self) -> NvmlSample: ...
+    def sample_soon(self) -> Future[tuple[NvmlSample, float]]: ...
 
 
 def _code(err: BaseException) -> int | None:
@@ -336,7 +340,15 @@ class NvmlGateway:
     async def sample(self) -> NvmlSample:
         return await self._run(self._sample_sync)
 
+    def sample_soon(self) -> Future[tuple[NvmlSample, float]]:
+        return self._pool.submit(self._timed_sample_sync)
+
     # worker-thread side
+
+    def _timed_sample_sync(self) -> tuple[NvmlSample, float]:
+        start = time.monotonic()
+        sample = self._sample_sync()
+        return sample, time.monotonic() - start
 
     async def _run(self, fn: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
@@ -680,6 +692,11 @@ class NullNvml:
 
     async def sample(self) -> NvmlSample:
         return NvmlSample(monotonic=time.monotonic())
+
+    def sample_soon(self) -> Future[tuple[NvmlSample, float]]:
+        done: Future[tuple[NvmlSample, float]] = Future()
+        done.set_result((NvmlSample(monotonic=time.monotonic()), 0.0))
+        return done
 
 
 async def open_nvml(
