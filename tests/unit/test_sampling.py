@@ -29,7 +29,7 @@ class Service:
 
 
 def sampling() -> tuple[Sampling, Gateway, Service, list[float]]:
-    gpus, service, times = Gateway(), Service(), []
+    gpus, service, times = Gateway(), Service(), list[float]()
     s = Sampling(gpus, service, times.append)  # type: ignore[arg-type]
     return s, gpus, service, times
 
