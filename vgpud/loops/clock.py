@@ -13,7 +13,7 @@ A job runs at a fixed rate and never bursts to catch up after a stall:
 after runs missed, it runs once at once, then on its grid again.
 A period that changes (a reload, the controller's quiet period) takes
 effect from the next run, on the new period's grid. A job that waits for
-another thread (the sample, the scan) runs as a task of its own while the
+another thread (the scan) runs as a task of its own while the
 clock goes on, and is not started again before its last run has ended.
 Each run is timed (``timed``), but for a job that times itself; one that
 fails is logged, and the job goes on.
