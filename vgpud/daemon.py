@@ -207,9 +207,12 @@ class Daemon:
         # Each save's time, told on the loop (the histogram takes no lock).
         self.registry.on_saved = node.metrics.save_seconds.labels().observe
         await self._serve(service, node.metrics)
-        self.sampling = Sampling(
-            self.gpus, service, node.metrics.loop_seconds.labels("sample").observe
-        )
+        # Each loop's histogram series, looked up once.
+        observe = {
+            name: node.metrics.loop_seconds.labels(name).observe
+            for name in ("control", "sample", "scan")
+        }
+        self.sampling = Sampling(self.gpus, service, observe["sample"])
         clock = Clock(
             [
                 Job("control", partial(self._interval, "control"), partial(self._control, node)),
@@ -217,7 +220,7 @@ class Daemon:
                 Job("sample", partial(self._interval, "sample"), self._sample, timed=False),
                 Job("scan", partial(self._interval, "scan"), partial(self._scan, node), waits=True),
             ],
-            lambda name, seconds: node.metrics.loop_seconds.labels(name).observe(seconds),
+            lambda name, seconds: observe[name](seconds),
         )
         self.loops = [asyncio.get_running_loop().create_task(clock.run(), name="vgpud-clock")]
         return node
