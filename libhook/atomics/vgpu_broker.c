@@ -23,8 +23,11 @@
  * its credit is back (a vGPU that claims turns, or batches, it does not use
  * cannot take more than that); a stamp counts only while the daemon's own
  * quota for that vGPU is below 100 % and reaches at most
- * BROKER_STAMP_CAP_NS ahead; a request word that keeps changing wakes the
- * broker at most BROKER_WAKES_PER_PERIOD times a period.
+ * BROKER_STAMP_CAP_NS ahead; a vGPU's words wake the broker at most
+ * BROKER_WAKES_PER_PERIOD times a period, whether they change or are only
+ * woken (FUTEX_WAKE on a word one maps needs no change of it), and past
+ * BROKER_LOOKS_PER_PERIOD looks in a period the broker looks at most every
+ * BROKER_LOOK_GAP_NS, however many vGPUs wake it.
  *
  * One thread for every GPU, asleep in futex_waitv on the words whose change
  * it must answer (a holder's request while others wait, the requests of the
@@ -55,6 +58,7 @@
 
 VGPU_BROKER_API int vgpu_broker_add(const char *gpu, struct vgpu_control *control, int dev,
                                     struct vgpu_usage *usage, int usage_dev);
+VGPU_BROKER_API int vgpu_broker_rebind(int id, struct vgpu_usage *usage);
 VGPU_BROKER_API void vgpu_broker_remove(int id);
 VGPU_BROKER_API void vgpu_broker_stop(void);
 
@@ -87,8 +91,11 @@ VGPU_BROKER_API void vgpu_broker_stop(void);
 #define BROKER_OVERRUN_CAP_NS TURN_BATCH_CAP_NS
 /* Turn time a vGPU may hold while others ask, beyond its quota: an honest
  * holder also holds the turn through its own gaps between launches, the
- * hand-offs and the linger. */
+ * hand-offs and the linger. Overridable at build time (CFLAGS=-D...) to
+ * compare. */
+#ifndef BROKER_SLACK_PPM
 #define BROKER_SLACK_PPM 100000u
+#endif
 /* Turn credit saved while not contended is capped: a vGPU idle for long
  * cannot then hold the GPU for long. */
 #define BROKER_CREDIT_CAP_NS 100000000ll
@@ -110,9 +117,18 @@ _Static_assert(BROKER_OVERRUN_CAP_NS - TURN_REVOKE_GRACE_NS - BROKER_OVERRUN_CRE
 /* A published stamp is moved forward once the vGPUs' reaches this much
  * further: one write of the control blocks' line per GPU per 100 ms. */
 #define BROKER_STAMP_SLACK_NS 100000000ull
-/* A request word that changes more often than this in a period is not
- * slept on until the period ends (it is still read at every look). */
+/* A vGPU whose words woke the broker (changed, or woken without a change)
+ * this often in a period is not slept on until the period ends (it is
+ * still read at every look): an honest one changes its request a few times
+ * per turn. */
 #define BROKER_WAKES_PER_PERIOD 100
+/* Looks a period answered at once, whatever woke them; past that, the rest
+ * of the period's looks come at most this often. An honest node looks a
+ * few times per hand-off; many hostile vGPUs, each within its own wakes,
+ * could otherwise still keep the thread looking (each look costs a pass
+ * over the GPUs' vGPUs: ~5 us with a hundred). */
+#define BROKER_LOOKS_PER_PERIOD 100
+#define BROKER_LOOK_GAP_NS 1000000ull
 /* A vGPU granted the turn that never took it up (its asking process died,
  * or it asks for nothing) is not heard asking with the same word again for
  * this long, doubled at each repeat up to the cap: a dead asker costs the
@@ -126,8 +142,9 @@ struct member {
     struct vgpu_control_device *ctl; /* the daemon's: the broker writes it */
     _Atomic uint64_t *beat;
     struct vgpu_turn *turn;          /* the tenant's: read only, one word at a time */
+    int usage_dev;                   /* which device entry of the usage block */
     uint32_t seen;                   /* request at the last look */
-    unsigned wakes;                  /* changes of request this period */
+    unsigned wakes;                  /* times its words woke the broker this period */
     int64_t credit_ns;               /* turn time it may still hold while others ask */
     uint64_t credit_stamp;
     uint32_t stale;                  /* a request that was granted and never taken up */
@@ -157,6 +174,7 @@ static struct {
     bool stop;
     _Atomic uint32_t wake;  /* bumped by add/remove/stop: look again */
     uint64_t period_start;
+    unsigned looks;         /* this period's */
     struct member members[BROKER_MEMBERS];
     struct gpu gpus[BROKER_GPUS];
     int gpu_count;
@@ -164,6 +182,7 @@ static struct {
 
 struct watch {
     struct futex_waitv w[BROKER_WATCH_MAX];
+    int who[BROKER_WATCH_MAX]; /* the member whose word it is; -1: the broker's own */
     unsigned n;
     bool overflow;
     uint64_t deadline;
@@ -181,15 +200,24 @@ static void wake_all(_Atomic uint32_t *word)
     syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 }
 
-static void watch_word(struct watch *w, _Atomic uint32_t *word, uint32_t expect)
+static void watch_word(struct watch *w, int who, _Atomic uint32_t *word, uint32_t expect)
 {
     if (w->n == BROKER_WATCH_MAX) {
         w->overflow = true;
         return;
     }
+    w->who[w->n] = who;
     /* Not FUTEX2_PRIVATE: the words are in file mappings shared with hooks. */
     w->w[w->n++] = (struct futex_waitv){
         .val = expect, .uaddr = (uintptr_t)word, .flags = FUTEX_32, .__reserved = 0};
+}
+
+/* A member's request word, slept on while its wakes this period allow. */
+static void watch_request(struct watch *w, int id, uint32_t expect)
+{
+    struct member *m = &broker.members[id];
+    if (m->wakes < BROKER_WAKES_PER_PERIOD)
+        watch_word(w, id, &m->turn->request, expect);
 }
 
 static void watch_until(struct watch *w, uint64_t when)
@@ -431,7 +459,7 @@ static bool step(struct gpu *g, uint64_t now, bool new_period, struct watch *w)
         } else if (!busy) {
             /* Just granted: its process has a hand-off's time to start. */
             if (h->seen != 0 && now < g->granted_at + ARBITER_HANDOFF_NS) {
-                watch_word(w, &h->turn->request, h->seen);
+                watch_request(w, g->holder, h->seen);
                 watch_until(w, g->granted_at + ARBITER_HANDOFF_NS);
             } else if (take_back_idle(g, h, now)) {
                 holder_pos = -1;
@@ -455,7 +483,7 @@ static bool step(struct gpu *g, uint64_t now, bool new_period, struct watch *w)
                 take_back(g, h);
                 holder_pos = -1;
             } else {
-                watch_word(w, &h->turn->request, g->grant);
+                watch_request(w, g->holder, g->grant);
                 watch_until(w, revoke);
             }
         }
@@ -467,14 +495,14 @@ static bool step(struct gpu *g, uint64_t now, bool new_period, struct watch *w)
         give(g, pos, asking > 1, now);
         holder_pos = pos;
         struct member *h = &broker.members[g->holder];
-        watch_word(w, &h->turn->request, h->seen);
+        watch_request(w, g->holder, h->seen);
         watch_until(w, now + ARBITER_HANDOFF_NS);
     }
     /* Those that do not ask yet: the broker must hear when they do. */
     for (int i = 0; i < g->count; i++) {
         struct member *m = &broker.members[g->members[i]];
-        if (i != holder_pos && m->seen == 0 && m->wakes < BROKER_WAKES_PER_PERIOD)
-            watch_word(w, &m->turn->request, 0);
+        if (i != holder_pos && m->seen == 0)
+            watch_request(w, g->members[i], 0);
     }
     return going_on; /* a holder at work echoes its grant: r != 0 */
 }
@@ -486,20 +514,48 @@ static void beat_all(uint64_t now)
             atomic_store_explicit(broker.members[i].beat, now, memory_order_relaxed);
 }
 
+static void sleep_ns(uint64_t ns)
+{
+    struct timespec ts = {.tv_sec = (time_t)(ns / 1000000000ull), .tv_nsec = (long)(ns % 1000000000ull)};
+    nanosleep(&ts, NULL);
+}
+
+/* The member whose word woke the broker without changing (a FUTEX_WAKE
+ * needs no change of the word): counted as a change is (request_of). */
+static void woken_by(const struct watch *w, long index)
+{
+    if (index < 0 || (unsigned long)index >= w->n || w->who[index] < 0)
+        return;
+    struct member *m = &broker.members[w->who[index]];
+    if (m->used && atomic_load(&m->turn->request) == w->w[index].val)
+        m->wakes++;
+}
+
 static void *broker_main(void *arg)
 {
     (void)arg;
+    uint64_t last_look = 0;
     pthread_mutex_lock(&broker.lock);
     while (!broker.stop) {
         uint64_t now = now_ns();
+        if (broker.looks >= BROKER_LOOKS_PER_PERIOD && now - broker.period_start < BROKER_PERIOD_NS &&
+            now < last_look + BROKER_LOOK_GAP_NS) {
+            pthread_mutex_unlock(&broker.lock);
+            sleep_ns(last_look + BROKER_LOOK_GAP_NS - now);
+            pthread_mutex_lock(&broker.lock);
+            now = now_ns();
+        }
         bool new_period = now - broker.period_start >= BROKER_PERIOD_NS;
         if (new_period) {
             broker.period_start = now;
+            broker.looks = 0;
             beat_all(now);
         }
+        broker.looks++;
+        last_look = now;
         struct watch w = {
             .n = 0, .overflow = false, .deadline = broker.period_start + BROKER_IDLE_PERIOD_NS};
-        watch_word(&w, &broker.wake, atomic_load(&broker.wake));
+        watch_word(&w, -1, &broker.wake, atomic_load(&broker.wake));
         bool busy = false;
         for (int i = 0; i < broker.gpu_count; i++)
             busy = step(&broker.gpus[i], now, new_period, &w) || busy;
@@ -511,13 +567,11 @@ static void *broker_main(void *arg)
         struct timespec until = {.tv_sec = (time_t)(w.deadline / 1000000000ull),
                                  .tv_nsec = (long)(w.deadline % 1000000000ull)};
         /* A wake, a word already moved, a signal or the deadline: look again. */
-        if (syscall(SYS_futex_waitv, w.w, w.n, 0, &until, CLOCK_MONOTONIC) < 0 &&
-            errno == ENOSYS) {
-            /* A kernel before 5.16: short timed looks instead. */
-            struct timespec poll = {0, (long)BROKER_POLL_NS};
-            nanosleep(&poll, NULL);
-        }
+        long woke = syscall(SYS_futex_waitv, w.w, w.n, 0, &until, CLOCK_MONOTONIC);
+        if (woke < 0 && errno == ENOSYS)
+            sleep_ns(BROKER_POLL_NS); /* a kernel before 5.16: short timed looks instead */
         pthread_mutex_lock(&broker.lock);
+        woken_by(&w, woke);
     }
     pthread_mutex_unlock(&broker.lock);
     return NULL;
@@ -595,6 +649,7 @@ int vgpu_broker_add(const char *gpu, struct vgpu_control *control, int dev,
                          .ctl = &control->devices[dev],
                          .beat = &control->turn_beat_ns,
                          .turn = &usage->devices[usage_dev].turn,
+                         .usage_dev = usage_dev,
                          /* What any vGPU idle for a moment has: enough for
                           * its first long batch to overrun (revoke_at). */
                          .credit_ns = BROKER_CREDIT_CAP_NS,
@@ -610,6 +665,34 @@ int vgpu_broker_add(const char *gpu, struct vgpu_control *control, int dev,
 out:
     pthread_mutex_unlock(&broker.lock);
     return id;
+}
+
+/* Point entry `id` at a new usage block, the same device entry of it (the
+ * daemon remakes a block its tenant cut short), before the old one is
+ * unmapped. What the broker holds against the vGPU stays: its turn credit,
+ * its silence as a stale asker, its place in the round robin. Entered
+ * afresh instead, a vGPU would start with a full credit, so a tenant that
+ * truncated its own block at every scan would hold the turn past its
+ * quota plus the slack. A grant it held ends (its processes died with the
+ * old block). 0, or -1 where `id` is not entered. */
+int vgpu_broker_rebind(int id, struct vgpu_usage *usage)
+{
+    if (id < 0 || id >= BROKER_MEMBERS || usage == NULL)
+        return -1;
+    pthread_mutex_lock(&broker.lock);
+    struct member *m = &broker.members[id];
+    int rc = -1;
+    if (m->used) {
+        struct gpu *g = &broker.gpus[m->gpu];
+        if (g->holder == id)
+            take_back(g, m);
+        m->turn = &usage->devices[m->usage_dev].turn;
+        m->seen = 0;
+        kick();
+        rc = 0;
+    }
+    pthread_mutex_unlock(&broker.lock);
+    return rc;
 }
 
 /* Forget an entry (before its blocks are unmapped); a grant it held ends. */

@@ -344,6 +344,129 @@ static void test_an_idle_broker_looks_seldom_and_hears_a_request_at_once(void)
     teardown();
 }
 
+struct waker {
+    pthread_t th;
+    _Atomic uint32_t *word;
+    _Atomic bool stop;
+};
+
+static void *wake_for_ever(void *arg)
+{
+    struct waker *k = arg;
+    while (!atomic_load(&k->stop))
+        wake_all(k->word);
+    return NULL;
+}
+
+static uint64_t thread_cpu_ns(pthread_t th)
+{
+    clockid_t clock;
+    struct timespec ts;
+    if (pthread_getcpuclockid(th, &clock) != 0 || clock_gettime(clock, &ts) != 0)
+        return 0;
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* A tenant calls FUTEX_WAKE on its own request word in a loop without
+ * changing it (anyone who maps a word may wake it): each wake used to make
+ * the broker look again, a core of the daemon's for as long as the tenant
+ * liked. Such wakes now count as changes do, and past its wakes of the
+ * period the vGPU is not slept on; the other vGPU is still heard at once. */
+static void test_wakes_without_a_change_cost_the_broker_little(void)
+{
+    setup();
+    struct waker k = {.word = &vgpus[1]->usage.devices[0].turn.request};
+    uint64_t cpu = thread_cpu_ns(broker.thread);
+    uint64_t start = pacer_monotonic.now(NULL);
+    pthread_create(&k.th, NULL, wake_for_ever, &k);
+    sleep_ms(300);
+    uint64_t asked = pacer_monotonic.now(NULL);
+    uint32_t got = grant_acquire(&vgpus[0]->grant, &pacer_monotonic);
+    uint64_t answered = pacer_monotonic.now(NULL);
+    sleep_ms(200);
+    atomic_store(&k.stop, true);
+    pthread_join(k.th, NULL);
+    uint64_t spent = thread_cpu_ns(broker.thread) - cpu, wall = pacer_monotonic.now(NULL) - start;
+    CHECK(got > VGPU_TURN_WANT);
+    CHECK(answered - asked < BROKER_LOOK_GAP_NS + 5000000ull); /* heard at once, or nearly */
+    /* Unbounded, the broker spent 45-100 % of the wall here (one to a
+     * hundred vGPUs); bounded, ~2000 cheap looks a second. */
+    CHECK(spent * 20 < wall);
+    grant_release(&vgpus[0]->grant, false);
+    teardown();
+}
+
+/* Many hostile vGPUs, each within its own wakes of the period, together
+ * still wake the broker at most BROKER_LOOKS_PER_PERIOD times a period at
+ * once, then once every BROKER_LOOK_GAP_NS: the looks of any period stay
+ * bounded however many vGPUs wake it. */
+static void test_many_waking_vgpus_get_a_bounded_number_of_looks(void)
+{
+    enum { HOSTILE = 6 };
+    setup();
+    struct vgpu_blocks *hostile[HOSTILE];
+    struct waker k[HOSTILE];
+    for (int i = 0; i < HOSTILE; i++) {
+        hostile[i] = enter(300000);
+        k[i] = (struct waker){.word = &hostile[i]->usage.devices[0].turn.request};
+        pthread_create(&k[i].th, NULL, wake_for_ever, &k[i]);
+    }
+    unsigned most = 0;
+    for (int ms = 0; ms < 400; ms++) {
+        sleep_ms(1);
+        pthread_mutex_lock(&broker.lock);
+        if (broker.looks > most)
+            most = broker.looks;
+        pthread_mutex_unlock(&broker.lock);
+    }
+    for (int i = 0; i < HOSTILE; i++) {
+        atomic_store(&k[i].stop, true);
+        pthread_join(k[i].th, NULL);
+        vgpu_broker_remove(hostile[i]->id);
+        free(hostile[i]);
+    }
+    /* Each alone may wake it BROKER_WAKES_PER_PERIOD times a period: six,
+     * 600 looks, were they all answered at once. */
+    CHECK(most > 0);
+    CHECK(most <= BROKER_LOOKS_PER_PERIOD + BROKER_PERIOD_NS / BROKER_LOOK_GAP_NS + 2);
+    teardown();
+}
+
+/* The daemon remakes a usage block its tenant cut short (registry.py,
+ * repair_lost_usage): the broker's account of the vGPU goes on with the new
+ * block. Entered afresh, it started with a full turn credit, so a tenant
+ * that overstayed, truncated its block and asked again at every scan held
+ * the GPU far past its quota plus the slack (a hostile vGPU at 70 % held
+ * the grant 95.7 % of the time against 83.6 %). */
+static void test_a_remade_usage_block_keeps_the_vgpus_turn_credit(void)
+{
+    setup();
+    uint32_t hostile = grant_acquire(&vgpus[0]->grant, &pacer_monotonic);
+    CHECK(hostile > VGPU_TURN_WANT);
+    pthread_mutex_lock(&broker.lock);
+    broker.members[vgpus[0]->id].credit_ns = -1000000000ll; /* it overstayed by a second */
+    pthread_mutex_unlock(&broker.lock);
+
+    struct vgpu_usage *remade = calloc(1, sizeof(*remade));
+    CHECK(vgpu_broker_rebind(vgpus[0]->id, remade) == 0);
+    CHECK(grant_of(0) == 0); /* its grant ended with the old block */
+    pthread_mutex_lock(&broker.lock);
+    int64_t credit = broker.members[vgpus[0]->id].credit_ns;
+    struct vgpu_turn *watched = broker.members[vgpus[0]->id].turn;
+    pthread_mutex_unlock(&broker.lock);
+    CHECK(credit < -900000000ll);
+    CHECK(watched == &remade->devices[0].turn);
+    CHECK(vgpu_broker_rebind(BROKER_MEMBERS, remade) == -1);
+
+    /* The new block is heard: its vGPU asks and is granted the turn. */
+    vgpus[0]->grant.turn = &remade->devices[0].turn;
+    uint32_t got = grant_acquire(&vgpus[0]->grant, &pacer_monotonic);
+    CHECK(got > VGPU_TURN_WANT && got != hostile);
+    grant_release(&vgpus[0]->grant, false);
+    teardown();
+    free(remade);
+}
+
 static void test_with_no_broker_nobody_waits(void)
 {
     struct vgpu_blocks *v = calloc(1, sizeof(*v));
@@ -370,6 +493,9 @@ int main(void)
     test_a_vgpu_sees_the_others_pacing_not_its_own();
     test_a_dead_asker_is_not_heard_again_at_once();
     test_an_idle_broker_looks_seldom_and_hears_a_request_at_once();
+    test_wakes_without_a_change_cost_the_broker_little();
+    test_many_waking_vgpus_get_a_bounded_number_of_looks();
+    test_a_remade_usage_block_keeps_the_vgpus_turn_credit();
     test_with_no_broker_nobody_waits();
     vgpu_broker_stop();
     return check_report("test_broker");

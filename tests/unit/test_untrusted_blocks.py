@@ -14,12 +14,14 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 from tests.conftest import ROOT
 from tests.unit.fakes import create, gpus
 from vgpud.policy.placement import Rules
 from vgpud.units import parse_memory
+from vgpud.vgpus.abi import TURN_WANT, ControlC, ControlDeviceC, TurnC, UsageC, UsageDeviceC
 from vgpud.vgpus.atomics import Atomics
 from vgpud.vgpus.blocks import UsageBlock
 from vgpud.vgpus.model import CreateRequest, Limits
@@ -136,4 +138,44 @@ def test_the_daemon_recreates_a_usage_block_cut_short(tmp_path: Path) -> None:
     fresh = UsageBlock.open(path, device_count=1)  # a whole, valid block again
     fresh.close()
     assert not registry.get(entry.vgpu.id).usage.lost
+    registry.close()
+
+
+def test_a_remade_usage_block_keeps_its_place_in_the_gpu_turn(tmp_path: Path) -> None:
+    """The broker's account of the vGPU (its turn credit; libhook/tests/
+    test_broker.c) goes on with the new block: the same entries, now
+    hearing the new block's request. Taken out and entered afresh, a
+    tenant that cut its block short at every scan started each with full
+    credit and held the GPU past its quota plus the slack."""
+    atomics = Atomics.load()
+    registry = Registry(tmp_path / "run", StateStore(tmp_path / "state"), tmp_path / "l", atomics)
+    registry.adopt()
+    limits = Limits(memory=parse_memory("1g"), share=30, mode="hard", weight=100)
+    entry = create(registry, CreateRequest(), limits, gpus(1), Rules())
+    turns = list(entry.turns)
+    assert turns
+
+    calls: list[str] = []
+    broker = registry.broker
+    for name in ("add", "remove", "rebind"):
+        method = getattr(broker, name)
+        setattr(broker, name, lambda *a, m=method, n=name: (calls.append(n), m(*a))[1])
+
+    os.truncate(entry.paths.usage, 100)
+    entry.usage.slots()
+    assert len(registry.repair_lost_usage()) == 1
+    assert calls == ["rebind"] * len(turns)  # never out and in again: that reset its credit
+    assert registry.get(entry.vgpu.id).turns == turns
+
+    usage, control = entry.usage, entry.control
+    turn = UsageC.devices.offset + UsageDeviceC.turn.offset
+    request = usage._base + turn + TurnC.request.offset
+    grant = control._base + ControlC.devices.offset + ControlDeviceC.turn_grant.offset
+    atomics.store_u32(request, TURN_WANT)
+    atomics.futex_wake_all(request)
+    for _ in range(2000):  # the broker grants within a look; bounded, not timed
+        if atomics.load_u32(grant) > TURN_WANT:
+            break
+        time.sleep(0.001)
+    assert atomics.load_u32(grant) > TURN_WANT
     registry.close()

@@ -911,6 +911,7 @@ class TurnBroker:
             vp,
             ctypes.c_int,
         )
+        self._rebind = bind(lib, "vgpu_broker_rebind", ctypes.c_int, ctypes.c_int, vp)
         self._remove = bind(lib, "vgpu_broker_remove", None, ctypes.c_int)
         self._stop = bind(lib, "vgpu_broker_stop", None)
 
@@ -925,6 +926,13 @@ class TurnBroker:
         if handle < 0:
             raise BlockError(f"the turn broker cannot take device {dev} of {control.path}")
         return handle
+
+    def rebind(self, handle: int, usage: UsageBlock) -> None:
+        """Point an entry at the vGPU's new usage block (before the old one
+        is closed), the broker's account of the vGPU kept: a tenant gains
+        no fresh turn credit by having its block remade."""
+        if int(self._rebind(handle, usage._base)) < 0:
+            raise BlockError(f"the turn broker has no entry {handle}")
 
     def remove(self, handle: int) -> None:
         self._remove(handle)

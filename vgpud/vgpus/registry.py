@@ -389,10 +389,13 @@ class Registry:
                         "cannot recreate a lost usage block", vgpu=entry.vgpu.id, error=str(exc)
                     )
                     continue
-                self._leave(entry)
+                # The broker's account of the vGPU (its turn credit) goes on
+                # with the new block: entered afresh, a tenant that cut its
+                # block short at every scan would start each with full credit.
+                for handle in entry.turns:
+                    self.broker.rebind(handle, usage)
                 self._retire(entry.usage)
                 entry.usage = usage
-                self._enter(entry)
                 self._repaired(entry.vgpu, "usage", "truncated under the daemon's mapping")
         repairs, self._repairs = self._repairs, []
         return repairs
