@@ -425,13 +425,48 @@ static int stream_index(CUstream stream, bool ptsz, CUdevice *dev)
     return devmap_current(dev);
 }
 
+static CUresult unaccounted_refused(_Atomic bool *told, const char *why);
+
+/* Where pinned memory at `loc` lands as the limit sees it: on a device
+ * (charged there), in host memory (not device memory), or where the hook
+ * cannot account for it: a location type it does not know (newer drivers
+ * add some, a device's locality domain among them), or memory that is not
+ * pinned (a pool of managed memory, which may move onto the device beyond
+ * what it has free). A limited process is refused the last kind: counted
+ * nowhere, it would lift the limit. */
+enum landing { ON_DEVICE, ON_HOST, UNACCOUNTED };
+
+static enum landing landing_of(int alloc_type, const CUmemLocation *loc)
+{
+    if (alloc_type != CU_MEM_ALLOCATION_TYPE_PINNED)
+        return UNACCOUNTED;
+    switch (loc->type) {
+    case CU_MEM_LOCATION_TYPE_DEVICE:
+        return ON_DEVICE;
+    case CU_MEM_LOCATION_TYPE_HOST:
+    case CU_MEM_LOCATION_TYPE_HOST_NUMA:
+    case CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT:
+        return ON_HOST;
+    default:
+        return UNACCOUNTED;
+    }
+}
+
+static _Atomic bool landing_told;
+#define LANDING_REFUSED "memory of a kind or location the limit cannot account for refused " \
+                        "(only pinned device or host memory is)"
+
 VGPU_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps)
 {
     VGPU_CUDA_ENTER(cuMemPoolCreate);
+    enum landing to = poolProps != NULL ? landing_of(poolProps->allocType, &poolProps->location)
+                                        : ON_HOST; /* the driver's error to give */
+    if (vgpu_limited() && to == UNACCOUNTED)
+        return unaccounted_refused(&landing_told, "cuMemPoolCreate: " LANDING_REFUSED);
     CUresult rc = vgpu_real_cuda.cuMemPoolCreate(pool, poolProps);
     if (rc != CUDA_SUCCESS || !vgpu_limited() || poolProps == NULL)
         return rc;
-    if (poolProps->location.type == CU_MEM_LOCATION_TYPE_DEVICE)
+    if (to == ON_DEVICE)
         pool_note(*pool, poolProps->location.id, devmap_index(poolProps->location.id));
     else /* host or host NUMA memory: not device memory */
         pool_note(*pool, 0, VGPU_DEV_UNTRACKED);
@@ -586,8 +621,12 @@ struct node_add {
 
 static CUresult add_graph_alloc(const struct node_add *add, CUDA_MEM_ALLOC_NODE_PARAMS *params)
 {
-    if (!vgpu_limited() || params == NULL ||
-        params->poolProps.location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+    if (!vgpu_limited() || params == NULL)
+        return add->call(add, params, 0);
+    enum landing to = landing_of(params->poolProps.allocType, &params->poolProps.location);
+    if (to == UNACCOUNTED)
+        return unaccounted_refused(&landing_told, "a graph memory node: " LANDING_REFUSED);
+    if (to == ON_HOST)
         return add->call(add, params, 0);
     CUdevice dev = params->poolProps.location.id;
     int index = devmap_index(dev);
@@ -845,7 +884,10 @@ VGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t si
     VGPU_CUDA_ENTER(cuMemCreate);
     struct reservation r = {.index = VGPU_DEV_UNTRACKED};
     CUresult rc = CUDA_SUCCESS;
-    if (prop != NULL && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE)
+    enum landing to = prop != NULL ? landing_of(prop->type, &prop->location) : ON_HOST;
+    if (vgpu_limited() && to == UNACCOUNTED)
+        return unaccounted_refused(&landing_told, "cuMemCreate: " LANDING_REFUSED);
+    if (to == ON_DEVICE)
         rc = reserve_device(&r, prop->location.id, size, "cuMemCreate");
     if (rc != CUDA_SUCCESS)
         return rc;

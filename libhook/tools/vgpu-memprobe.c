@@ -181,6 +181,9 @@ static const char USAGE[] =
     "                    context, the current context staying device --device's\n"
     "  pool-on:N:SIZE    cuMemAllocFromPoolAsync from a new pool of device N on\n"
     "                    the current (--device) context's stream\n"
+    "  kind:A:L:SIZE     a pool, a cuMemCreate handle and a graph memory node of\n"
+    "                    allocation type A and location type L (the numbers of\n"
+    "                    cuda.h's enums) on the device, each reported\n"
     "  capture:SIZE      capture cuMemAllocAsync + cuMemFreeAsync of SIZE on a\n"
     "                    new stream into a graph, run it once, destroy it\n"
     "  pools:N:SIZE      create N pools on the device; allocate 4 KiB from each\n"
@@ -931,6 +934,41 @@ static void cmd_pool_on(const char *arg)
     report("pool-on", "pool", size, rc);
 }
 
+/* Memory of any allocation type and location type, on the three roads that
+ * take both: what the hook lets through of a kind it cannot account for. */
+static void cmd_kind(const char *arg)
+{
+    char *end;
+    long type = strtol(arg, &end, 10);
+    long where = *end == ':' ? strtol(end + 1, &end, 10) : -1;
+    uint64_t size;
+    if (where < 0 || *end != ':' || parse_size(end + 1, &size) != 0)
+        usage_exit("expected kind:A:L:SIZE");
+    CUmemLocation loc = {.type = (int)where, .id = device};
+    CUmemPoolProps props;
+    memset(&props, 0, sizeof(props));
+    props.allocType = (int)type;
+    props.location = loc;
+    CUmemoryPool pool = NULL;
+    report("kind", "pool", size, cu.cuMemPoolCreate(&pool, &props));
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof(prop));
+    prop.type = (int)type;
+    prop.location = loc;
+    CUmemGenericAllocationHandle handle = 0;
+    report("kind", "vmm", size, cu.cuMemCreate(&handle, size, &prop, 0));
+    CUgraph graph = NULL;
+    CUresult rc = cu.cuGraphCreate(&graph, 0);
+    CUDA_MEM_ALLOC_NODE_PARAMS params;
+    memset(&params, 0, sizeof(params));
+    params.poolProps = props;
+    params.bytesize = size;
+    CUgraphNode node;
+    if (rc == CUDA_SUCCESS)
+        rc = cu.cuGraphAddMemAllocNode(&node, graph, NULL, 0, &params);
+    report("kind", "graph", size, rc);
+}
+
 static void cmd_vmm_retain(const char *arg)
 {
     struct allocation a = {.path = P_VMMMAP};
@@ -1130,6 +1168,8 @@ static void run(const char *cmd)
         cmd_async_on(cmd + 9);
     else if (strncmp(cmd, "pool-on:", 8) == 0)
         cmd_pool_on(cmd + 8);
+    else if (strncmp(cmd, "kind:", 5) == 0)
+        cmd_kind(cmd + 5);
     else if (strncmp(cmd, "capture:", 8) == 0)
         cmd_capture(cmd + 8);
     else if (strncmp(cmd, "pools:", 6) == 0)

@@ -303,3 +303,35 @@ def test_mipmaps_whose_padding_would_pass_the_limit_are_refused(
     run = probe(env, *["alloc:mipmaplayered:1m"] * 2, "meminfo")
     assert [x["result"] for x in run.ops("alloc")] == [OK, OOM]
     assert used(run.ops("meminfo")[0]) <= limit
+
+
+# ---- memory of a kind the limit cannot account for ------------------------------
+
+NOT_SUPPORTED = "CUDA_ERROR_NOT_SUPPORTED"
+PINNED, MANAGED = 1, 2  # CUmemAllocationType
+DEVICE, HOST, UNKNOWN = 1, 2, 9  # CUmemLocationType; 9: none the hook knows
+
+
+def test_memory_of_a_kind_the_limit_cannot_account_for_is_refused(
+    sim_env: dict[str, str], tmp_path: Path
+) -> None:
+    # A location type newer than the hook (drivers add some: a device's
+    # locality domain) or a pool of managed memory was let through uncharged,
+    # as if it were host memory: on a driver that takes it, device memory
+    # outside the limit. A limited process is refused it before the driver
+    # is asked; pinned device memory is charged and host memory passes, as
+    # before, and an unlimited process is left to its driver.
+    run = probe(
+        limited(sim_env, tmp_path),
+        f"kind:{PINNED}:{UNKNOWN}:4m",
+        f"kind:{MANAGED}:{DEVICE}:4m",
+        f"kind:{PINNED}:{DEVICE}:4m",
+        "meminfo",
+    )
+    kinds = run.ops("kind")
+    assert [x["result"] for x in kinds[:6]] == [NOT_SUPPORTED] * 6
+    assert [x["result"] for x in kinds[6:]] == [OK] * 3
+    assert used(run.ops("meminfo")[0]) >= 4 * MiB  # the pinned device handle, charged
+
+    unlimited = probe({**sim_env, "VGPU_SIM_CTX_OVERHEAD": "0"}, f"kind:{PINNED}:{UNKNOWN}:4m")
+    assert NOT_SUPPORTED not in [x["result"] for x in unlimited.ops("kind")]
