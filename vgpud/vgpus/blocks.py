@@ -771,7 +771,12 @@ class UsageBlock(_Mapping):
         )
 
     def standalone_limits(self) -> StandaloneLimits:
-        count = min(int(self._atomics.load_u32(self._addr(self._c, "device_count"))), MAX_DEVICES)
+        """The limits its hook recorded, for at most the devices fixed at
+        adoption: the tenant may raise its device_count word at any time,
+        and what every other reading of the block (``devices()``, slots,
+        pacing addresses) covers must bound what is read here."""
+        word = int(self._atomics.load_u32(self._addr(self._c, "device_count")))
+        count = min(word, self.device_count)
         devs = [self._c.devices[d] for d in range(count)]
         return StandaloneLimits(
             device_count=count,
