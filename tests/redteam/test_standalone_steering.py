@@ -135,3 +135,40 @@ def test_a_standalone_block_that_cannot_be_read_is_left_out_of_the_tick_with_one
         # Fail static: its hooks see no heartbeat and keep their last quota.
         assert mapped(usage.path).steer.heartbeat_ns == 0
         usage.close()
+
+
+def soft_quota_beside(tmp: Path, entries: int) -> int:
+    """The quota a soft vGPU at 30 that wants more is given on a GPU beside
+    a standalone block listing that GPU in ``entries`` device entries, each
+    with a share of 30 and forged pacer waits (it says it is held back)."""
+    with node(tmp, (30, "soft")) as reg:
+        (victim,) = reg.all()
+        usage = standalone_block(tmp / "sa", [(GPU, 300_000)] * entries)
+        hooks = mapped(victim.usage.path)
+        tenant = mapped(usage.path)
+        track = busy([victim], usage)
+        steering = Steering(Atomics.load())
+        now = 1_000_000_000
+        for _ in range(60):
+            now += TICK_NS
+            hooks.devices[0].gpu_time_ns += 95_000_000  # uses what it is given
+            hooks.devices[0].throttled_ns += 50_000_000  # and waits for more
+            for i in range(entries):
+                tenant.devices[i].throttled_ns += 50_000_000
+            quotas = steering.tick([victim], track.standalone, track, None, now)
+        usage.close()
+        return quotas[(victim.vgpu.id, GPU)]
+
+
+@pytest.mark.parametrize("entries", [2, 3, MAX_DEVICES])
+def test_duplicated_uuids_give_a_soft_vgpu_the_same_quota_as_a_single_entry_would(
+    tmp_path: Path, entries: int
+) -> None:
+    single = soft_quota_beside(tmp_path / "single", 1)
+    # One honest entry claims its share and no more, forged waits or not:
+    # the soft vGPU keeps its 30 and the 40 nobody claims.
+    assert single == 700_000
+    with structlog.testing.capture_logs() as logs:
+        assert soft_quota_beside(tmp_path / "many", entries) == single
+    said = [entry for entry in logs if entry.get("vgpu") == SA]
+    assert len(said) == 1 and said[0]["uuids"] == [GPU]

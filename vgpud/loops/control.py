@@ -92,14 +92,28 @@ class _Steered(NamedTuple):
     writer: Callable[[int], object]
 
 
-def _standalone_slices(vgpu_id: str, usage: UsageBlock) -> list[_Steered]:
+def _standalone_slices(vgpu_id: str, usage: UsageBlock) -> tuple[list[_Steered], list[str]]:
     """What an adopted standalone block asks to be steered: each GPU its
-    hook gave a compute limit (only a limit is steered, never lifted)."""
+    hook gave a compute limit (only a limit is steered, never lifted), and
+    the UUIDs it names more than once. One allocation per GPU: an honest
+    hook names a GPU once, and every entry would be one more claim on the
+    GPU's spare time for the controller (a tenant listing one GPU 16 times
+    took a soft vGPU's idle time away from it), so entries after the first
+    for a UUID are ignored.
+    """
     limits = usage.standalone_limits()
     devices = usage.devices()
     out = []
+    seen: set[str] = set()
+    again: list[str] = []
     for i, (uuid, share_ppm) in enumerate(zip(limits.uuids, limits.share_ppm, strict=True)):
-        if uuid and 0 < share_ppm < PPM_FULL:
+        if not uuid:  # an entry its hook gave no GPU
+            continue
+        if uuid in seen:
+            again.append(uuid)
+            continue
+        seen.add(uuid)
+        if 0 < share_ppm < PPM_FULL:
             d = devices[i]
             out.append(
                 _Steered(
@@ -108,7 +122,7 @@ def _standalone_slices(vgpu_id: str, usage: UsageBlock) -> list[_Steered]:
                     partial(usage.write_steer, i, window_ns=ctl.WINDOW_NS),
                 )
             )
-    return out
+    return out, again
 
 
 class _Plans:
@@ -241,8 +255,8 @@ class Steering:
         self._calibrators: Mapping[ctl.Key, Callable[[bool], object]] = {}
         # Which vGPU the last scan counted each pid for (worked out once per scan).
         self._track_owners: tuple[TrackSnapshot | None, dict[int, str]] = (None, {})
-        # The standalone blocks whose trouble was said (once per block).
-        self._standalone_said: set[str] = set()
+        # (block, trouble) said once per standalone block.
+        self._standalone_said: set[tuple[str, str]] = set()
 
     @property
     def state(self) -> ctl.ControllerState:
@@ -298,7 +312,7 @@ class Steering:
         writers = dict(zip(plans.keys, plans.writers, strict=True))
         steered = []
         if self._standalone_said:  # forget blocks no longer adopted
-            self._standalone_said.intersection_update(standalone)
+            self._standalone_said = {k for k in self._standalone_said if k[0] in standalone}
         for vgpu_id, blocks in standalone.items():
             slices = self._standalone(vgpu_id, blocks.usage)
             if slices is None:
@@ -342,19 +356,28 @@ class Steering:
         block that fails here is left out of this tick alone (no quota, no
         heartbeat: its hooks keep their last quota) and the rest of the node
         is steered; a failure here once stopped every vGPU's quotas and
-        heartbeats until the watchdog killed the daemon. Said once per block."""
+        heartbeats until the watchdog killed the daemon. Said once per block,
+        as are UUIDs it names twice."""
         try:
-            return _standalone_slices(vgpu_id, usage)
+            slices, again = _standalone_slices(vgpu_id, usage)
         except Exception as exc:
-            if vgpu_id not in self._standalone_said:
-                self._standalone_said.add(vgpu_id)
-                log.warning(
-                    "standalone block left out of the control tick",
-                    vgpu=vgpu_id,
-                    path=str(usage.path),
-                    error=repr(exc),
-                )
+            self._say_once(
+                vgpu_id, "standalone block left out of the control tick", usage, error=repr(exc)
+            )
             return None
+        if again:
+            self._say_once(
+                vgpu_id,
+                "standalone block names a GPU more than once: steered by its first entry",
+                usage,
+                uuids=sorted(set(again)),
+            )
+        return slices
+
+    def _say_once(self, vgpu_id: str, event: str, usage: UsageBlock, **fields: object) -> None:
+        if (vgpu_id, event) not in self._standalone_said:
+            self._standalone_said.add((vgpu_id, event))
+            log.warning(event, vgpu=vgpu_id, path=str(usage.path), **fields)
 
     def _mark_calibrated(self, plans: _Plans, quotas: Mapping[ctl.Key, int]) -> None:
         """Tell each daemon-owned vGPU's hook where its quota is calibrated
