@@ -22,6 +22,9 @@ import ctypes
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
+from typing import NamedTuple
+
+import structlog
 
 from vgpud.observe.nvml import NvmlSample
 from vgpud.observe.tracker import TrackSnapshot, VgpuBlocks
@@ -42,6 +45,8 @@ from vgpud.vgpus.registry import Entry
 # soft vGPU yielded in 0.4-0.6 s of its 1 s on an H200; a limit change
 # has a second).
 QUIET_PERIOD_S = 0.2
+
+log = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -77,6 +82,47 @@ class _Owned:
 
     def current(self, e: Entry) -> bool:
         return self.vgpu is e.vgpu and self.usage is e.usage and self.control is e.control
+
+
+class _Steered(NamedTuple):
+    """One GPU of an adopted standalone block that the tick steers."""
+
+    allocation: ctl.Allocation
+    counters: tuple[int, int, int]  # gpu_time_ns, throttled_ns, launches
+    writer: Callable[[int], object]
+
+
+def _standalone_slices(vgpu_id: str, usage: UsageBlock) -> tuple[list[_Steered], list[str]]:
+    """What an adopted standalone block asks to be steered: each GPU its
+    hook gave a compute limit (only a limit is steered, never lifted), and
+    the UUIDs it names more than once. One allocation per GPU: an honest
+    hook names a GPU once, and every entry would be one more claim on the
+    GPU's spare time for the controller (a tenant listing one GPU 16 times
+    took a soft vGPU's idle time away from it), so entries after the first
+    for a UUID are ignored.
+    """
+    limits = usage.standalone_limits()
+    devices = usage.devices()
+    out = []
+    seen: set[str] = set()
+    again: list[str] = []
+    for i, (uuid, share_ppm) in enumerate(zip(limits.uuids, limits.share_ppm, strict=True)):
+        if not uuid:  # an entry its hook gave no GPU
+            continue
+        if uuid in seen:
+            again.append(uuid)
+            continue
+        seen.add(uuid)
+        if 0 < share_ppm < PPM_FULL:
+            d = devices[i]
+            out.append(
+                _Steered(
+                    ctl.Allocation(vgpu_id, uuid, share_ppm),
+                    (d.gpu_time_ns, d.throttled_ns, d.launches),
+                    partial(usage.write_steer, i, window_ns=ctl.WINDOW_NS),
+                )
+            )
+    return out, again
 
 
 class _Plans:
@@ -209,6 +255,8 @@ class Steering:
         self._calibrators: Mapping[ctl.Key, Callable[[bool], object]] = {}
         # Which vGPU the last scan counted each pid for (worked out once per scan).
         self._track_owners: tuple[TrackSnapshot | None, dict[int, str]] = (None, {})
+        # (block, trouble) said once per standalone block.
+        self._standalone_said: set[tuple[str, str]] = set()
 
     @property
     def state(self) -> ctl.ControllerState:
@@ -262,16 +310,19 @@ class Steering:
             for i, key in enumerate(plans.keys)
         }
         writers = dict(zip(plans.keys, plans.writers, strict=True))
+        steered = []
+        if self._standalone_said:  # forget blocks no longer adopted
+            self._standalone_said = {k for k in self._standalone_said if k[0] in standalone}
         for vgpu_id, blocks in standalone.items():
-            limits = blocks.usage.standalone_limits()
-            devices = blocks.usage.devices()
-            for i, (uuid, share_ppm) in enumerate(zip(limits.uuids, limits.share_ppm, strict=True)):
-                if uuid and 0 < share_ppm < PPM_FULL:  # only a compute limit is steered
-                    key = (vgpu_id, uuid)
-                    allocations.append(ctl.Allocation(vgpu_id, uuid, share_ppm))
-                    d = devices[i]
-                    pacing[key] = (d.gpu_time_ns, d.throttled_ns, d.launches)
-                    writers[key] = partial(blocks.usage.write_steer, i, window_ns=ctl.WINDOW_NS)
+            slices = self._standalone(vgpu_id, blocks.usage)
+            if slices is None:
+                continue
+            steered.append(blocks.usage)
+            for s in slices:
+                key = (vgpu_id, s.allocation.gpu)
+                allocations.append(s.allocation)
+                pacing[key] = s.counters
+                writers[key] = s.writer
 
         snapshot = self._snapshot(
             allocations, len(plans.allocations), pacing, track, sample, fresh, now_ns
@@ -295,9 +346,38 @@ class Steering:
             steady_key = (plans, track, self._figures(sample))
             self._run = _SteadyRun(steady_key, snapshot, plans.keys, self._state, words)
         plans.heartbeat(now_ns)
-        for blocks in standalone.values():
-            blocks.usage.steer_heartbeat(now_ns)
+        for usage in steered:
+            usage.steer_heartbeat(now_ns)
         return quotas
+
+    def _standalone(self, vgpu_id: str, usage: UsageBlock) -> list[_Steered] | None:
+        """An adopted standalone block's part of the tick, or None when it
+        cannot be read. Its words are its tenant's, whatever they hold: a
+        block that fails here is left out of this tick alone (no quota, no
+        heartbeat: its hooks keep their last quota) and the rest of the node
+        is steered; a failure here once stopped every vGPU's quotas and
+        heartbeats until the watchdog killed the daemon. Said once per block,
+        as are UUIDs it names twice."""
+        try:
+            slices, again = _standalone_slices(vgpu_id, usage)
+        except Exception as exc:
+            self._say_once(
+                vgpu_id, "standalone block left out of the control tick", usage, error=repr(exc)
+            )
+            return None
+        if again:
+            self._say_once(
+                vgpu_id,
+                "standalone block names a GPU more than once: steered by its first entry",
+                usage,
+                uuids=sorted(set(again)),
+            )
+        return slices
+
+    def _say_once(self, vgpu_id: str, event: str, usage: UsageBlock, **fields: object) -> None:
+        if (vgpu_id, event) not in self._standalone_said:
+            self._standalone_said.add((vgpu_id, event))
+            log.warning(event, vgpu=vgpu_id, path=str(usage.path), **fields)
 
     def _mark_calibrated(self, plans: _Plans, quotas: Mapping[ctl.Key, int]) -> None:
         """Tell each daemon-owned vGPU's hook where its quota is calibrated

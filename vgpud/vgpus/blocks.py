@@ -46,6 +46,7 @@ import ctypes
 import mmap
 import os
 import stat
+import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -201,6 +202,8 @@ class StandaloneLimits:
 
 # --- mapping ----------------------------------------------------------------
 
+_HEADER = ctypes.sizeof(BlockHeader)
+
 
 class _Mapping:
     """A block file mapped shared; subclasses add the struct's meaning."""
@@ -217,24 +220,30 @@ class _Mapping:
         self._base = ctypes.addressof(self._c)
 
     @classmethod
-    def _map(cls, path: Path, *, writable: bool) -> mmap.mmap:
+    def _map(cls, path: Path, *, writable: bool, head: int = _HEADER) -> tuple[mmap.mmap, bytes]:
         """Map an existing block file, refusing anything but a regular file
         of exactly our layout. O_NOFOLLOW: a symlink planted by a container
-        is refused, never followed."""
+        is refused, never followed. Returns what ``_map_fd`` does."""
         flags = (os.O_RDWR if writable else os.O_RDONLY) | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
             fd = os.open(path, flags)
         except OSError as exc:
             raise BlockError(f"cannot open {cls.kind} block {path}: {exc.strerror}") from exc
         try:
-            return cls._map_fd(fd, path)
+            return cls._map_fd(fd, path, head)
         finally:
             os.close(fd)
 
     @classmethod
-    def _map_fd(cls, fd: int, path: Path) -> mmap.mmap:
+    def _map_fd(cls, fd: int, path: Path, head: int = _HEADER) -> tuple[mmap.mmap, bytes]:
         """Map an open block file; ``path`` only names it in errors. The
-        caller keeps (and closes) ``fd``."""
+        caller keeps (and closes) ``fd``. Returns the mapping and the
+        file's first ``head`` bytes (the header at least), read from the fd
+        before it is mapped: a usage block is its tenant's, who may shrink
+        it at any moment, and a byte read through a mapping no SIGBUS guard
+        covers yet kills the daemon. Nothing is read through the mapping
+        here; the caller guards it before it does. A file shrunk meanwhile
+        is a BlockError, never a crash."""
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise BlockError(f"{cls.kind} block {path} is not a regular file")
@@ -244,8 +253,13 @@ class _Mapping:
                 f"{cls.kind} block {path} has {st.st_size} bytes, layout v{ABI_VERSION} "
                 f"needs {size}"
             )
-        mm = mmap.mmap(fd, size, mmap.MAP_SHARED)
-        hdr = BlockHeader.from_buffer_copy(mm, 0)
+        try:
+            raw = os.pread(fd, head, 0)
+        except OSError as exc:
+            raise BlockError(f"cannot read {cls.kind} block {path}: {exc.strerror}") from exc
+        if len(raw) < head:
+            raise BlockError(f"{cls.kind} block {path} shrank under the daemon")
+        hdr = BlockHeader.from_buffer_copy(raw)
         problem = None
         if hdr.magic != cls.magic:
             problem = f"bad magic {hdr.magic:#x} (not a vgpud {cls.kind} block)"
@@ -254,9 +268,13 @@ class _Mapping:
         elif hdr.size != size:
             problem = f"header size {hdr.size}, layout v{ABI_VERSION} needs {size}"
         if problem is not None:
-            mm.close()
             raise BlockError(f"{cls.kind} block {path}: {problem}")
-        return mm
+        try:
+            mm = mmap.mmap(fd, size, mmap.MAP_SHARED)
+        except (OSError, ValueError) as exc:
+            # mmap checks the size again (ValueError): shrunk since fstat.
+            raise BlockError(f"cannot map {cls.kind} block {path}: {exc}") from exc
+        return mm, raw
 
     @classmethod
     def _create_file(
@@ -380,7 +398,7 @@ class ControlBlock(_Mapping):
 
     @classmethod
     def open(cls, path: Path, *, atomics: Atomics | None = None) -> ControlBlock:
-        mm = cls._map(Path(path), writable=True)
+        mm, _ = cls._map(Path(path), writable=True)
         block = cls(Path(path), mm, atomics or Atomics.load())
         if not 1 <= block._c.device_count <= MAX_DEVICES:
             count = block._c.device_count
@@ -506,6 +524,10 @@ class ControlBlock(_Mapping):
 # --- the usage block --------------------------------------------------------
 
 _SLOTS_OFF = UsageC.slots.offset
+# What a usage block's open reads from its file before mapping it: the
+# header and the standalone hook's device_count (a u32).
+_USAGE_COUNT = UsageC.device_count.offset
+_USAGE_HEAD = _USAGE_COUNT + 4
 _SLOT_SIZE = ctypes.sizeof(ProcSlotC)
 _SLOT_WORDS = _SLOT_SIZE // 8
 _UDEV_OFF = UsageC.devices.offset
@@ -629,9 +651,8 @@ class UsageBlock(_Mapping):
     ) -> UsageBlock:
         """Map an existing block. ``device_count`` None: a standalone block,
         which says itself how many devices its environment limited."""
-        return cls._open_mapped(
-            cls._map(Path(path), writable=True), Path(path), device_count, atomics
-        )
+        mm, head = cls._map(Path(path), writable=True, head=_USAGE_HEAD)
+        return cls._open_mapped(mm, head, Path(path), device_count, atomics)
 
     @classmethod
     def open_fd(
@@ -640,16 +661,30 @@ class UsageBlock(_Mapping):
         """Map a block from an fd opened read-write by the caller (the tracker
         reaches a standalone block through /proc/<pid>/map_files, a kernel
         link that O_NOFOLLOW would refuse); validated like ``open``."""
-        return cls._open_mapped(cls._map_fd(fd, Path(name)), Path(name), device_count, atomics)
+        mm, head = cls._map_fd(fd, Path(name), _USAGE_HEAD)
+        return cls._open_mapped(mm, head, Path(name), device_count, atomics)
 
     @classmethod
     def _open_mapped(
-        cls, mm: mmap.mmap, path: Path, device_count: int | None, atomics: Atomics | None
+        cls,
+        mm: mmap.mmap,
+        head: bytes,
+        path: Path,
+        device_count: int | None,
+        atomics: Atomics | None,
     ) -> UsageBlock:
+        """The block of a fresh mapping, guarded before anything reads it
+        (``__init__``); a standalone block's own device count is taken
+        from ``head``, read from the file, not through the mapping."""
         if device_count is None:
-            own = UsageC.from_buffer_copy(mm[: ctypes.sizeof(UsageC)]).device_count
-            device_count = min(int(own), MAX_DEVICES)
-        return cls(Path(path), mm, atomics or Atomics.load(), _check_count(device_count))
+            own = int.from_bytes(head[_USAGE_COUNT:_USAGE_HEAD], sys.byteorder)
+            device_count = min(own, MAX_DEVICES)
+        try:
+            count = _check_count(device_count)
+        except BlockError:
+            mm.close()
+            raise
+        return cls(Path(path), mm, atomics or Atomics.load(), count)
 
     def close(self) -> None:
         if self._mm.closed:
@@ -771,7 +806,12 @@ class UsageBlock(_Mapping):
         )
 
     def standalone_limits(self) -> StandaloneLimits:
-        count = min(int(self._atomics.load_u32(self._addr(self._c, "device_count"))), MAX_DEVICES)
+        """The limits its hook recorded, for at most the devices fixed at
+        adoption: the tenant may raise its device_count word at any time,
+        and what every other reading of the block (``devices()``, slots,
+        pacing addresses) covers must bound what is read here."""
+        word = int(self._atomics.load_u32(self._addr(self._c, "device_count")))
+        count = min(word, self.device_count)
         devs = [self._c.devices[d] for d in range(count)]
         return StandaloneLimits(
             device_count=count,
