@@ -15,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from tests.conftest import ROOT
@@ -157,9 +158,18 @@ def test_a_remade_usage_block_keeps_its_place_in_the_gpu_turn(tmp_path: Path) ->
 
     calls: list[str] = []
     broker = registry.broker
-    for name in ("add", "remove", "rebind"):
+
+    def recorded(name: str) -> Callable[..., object]:
         method = getattr(broker, name)
-        setattr(broker, name, lambda *a, m=method, n=name: (calls.append(n), m(*a))[1])
+
+        def call(*args: object) -> object:
+            calls.append(name)
+            return method(*args)
+
+        return call
+
+    for name in ("add", "remove", "rebind"):
+        setattr(broker, name, recorded(name))
 
     os.truncate(entry.paths.usage, 100)
     entry.usage.slots()
