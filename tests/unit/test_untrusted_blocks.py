@@ -29,6 +29,8 @@ from vgpud.vgpus.model import CreateRequest, Limits
 from vgpud.vgpus.registry import Registry
 from vgpud.vgpus.state import StateStore
 
+MiB = 1 << 20
+
 
 def run_child(code: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     prelude = textwrap.dedent(
@@ -131,9 +133,9 @@ def test_the_daemon_recreates_a_usage_block_cut_short(tmp_path: Path) -> None:
     path = entry.paths.usage
 
     os.truncate(path, 100)
-    assert registry.repair_lost_usage() == []  # nothing touched the lost pages yet
+    assert registry.repair_usage() == []  # nothing touched the lost pages yet
     entry.usage.slots()  # a scan does
-    [repair] = registry.repair_lost_usage()
+    [repair] = registry.repair_usage()
     assert (repair.vgpu, repair.block) == (entry.vgpu.id, "usage")
 
     fresh = UsageBlock.open(path, device_count=1)  # a whole, valid block again
@@ -173,7 +175,7 @@ def test_a_remade_usage_block_keeps_its_place_in_the_gpu_turn(tmp_path: Path) ->
 
     os.truncate(entry.paths.usage, 100)
     entry.usage.slots()
-    assert len(registry.repair_lost_usage()) == 1
+    assert len(registry.repair_usage()) == 1
     assert calls == ["rebind"] * len(turns)  # never out and in again: that reset its credit
     assert registry.get(entry.vgpu.id).turns == turns
 
@@ -188,4 +190,33 @@ def test_a_remade_usage_block_keeps_its_place_in_the_gpu_turn(tmp_path: Path) ->
             break
         time.sleep(0.001)
     assert atomics.load_u32(grant) > TURN_WANT
+    registry.close()
+
+
+def test_a_usage_block_its_tenant_grew_is_cut_back_at_the_next_scan(tmp_path: Path) -> None:
+    """The tenant owns its usage block and may grow it and write past the
+    layout: on /run's tmpfs that is the node's memory (a full /run stops
+    the daemon's creates and the node's services). The scan's repair cuts
+    the file back to the layout, reports it, and the vGPU's counters and
+    mapping are untouched."""
+    registry = Registry(
+        tmp_path / "run", StateStore(tmp_path / "state"), tmp_path / "l", Atomics.load()
+    )
+    registry.adopt()
+    limits = Limits(memory=parse_memory("1g"), share=30, mode="hard", weight=100)
+    entry = create(registry, CreateRequest(), limits, gpus(1), Rules())
+    path = entry.paths.usage
+    size = path.stat().st_size
+    assert registry.repair_usage() == []  # a block of its own size is left alone
+
+    with open(path, "r+b") as f:  # as the tenant: 8 MiB written past the layout
+        f.seek(size)
+        f.write(b"x" * (8 * MiB))
+    [repair] = registry.repair_usage()
+    assert (repair.vgpu, repair.block) == (entry.vgpu.id, "usage")
+    assert path.stat().st_size == size
+    assert path.stat().st_blocks * 512 <= size + 4096
+    assert not entry.usage.lost and registry.get(entry.vgpu.id).usage is entry.usage
+    entry.usage.slots()  # still mapped and whole
+    assert registry.repair_usage() == []
     registry.close()

@@ -104,7 +104,7 @@ class Watch:
         drifted = self._reap(snapshot, views)
         self._backstop(snapshot)
         async with self.service.blocks_lock:  # no scan thread reads what we unmap
-            repairs_done = self.service.registry.repair_lost_usage()
+            repairs_done = self.service.registry.repair_usage()
         ev.publish_repairs(self.events, repairs_done)
         if drifted or repairs_done:  # the drift counters moved, or a vGPU has a new usage block
             self.service.refresh()

@@ -25,6 +25,8 @@ unfinished writes (a process that maps a removed file keeps its mapping).
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import mmap
 import os
 import secrets
 import shutil
@@ -66,6 +68,10 @@ from vgpud.vgpus.recipe import Paths
 from vgpud.vgpus.state import StateError, StateStore, remove_temps
 
 log = structlog.get_logger(__name__)
+# A usage block's bytes, and the most its file may hold beyond them (the
+# rounding to a page of a file whose pages are all allocated).
+_USAGE_BYTES = ctypes.sizeof(UsageBlock.struct)
+_PAGE = mmap.PAGESIZE
 
 # run_dir and each vGPU's directory: anyone may pass through to a file whose
 # own mode lets them in (a host process opens its blocks by path), no one
@@ -225,7 +231,7 @@ class Registry:
         # Told, on the loop, how long each save of the state file took to
         # write and flush (seconds): the disk's share of a change's answer.
         self.on_saved: Callable[[float], None] = lambda seconds: None
-        # Repairs made since the last ``adopt``/``repair_lost_usage`` answer.
+        # Repairs made since the last ``adopt``/``repair_usage`` answer.
         self._repairs: list[Repair] = []
 
     # --- lookup ----------------------------------------------------------
@@ -369,12 +375,14 @@ class Registry:
             self.broker.remove(handle)
         entry.turns.clear()
 
-    def repair_lost_usage(self) -> list[Repair]:
-        """Recreate the usage blocks a container cut short under our mapping
-        (``UsageBlock.lost``): the new file serves the vGPU's next
-        processes; those that mapped the old one broke it themselves. The
-        caller makes sure no other thread reads the blocks meanwhile."""
+    def repair_usage(self) -> list[Repair]:
+        """Cut back the usage blocks their tenants grew, and recreate those
+        a container cut short under our mapping (``UsageBlock.lost``): the
+        new file serves the vGPU's next processes; those that mapped the old
+        one broke it themselves. The caller makes sure no other thread reads
+        the blocks meanwhile."""
         for entry in self.entries.values():
+            self._trim_grown(entry)
             if entry.usage.lost:
                 try:
                     usage = UsageBlock.create(
@@ -399,6 +407,29 @@ class Registry:
                 self._repaired(entry.vgpu, "usage", "truncated under the daemon's mapping")
         repairs, self._repairs = self._repairs, []
         return repairs
+
+    def _trim_grown(self, entry: Entry) -> None:
+        """A usage block is its layout's size. Its tenant owns the file and
+        may grow it and write past the layout: on the run directory's tmpfs
+        (/run) that is the node's memory, and a full /run stops the daemon's
+        creates and repairs and the node's own services. What it wrote
+        there is cut off at each scan; its processes map only the layout."""
+        size = _USAGE_BYTES
+        try:
+            st = os.stat(entry.paths.usage, follow_symlinks=False)
+            if st.st_size <= size and st.st_blocks * 512 <= size + _PAGE:
+                return  # its size, or cut short (the lost-block repair's)
+            fd = os.open(entry.paths.usage, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return  # gone or replaced: the lost-block repair sees to it
+        try:
+            os.ftruncate(fd, size)
+        except OSError as exc:
+            log.warning("cannot cut a grown usage block back", vgpu=entry.vgpu.id, error=str(exc))
+            return
+        finally:
+            os.close(fd)
+        self._repaired(entry.vgpu, "usage", f"grown by its tenant to {st.st_size} bytes")
 
     def _repaired(self, v: Vgpu, which: str, why: str) -> None:
         log.warning("block missing or corrupt: recreated", vgpu=v.id, block=which, reason=why)
