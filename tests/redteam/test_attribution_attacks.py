@@ -302,6 +302,71 @@ def test_memory_a_fork_child_inherited_stays_charged_after_the_parent_exits(
     assert 4150 not in later.processes and later.vgpus["v1"].gpus[GPU0].nvml_used == GIB
 
 
+VICTIM_NS = 4026532300
+VICTIM_CG = "/docker/" + "b" * 64
+
+
+def new_process(proc: Path, pid: int, *, ns_pid: int, start_time: int) -> None:
+    """A process of another tenant's container (its own PID namespace and
+    cgroup) at host pid ``pid``, made from the fixture's 4100."""
+    d = proc / str(pid)
+    shutil.copytree(proc / "4100", d, symlinks=True)
+    (d / "ns" / "pid").unlink()
+    os.symlink(f"pid:[{VICTIM_NS}]", d / "ns" / "pid")
+    rest = (d / "stat").read_text().rsplit(")", 1)[1].split()
+    rest[19] = str(start_time)
+    (d / "stat").write_text(f"{pid} (victim) {' '.join(rest)}\n")
+    (d / "status").write_text(
+        f"Name:\tvictim\nTgid:\t{pid}\nPid:\t{pid}\nUid:\t1001\t1001\t1001\t1001\n"
+        f"NSpid:\t{pid} {ns_pid}\n"
+    )
+    (d / "cgroup").write_text(f"12:pids:{VICTIM_CG}\n11:memory:{VICTIM_CG}\n")
+    (d / "environ").write_bytes(b"PATH=/bin\0")
+    (d / "maps").write_text("")
+
+
+@pytest.mark.parametrize("new", ["unslotted", "slot-holder"])
+def test_memory_of_a_dead_process_listed_under_a_reused_pid_stays_its_vgpus(
+    proc: Path, tmp_path: Path, new: str
+) -> None:
+    """The attacker's process exits while a fork child keeps its 3 GiB, so
+    NVML keeps listing them under the dead pid; the host then gives that pid
+    to another tenant's process. The memory stays the attacker's vGPU's (over
+    its limit, reported); the new process is not charged it and is never the
+    backstop's offender, whether or not it holds a slot of its own vGPU."""
+    attacker = FakeVgpu(tmp_path / "attacker", "attacker", (3 * GIB,))
+    victim = FakeVgpu(tmp_path / "victim", "victim", (2 * GIB,))
+    attacker.hook.claim(0, pid=1, pidns=DOCKER_NS, start_time=5100, used={0: GIB})
+    attacker.hook.claim(1, pid=7, pidns=DOCKER_NS, start_time=5150, used={0: 3 * GIB})
+    attacker.mapped_by(proc, 4100)
+    attacker.mapped_by(proc, 4150)
+    new_process(proc, 4200, ns_pid=1, start_time=6200)
+    victim.hook.claim(0, pid=1, pidns=VICTIM_NS, start_time=6200, used={0: GIB})
+    victim.mapped_by(proc, 4200)
+    views = {"attacker": attacker.blocks, "victim": victim.blocks}
+    listed = nvml({4100: GIB, 4150: 3 * GIB, 4200: GIB})
+    tracker = Tracker(proc, sees_all_pids=True)
+    tracker.scan(views, listed)
+    shutil.rmtree(proc / "4150")  # the parent exits; its fork child keeps the memory
+    tracker.scan(views, listed)
+    new_process(proc, 4150, ns_pid=2, start_time=9999)  # the pid reused, in the victim's container
+    if new == "slot-holder":
+        victim.hook.claim(1, pid=2, pidns=VICTIM_NS, start_time=9999)
+        victim.mapped_by(proc, 4150)
+    state = BackstopState()
+    for _ in range(3):  # past confirm_scans: a kill would have happened
+        snap = tracker.scan(views, listed)
+        kills, _, state = decide(snap, BackstopPolicy("kill", tolerance=0), state)
+        assert [k.pid for k in kills if k.pid == 4150] == []
+        assert snap.vgpus["victim"].gpus[GPU0].nvml_used == GIB
+        assert snap.vgpus["attacker"].gpus[GPU0].nvml_used == 4 * GIB
+        reused = snap.processes[4150]
+        assert (reused.vgpu_id, reused.start_time, reused.memory) == ("victim", 9999, {})
+    assert 4150 in snap.vgpus["attacker"].pids
+    attacker.close()
+    victim.close()
+
+
 # --- the daemon's cost is bounded by what it reads ---------------------------
 
 

@@ -58,7 +58,10 @@ rests on what the host shows (``evidence.py``; docs/security.md,
    (same st_dev, st_ino) become one standalone vGPU ``sa-<dev>-<ino>``.
 7. A pid NVML still lists after its process exited (a fork child keeps the
    memory through inherited descriptors) stays charged, as ``EXITED``, to
-   the vGPU it was in.
+   the vGPU it was in. NVML's memory under a pid belongs to the process it
+   was first charged to for as long as NVML lists the pid without a gap: a
+   new process at that pid (the host reused it) is charged only what comes
+   on top (docs/security.md, "Attribution").
 """
 
 from __future__ import annotations
@@ -94,6 +97,7 @@ USAGE_MAPPING_SIZE = -(-ctypes.sizeof(UsageC) // mmap.PAGESIZE) * mmap.PAGESIZE
 UNKNOWN_CONTAINER = ContainerRef(runtime=Runtime.HOST, cgroup_path="?")
 
 SlotIdentity = tuple[int, int, int]  # (PID namespace inode, pid inside it, start time)
+NOBODY = -1  # the start time of "no live process": what a pid NVML lists with none is charged to
 
 
 class VgpuView(Protocol):
@@ -424,6 +428,14 @@ class Tracker:
         self._evidence = Evidence(self.procfs)
         self._files: dict[str, tuple[UsageBlock, ControlBlock | None, _VgpuFiles]] = {}
         self._ghosts: dict[int, TrackedProcess] = {}  # exited pids NVML still lists
+        # Per pid NVML lists: the process its memory was first charged to,
+        # kept while NVML lists the pid at every scan; and, once another
+        # process lives at that pid, the part of the memory that stays the
+        # first one's (never more than NVML listed when the other came).
+        self._owners: dict[int, Identity] = {}
+        self._kept: dict[int, dict[str, int]] = {}
+        self._held_back: dict[int, Mapping[str, int]] = {}  # this scan's, by pid
+        self._holders_held_back: dict[int, Mapping[str, int]] = {}
         self._exits = ExitWatch(
             self.procfs, pidfds=_is_own_proc(proc_root) if pidfds is None else pidfds
         )
@@ -459,6 +471,8 @@ class Tracker:
         # Slots first, /proc second: see the module docstring, point 1.
         slots = {vgpu_id: view.usage.slots() for vgpu_id, view in views.items()}
         gpu_pids = nvml.pids() if nvml is not None else set()
+        if nvml is not None:
+            self._forget_unlisted(gpu_pids)
         search = _SlotSearch(ended=self._exits.ended())
 
         standalone_ids = {a.vgpu_id for a in self._adopted.values()}
@@ -499,6 +513,16 @@ class Tracker:
                 self._judge(vgpu_id, unit, membership, self._units.get(vgpu_id))
             slot_states.extend(unit.states or ())
 
+        self._held_back = {}
+        held_back = {
+            pid: kept
+            for pid in gpu_pids & claimed.keys()
+            if nvml is not None
+            and (kept := self._earlier(pid, claimed[pid][2].identity, nvml)) is not None
+        }
+        same_figures = same_figures and held_back == self._holders_held_back
+        self._holders_held_back = held_back
+
         tracked: dict[int, TrackedProcess] = {}
         current: dict[Identity, TrackedProcess] = {}
         on_gpu: set[int] | None = None
@@ -514,17 +538,25 @@ class Tracker:
         others: dict[str | None, list[TrackedProcess]] = {}  # processes no slot of theirs holds
         ghosts: set[Identity] = set()
         for pid in sorted(gpu_pids - claimed.keys()):
+            assert nvml is not None  # gpu_pids is empty without a sample
             unslotted = self._table.lookup(pid)
+            earlier = self._earlier(pid, None if unslotted is None else unslotted.identity, nvml)
             if unslotted is not None:
                 member = membership.of(unslotted)
                 p = self._unslotted(unslotted, nvml, member, member in vgpus)
-            elif (ghost := self._ghost(pid, nvml)) is not None:
-                p = ghost
-                ghosts.add(p.identity)
-            else:
-                continue
-            tracked[pid] = current[p.identity] = p
-            others.setdefault(p.vgpu_id, []).append(p)
+                tracked[pid] = current[p.identity] = p
+                others.setdefault(p.vgpu_id, []).append(p)
+            if earlier is not None and (ghost := self._ghost(pid, earlier)) is not None:
+                tracked.setdefault(pid, ghost)  # a live process at the pid is the one named
+                current[ghost.identity] = ghost
+                ghosts.add(ghost.identity)
+                others.setdefault(ghost.vgpu_id, []).append(ghost)
+        # A slot holder at a pid NVML lists an exited process's memory under.
+        for pid, kept in held_back.items():
+            if (ghost := self._ghost(pid, kept)) is not None:
+                current[ghost.identity] = ghost
+                ghosts.add(ghost.identity)
+                others.setdefault(ghost.vgpu_id, []).append(ghost)
 
         self._forget_gone(current, units.values())
         arrivals, exits = self._changes(current, ghosts)
@@ -800,7 +832,7 @@ class Tracker:
         SlotView for unchanged slot words) and NVML's figures of it are the
         same."""
         held = known.get(process.identity)
-        memory, util = _figures(process.pid, nvml if on_gpu else None)
+        memory, util = self._figures_of(process.pid, nvml if on_gpu else None)
         if (
             held is not None
             and held.slot is slot
@@ -852,25 +884,74 @@ class Tracker:
             process, ProcessKind.STANDALONE, adopted.vgpu_id, slot.index, nvml, hooked_bytes
         )
 
-    def _ghost(self, pid: int, nvml: NvmlSample | None) -> TrackedProcess | None:
+    def _ghost(self, pid: int, memory: Mapping[str, int]) -> TrackedProcess | None:
         """An exited process NVML still lists memory under: a child it
         forked keeps that memory through inherited driver descriptors. It
-        stays charged to the vGPU it was in while NVML lists it."""
-        known = self._ghosts.get(pid) or next(
-            (p for p in self._previous.values() if p.pid == pid and p.vgpu_id is not None), None
-        )
-        if known is None or nvml is None:
-            return None
+        stays charged to the vGPU it was in while NVML lists it — the
+        process NVML's memory under the pid was first charged to, never one
+        that has the pid now."""
+        owner = self._owners.get(pid)
+        known = self._ghosts.get(pid)
+        if known is None or known.identity != owner:
+            known = self._previous.get(owner) if owner is not None else None
+            if known is None or known.vgpu_id is None:
+                return None
         ghost = replace(
-            known,
-            kind=ProcessKind.EXITED,
-            slot=None,
-            hooked={},
-            memory=nvml.memory_of(pid),
-            sm_util={},
+            known, kind=ProcessKind.EXITED, slot=None, hooked={}, memory=memory, sm_util={}
         )
         self._ghosts[pid] = ghost
         return ghost
+
+    def _earlier(
+        self, pid: int, live: Identity | None, nvml: NvmlSample
+    ) -> Mapping[str, int] | None:
+        """The part of NVML's memory under ``pid`` that is an exited
+        process's (None: all of it is ``live``'s, the process at the pid now).
+
+        NVML lists memory by pid, and a fork child can keep an exited
+        process's memory listed under its pid for as long as it likes:
+        once the host gives the pid to another process, that memory is not
+        the newcomer's (a tenant would escape its limit and have someone
+        else's process killed for it). So the memory is the process it was
+        first charged to while NVML lists the pid without a gap; a process
+        found at the pid later is charged only what comes on top of what
+        was listed when it came (the exited one's part shrinks with NVML's
+        figure, never grows: it cannot hide the newcomer's own allocations
+        beyond that). A gap in the listing ends it: a new process that
+        allocates at a reused pid after one is charged in full."""
+        owner = self._owners.setdefault(pid, live or (pid, NOBODY))
+        if live is None:
+            return nvml.memory_of(pid)
+        if owner == live:
+            return None
+        memory = nvml.memory_of(pid)
+        kept = self._kept.get(pid)
+        if kept is None:
+            kept = dict(memory)
+        else:
+            kept = {uuid: min(b, memory.get(uuid, 0)) for uuid, b in kept.items()}
+        self._kept[pid] = kept
+        self._held_back[pid] = kept
+        return kept
+
+    def _forget_unlisted(self, listed: set[int]) -> None:
+        """A pid missing from a sample is a gap: its memory's owner is over."""
+        if self._owners.keys() - listed:
+            self._owners = {pid: o for pid, o in self._owners.items() if pid in listed}
+            self._kept = {pid: k for pid, k in self._kept.items() if pid in listed}
+
+    def _figures_of(
+        self, pid: int, nvml: NvmlSample | None
+    ) -> tuple[Mapping[str, int], Mapping[str, float]]:
+        """NVML's memory and SM utilization of a live host process, per GPU
+        uuid, less what an exited process keeps under its pid (``_earlier``)."""
+        if nvml is None:
+            return {}, {}
+        memory = nvml.memory_of(pid)
+        kept = self._held_back.get(pid)
+        if kept:
+            memory = {u: b - kept.get(u, 0) for u, b in memory.items() if b > kept.get(u, 0)}
+        return memory, nvml.util_of(pid)
 
     def _adopt(self, process: Process) -> _Adopted | None:
         """The standalone usage block this process maps, adopted once per file.
@@ -938,7 +1019,7 @@ class Tracker:
         nvml: NvmlSample | None,
         hooked: Mapping[str, int] | None = None,
     ) -> TrackedProcess:
-        memory, util = _figures(process.pid, nvml)
+        memory, util = self._figures_of(process.pid, nvml)
         return TrackedProcess(
             pid=process.pid,
             ns_pid=process.ns_pid,
@@ -979,13 +1060,6 @@ class Tracker:
                 del cache[identity]
         self._evidence.keep(keep)
         self._ghosts = {pid: g for pid, g in self._ghosts.items() if g.identity in current}
-
-
-def _figures(pid: int, nvml: NvmlSample | None) -> tuple[Mapping[str, int], Mapping[str, float]]:
-    """NVML's memory and SM utilization of a host process, per GPU uuid."""
-    if nvml is None:
-        return {}, {}
-    return nvml.memory_of(pid), nvml.util_of(pid)
 
 
 def _is_own_proc(proc_root: str | os.PathLike[str]) -> bool:
