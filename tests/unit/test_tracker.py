@@ -40,7 +40,8 @@ def clone_process(proc: Path, src: int, dst: int, *, ns_pid: int) -> None:
     """Another process of the same container (same namespace and cgroup)."""
     shutil.copytree(proc / str(src), proc / str(dst), symlinks=True)
     status = proc / str(dst) / "status"
-    status.write_text(status.read_text().replace(f"NSpid:\t{src} ", f"NSpid:\t{dst} {ns_pid}\n#"))
+    text = status.read_text().replace(f"NSpid:\t{src} ", f"NSpid:\t{dst} {ns_pid}\n#")
+    status.write_text(text.replace(f"Tgid:\t{src}\n", f"Tgid:\t{dst}\n"))
     (proc / str(dst) / "environ").write_bytes(b"PATH=/bin\0")
 
 
