@@ -26,6 +26,7 @@ from tests.fixtures.cgroup import Cgroup
 from tests.fixtures.hook import GPU_UUIDS, FakeHook, FakeVgpu, mapping_process
 from tests.fixtures.simgpu import BYPASS, SCAN, SIM_GPU0, run_json
 from vgpud.loops.repairs import check, reap
+from vgpud.observe import tracker as tracker_module
 from vgpud.observe.nvml import GpuSample, NvmlSample
 from vgpud.observe.procfs import ProcFS
 from vgpud.observe.tracker import ProcessKind, Tracker
@@ -188,6 +189,106 @@ def test_a_block_someone_else_owns_is_never_adopted(tmp_path: Path) -> None:
     finally:
         p.kill()
         p.wait()
+
+
+REMAPPER = """
+import ctypes, mmap, os, sys
+from vgpud.vgpus.abi import UsageC
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                      ctypes.c_int, ctypes.c_long)
+size = -(-ctypes.sizeof(UsageC) // mmap.PAGESIZE) * mmap.PAGESIZE
+addr = None
+for line in sys.stdin:  # a new block of its own at the same address, each time asked
+    fd = os.open(line.strip(), os.O_RDWR)
+    flags = mmap.MAP_SHARED | (0x10 if addr else 0)  # MAP_FIXED over the last one
+    addr = libc.mmap(addr, size, mmap.PROT_READ | mmap.PROT_WRITE, flags, fd, 0)
+    os.close(fd)
+    slot = UsageC.from_address(addr).slots[0]
+    slot.state, slot.pid, slot.pidns, slot.start_time = 2, 1, 1, 1  # "in use": never released
+    print("mapped", flush=True)
+"""
+
+
+def own_block(path: Path) -> Path:
+    """A standalone block as the hook makes it (0600, its user's), one slot in use."""
+    UsageBlock.create(path, device_count=1).close()
+    path.chmod(0o600)
+    hook = FakeHook(path)
+    hook.standalone([GPU0], [GIB])
+    hook.claim(0, pid=1, pidns=1, start_time=1)
+    hook.close()
+    return path
+
+
+def test_a_process_remapping_new_blocks_has_one_adopted(tmp_path: Path) -> None:
+    """The maps file is read once in a process's life, and map_files/<range>
+    opens whatever is mapped there now: a process that maps a new block of
+    its own over the last one before every scan had each one adopted as a
+    vGPU of its own (daemon CPU growing with every scan). It has one."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), CUDA_MEM_LIMIT="1g")
+    env["LD_PRELOAD"] = str(BUILD / "libvgpu-atomics.so")
+    p = subprocess.Popen(
+        [sys.executable, "-c", REMAPPER],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert p.stdin is not None and p.stdout is not None
+    tracker = Tracker(sees_all_pids=True)
+    try:
+        for k in range(6):
+            p.stdin.write(f"{own_block(tmp_path / f'b{k}')}\n")
+            p.stdin.flush()
+            assert p.stdout.readline() == "mapped\n"
+            snap = tracker.scan({}, nvml({p.pid: GIB}))
+            assert len(snap.standalone) == 1
+        assert snap.processes[p.pid].vgpu_id in snap.standalone
+    finally:
+        tracker.close()
+        p.kill()
+        p.wait()
+
+
+@pytest.mark.parametrize("cap", ["per-uid", "per-node"])
+def test_adopted_standalone_blocks_are_bounded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cap: str
+) -> None:
+    """One user's processes, each with a block of its own, get at most
+    ``STANDALONE_PER_UID`` adopted, and the node at most
+    ``STANDALONE_PER_NODE`` (both made 2 here): the rest are refused."""
+    monkeypatch.setattr(
+        tracker_module,
+        "STANDALONE_PER_UID" if cap == "per-uid" else "STANDALONE_PER_NODE",
+        2,
+    )
+    env = dict(os.environ, LD_PRELOAD=str(BUILD / "libvgpu-atomics.so"), CUDA_MEM_LIMIT="1g")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", MAPPER, str(own_block(tmp_path / f"b{k}"))],
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for k in range(3)
+    ]
+    tracker = Tracker(sees_all_pids=True)
+    try:
+        for q in procs:
+            assert q.stdout is not None and q.stdout.readline() == "mapped\n"
+        sample = nvml({q.pid: GIB for q in procs})
+        for _ in range(2):
+            snap = tracker.scan({}, sample)
+            assert len(snap.standalone) == 2
+        kinds = sorted(snap.processes[q.pid].kind for q in procs)
+        assert kinds == [ProcessKind.HOOKED, ProcessKind.STANDALONE, ProcessKind.STANDALONE]
+    finally:
+        tracker.close()
+        for q in procs:
+            q.kill()
+            q.wait()
 
 
 # --- bypassing the hook inside a vGPU's container --------------------------

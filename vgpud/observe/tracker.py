@@ -90,6 +90,13 @@ log = structlog.get_logger(__name__)
 
 HOOK_LIBRARY = "libvgpu"
 ADOPT_TRIES = 4  # distinct block-sized files opened per process and scan, at most
+# Adopted standalone blocks, at most: each costs the daemon a mapping, and a
+# vGPU to scan and to steer at every control tick (up to 16 devices: about
+# 0.6 % of a core per block on the dev VM), and a user makes as many files
+# as it likes, whereas the hook shares one per uid (/tmp/vgpud-<uid>.usage).
+# A process gets one for its lifetime.
+STANDALONE_PER_UID = 16
+STANDALONE_PER_NODE = 64
 STANDALONE_BUDGET = ""  # the evidence budget of processes no vGPU names yet
 SEED_LIMIT_PREFIXES = ("CUDA_MEM_LIMIT", "CUDA_CORE_LIMIT", "CUDA_CORE_SOFT_LIMIT")
 # A usage block is mapped whole: its mapping is the block size in pages.
@@ -255,6 +262,7 @@ class _Adopted:
     vgpu_id: str
     blocks: VgpuBlocks
     key: FileKey  # the block file's (st_dev, st_ino)
+    uid: int  # its owner: the user whose processes it is the budget of
 
 
 @dataclass(frozen=True)
@@ -443,6 +451,11 @@ class Tracker:
         self._envs: dict[Identity, dict[str, str] | None] = {}
         self._host_pids: dict[str, dict[int, int]] = {}  # vgpu -> slot -> host pid written
         self._adopted: dict[tuple[int, int], _Adopted] = {}
+        # The one standalone block each process was given, for its lifetime
+        # (while it is tracked or the block adopted), and the processes
+        # whose adoption was refused (one log line each).
+        self._adopted_by: dict[Identity, FileKey] = {}
+        self._refused: set[Identity] = set()
         self._previous: dict[Identity, TrackedProcess] = {}
         # Slot identities resolved to their (watched) process, and those that
         # no live process had when looked for: a process that has ended never
@@ -958,7 +971,15 @@ class Tracker:
 
         Only a file the process's own user owns, with no permission for
         anyone else (what the hook creates): another user's file is not
-        this process's budget (docs/security.md, "Standalone blocks")."""
+        this process's budget (docs/security.md, "Standalone blocks").
+        One block per process for its lifetime, within the per-uid and
+        per-node caps: /proc/<pid>/maps is read once in a process's life,
+        and map_files/<range> opens whatever the range maps now, so a
+        process remapping a new file there before each scan would
+        otherwise get a new vGPU every scan."""
+        mine = self._adopted_by.get(process.identity)
+        if mine is not None and mine in self._adopted:
+            return self._adopted[mine]
         facts = self._evidence.maps(process, STANDALONE_BUDGET)
         managed = {f[2].usage_key for f in self._files.values()}
         tried: set[FileKey] = set()
@@ -977,7 +998,14 @@ class Tracker:
             try:
                 st = os.fstat(fd)
                 key = (st.st_dev, st.st_ino)
+                if key != mapping.file_key:  # remapped since its maps were read
+                    log.debug("mapped file is not the one maps showed", path=name, pid=process.pid)
+                    continue
+                if mine is not None and key != mine:
+                    self._refuse(process, "a second standalone block for one process")
+                    continue
                 if key in self._adopted:
+                    self._adopted_by[process.identity] = key
                     return self._adopted[key]
                 if st.st_uid != process.uid or st.st_mode & 0o077:
                     log.debug(
@@ -988,17 +1016,36 @@ class Tracker:
                         pid=process.pid,
                     )
                     continue
+                full = self._standalone_full(st.st_uid)
+                if full is not None:
+                    self._refuse(process, full)
+                    return None
                 usage = UsageBlock.open_fd(fd, name)
             except (BlockError, OSError) as err:
                 log.debug("mapped file is not a usage block", path=name, error=str(err))
                 continue
             finally:
                 os.close(fd)
-            adopted = _Adopted(f"sa-{key[0]:x}-{key[1]}", VgpuBlocks(usage), key)
+            adopted = _Adopted(f"sa-{key[0]:x}-{key[1]}", VgpuBlocks(usage), key, st.st_uid)
             self._adopted[key] = adopted
+            self._adopted_by[process.identity] = key
             log.info("adopted standalone vGPU", vgpu=adopted.vgpu_id, pid=process.pid)
             return adopted
         return None
+
+    def _standalone_full(self, uid: int) -> str | None:
+        """Why no more standalone block can be adopted for ``uid``, if so."""
+        if len(self._adopted) >= STANDALONE_PER_NODE:
+            return f"the node has {STANDALONE_PER_NODE} standalone vGPUs adopted already"
+        if sum(1 for a in self._adopted.values() if a.uid == uid) >= STANDALONE_PER_UID:
+            return f"uid {uid} has {STANDALONE_PER_UID} standalone vGPUs adopted already"
+        return None
+
+    def _refuse(self, process: Process, why: str) -> None:
+        """A standalone block not adopted: said once per process."""
+        if process.identity not in self._refused:
+            self._refused.add(process.identity)
+            log.warning("standalone block not adopted", pid=process.pid, uid=process.uid, why=why)
 
     def _drop_idle_standalone(self) -> None:
         """An adopted block with no slot in use is done with: unmap it."""
@@ -1060,6 +1107,11 @@ class Tracker:
                 del cache[identity]
         self._evidence.keep(keep)
         self._ghosts = {pid: g for pid, g in self._ghosts.items() if g.identity in current}
+        if self._adopted_by.keys() - keep:  # a process's block is its own while either lives
+            self._adopted_by = {
+                i: key for i, key in self._adopted_by.items() if i in keep or key in self._adopted
+            }
+        self._refused &= keep
 
 
 def _is_own_proc(proc_root: str | os.PathLike[str]) -> bool:
