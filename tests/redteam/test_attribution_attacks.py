@@ -23,10 +23,11 @@ import pytest
 
 from tests.conftest import BUILD, ROOT
 from tests.fixtures.cgroup import Cgroup
-from tests.fixtures.hook import GPU_UUIDS, FakeHook, FakeVgpu, mapping_process
+from tests.fixtures.hook import GPU_UUIDS, FakeHook, FakeVgpu, MappedSleepers, mapping_process
 from tests.fixtures.simgpu import BYPASS, SCAN, SIM_GPU0, run_json
 from vgpud.loops.repairs import check, reap
 from vgpud.observe import tracker as tracker_module
+from vgpud.observe.evidence import READS_PER_SCAN
 from vgpud.observe.nvml import GpuSample, NvmlSample
 from vgpud.observe.procfs import ProcFS
 from vgpud.observe.tracker import ProcessKind, Tracker
@@ -119,6 +120,43 @@ def test_a_right_guess_and_a_wrong_one_look_the_same_to_the_attacker(
     ]
     assert [a.control.slot_host_pid(i) for i in (0, 1)] == [0, 0]
     assert [s.index for s in b.usage.slots()] == [0]  # the victim's own slot untouched
+
+
+def test_with_the_budget_spent_a_right_guess_and_a_wrong_one_still_look_the_same(
+    two_vgpus: tuple[FakeVgpu, FakeVgpu], victim: subprocess.Popen[str]
+) -> None:
+    """The attacker's slots first name 16 fresh processes of its own, which
+    spend its vGPU's evidence budget for the scan; then the victim's exact
+    identity, and two wrong ones. A live process whose maps are not read yet
+    used to be kept and nobody reclaimed at once: an answer. Every new
+    identity now waits for the budget alike, and is judged alike when its
+    turn comes."""
+    a, _ = two_vgpus
+    mine = MappedSleepers([(a.usage.path, READS_PER_SCAN)])  # fork children of its own
+    try:
+        for i, pid in enumerate(mine.pids):
+            pidns, start = identity(pid)
+            a.hook.claim(i, pid=pid, pidns=pidns, start_time=start)
+        pidns, start = identity(victim.pid)
+        guesses = {
+            16: (victim.pid, start),  # right
+            17: (victim.pid, start + 1),
+            18: (victim.pid + 7, start),
+        }
+        for index, (pid, start_time) in guesses.items():
+            a.hook.claim(index, pid=pid, pidns=pidns, start_time=start_time, used={0: GIB // 8})
+        views = {"attacker": a.blocks}
+        tracker = Tracker(sees_all_pids=True)
+        answers = []
+        for _ in range(2):
+            snap = tracker.scan(views, None)
+            events, _ = reap(snap, views, ReaperState())
+            reclaimed = {e.slot for e in events if e.kind == "slot_reclaimed"}
+            answers.append([index in reclaimed for index in guesses])
+            assert [a.control.slot_host_pid(index) for index in guesses] == [0, 0, 0]
+        assert answers == [[False, False, False], [True, True, True]]
+    finally:
+        mine.close()
 
 
 def test_an_adopted_standalone_block_cannot_claim_a_vgpu_process(

@@ -44,9 +44,11 @@ rests on what the host shows (``evidence.py``; docs/security.md,
 5. A slot whose candidate does not map the block (its maps file was read
    whole) and is not a member by point 4 names nobody the vGPU may claim:
    like a dead identity it is reclaimed, so a right guess of another
-   tenant's identity and a wrong one look the same. A candidate whose maps
-   could not be read yet (budget, or cut at the limit) keeps its slot,
-   unproven.
+   tenant's identity and a wrong one look the same. An identity new to a
+   vGPU's slots costs one unit of the vGPU's evidence budget, live or not
+   (its /proc lookup and its maps read); once the budget is spent, every
+   new identity waits, kept and unproven, for a later scan. A candidate
+   whose maps were cut at the limit keeps its slot, unproven.
 6. Processes NVML lists that hold no proven slot: a member of a
    daemon-owned vGPU is charged to it whatever its environment says
    (``HOOKED`` with libvgpu in LD_PRELOAD, else ``UNMANAGED``), and the
@@ -388,6 +390,10 @@ class _Unit:
     keys: tuple[SlotIdentity, ...]  # the identities its slots show
     holders: frozenset[Identity]  # the live processes its slots name, proven or not
     host_pids: dict[int, int]  # slot -> host pid, what is published for it
+    # The identities its slots showed that were looked at (their unit of the
+    # evidence budget paid), and the slots whose new identity must wait.
+    shown: frozenset[SlotIdentity]
+    deferred: frozenset[int]
     states: tuple[SlotState, ...] | None = None  # judged once every vGPU's claims are known
     live: int = 0  # states held
     held: dict[Identity, _Held] = field(default_factory=dict)
@@ -504,7 +510,8 @@ class Tracker:
             if unit is not None and unit.reusable(*args, search.ended, claimed):
                 search.seen.update(unit.keys)
             else:
-                unit = self._read_slots(vgpu_id, *args, search, claimed)
+                shown = unit.shown if unit is not None else frozenset()
+                unit = self._read_slots(vgpu_id, *args, search, claimed, shown)
             claimed.update(unit.claimed)
             units[vgpu_id] = unit
         self._forget_slots(search.seen)
@@ -609,16 +616,36 @@ class Tracker:
         kind: ProcessKind,
         search: _SlotSearch,
         claimed: Claims,
+        shown: frozenset[SlotIdentity],
     ) -> _Unit:
         """The vGPU's slots gone through one by one: each one's holder, and
-        whether the host shows it mapping the block (its proof)."""
+        whether the host shows it mapping the block (its proof).
+
+        An identity its slots did not show last scan costs the vGPU one unit
+        of its evidence budget before anything is looked up, whether a
+        process has it or not: were only a live one's maps read charged, a
+        slot naming another tenant's live process would be kept unproven
+        when the budget ran out, and one naming nobody reclaimed — an answer
+        to the guess. With the budget spent the identity waits, kept."""
         named: list[Named] = []
         mine: Claims = {}
+        looked: set[SlotIdentity] = set()
+        deferred: set[int] = set()
         for slot in slots:
+            key = (slot.pidns, slot.pid, slot.start_time)
+            new = False
+            if slot.state in (SLOT_ACTIVE, SLOT_CLAIMING):  # (others name nobody: no lookup)
+                new = key not in shown and key not in looked
+                if new and not self._evidence.take(vgpu_id):
+                    search.seen.add(key)
+                    deferred.add(slot.index)
+                    named.append((slot, None, None))
+                    continue
+                looked.add(key)
             holder = self._holder(slot, search)
             proof = None
             if holder is not None:
-                facts = self._evidence.maps(holder, vgpu_id)
+                facts = self._evidence.maps(holder, vgpu_id, paid=new)
                 proof = proves(facts, files.usage_key)
                 if proof and holder.pid not in claimed and holder.pid not in mine:
                     mine[holder.pid] = (vgpu_id, slot, holder)
@@ -634,6 +661,8 @@ class Tracker:
             keys=tuple((s.pidns, s.pid, s.start_time) for s in slots),
             holders=frozenset(h.identity for _, h, _ in named if h is not None),
             host_pids={slot.index: pid for pid, (_, slot, _) in mine.items()},
+            shown=frozenset(looked),
+            deferred=frozenset(deferred),
         )
 
     def _judge(
@@ -644,7 +673,9 @@ class Tracker:
         known = {s.slot.index: s for s in before.states or ()} if before is not None else {}
         states: list[SlotState] = []
         for slot, holder, proof in unit.named:
-            held = holder is not None and (proof is not False or membership.of(holder) == vgpu_id)
+            held = slot.index in unit.deferred or (
+                holder is not None and (proof is not False or membership.of(holder) == vgpu_id)
+            )
             if held or self.sees_all_pids:
                 host_pid = holder.pid if holder is not None and proof else None
                 state = known.get(slot.index)
