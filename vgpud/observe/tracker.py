@@ -57,7 +57,9 @@ rests on what the host shows (``evidence.py``; docs/security.md,
    usage block (a shared mapping of exactly the block's size, owned by the
    process's uid and closed to others) is opened through
    /proc/<pid>/map_files and validated, and the processes sharing one block
-   (same st_dev, st_ino) become one standalone vGPU ``sa-<dev>-<ino>``.
+   (same st_dev, st_ino) become one standalone vGPU ``sa-<dev>-<ino>``:
+   the file the maps line named, one per process for its lifetime, at most
+   ``STANDALONE_PER_UID`` per uid and ``STANDALONE_PER_NODE`` in all.
 7. A pid NVML still lists after its process exited (a fork child keeps the
    memory through inherited descriptors) stays charged, as ``EXITED``, to
    the vGPU it was in. NVML's memory under a pid belongs to the process it
