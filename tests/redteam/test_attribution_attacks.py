@@ -23,9 +23,11 @@ import pytest
 
 from tests.conftest import BUILD, ROOT
 from tests.fixtures.cgroup import Cgroup
-from tests.fixtures.hook import GPU_UUIDS, FakeHook, FakeVgpu, mapping_process
+from tests.fixtures.hook import GPU_UUIDS, FakeHook, FakeVgpu, MappedSleepers, mapping_process
 from tests.fixtures.simgpu import BYPASS, SCAN, SIM_GPU0, run_json
 from vgpud.loops.repairs import check, reap
+from vgpud.observe import tracker as tracker_module
+from vgpud.observe.evidence import READS_PER_SCAN
 from vgpud.observe.nvml import GpuSample, NvmlSample
 from vgpud.observe.procfs import ProcFS
 from vgpud.observe.tracker import ProcessKind, Tracker
@@ -120,6 +122,43 @@ def test_a_right_guess_and_a_wrong_one_look_the_same_to_the_attacker(
     assert [s.index for s in b.usage.slots()] == [0]  # the victim's own slot untouched
 
 
+def test_with_the_budget_spent_a_right_guess_and_a_wrong_one_still_look_the_same(
+    two_vgpus: tuple[FakeVgpu, FakeVgpu], victim: subprocess.Popen[str]
+) -> None:
+    """The attacker's slots first name 16 fresh processes of its own, which
+    spend its vGPU's evidence budget for the scan; then the victim's exact
+    identity, and two wrong ones. A live process whose maps are not read yet
+    used to be kept and nobody reclaimed at once: an answer. Every new
+    identity now waits for the budget alike, and is judged alike when its
+    turn comes."""
+    a, _ = two_vgpus
+    mine = MappedSleepers([(a.usage.path, READS_PER_SCAN)])  # fork children of its own
+    try:
+        for i, pid in enumerate(mine.pids):
+            pidns, start = identity(pid)
+            a.hook.claim(i, pid=pid, pidns=pidns, start_time=start)
+        pidns, start = identity(victim.pid)
+        guesses = {
+            16: (victim.pid, start),  # right
+            17: (victim.pid, start + 1),
+            18: (victim.pid + 7, start),
+        }
+        for index, (pid, start_time) in guesses.items():
+            a.hook.claim(index, pid=pid, pidns=pidns, start_time=start_time, used={0: GIB // 8})
+        views = {"attacker": a.blocks}
+        tracker = Tracker(sees_all_pids=True)
+        answers = []
+        for _ in range(2):
+            snap = tracker.scan(views, None)
+            events, _ = reap(snap, views, ReaperState())
+            reclaimed = {e.slot for e in events if e.kind == "slot_reclaimed"}
+            answers.append([index in reclaimed for index in guesses])
+            assert [a.control.slot_host_pid(index) for index in guesses] == [0, 0, 0]
+        assert answers == [[False, False, False], [True, True, True]]
+    finally:
+        mine.close()
+
+
 def test_an_adopted_standalone_block_cannot_claim_a_vgpu_process(
     tmp_path: Path,
     two_vgpus: tuple[FakeVgpu, FakeVgpu],
@@ -188,6 +227,106 @@ def test_a_block_someone_else_owns_is_never_adopted(tmp_path: Path) -> None:
     finally:
         p.kill()
         p.wait()
+
+
+REMAPPER = """
+import ctypes, mmap, os, sys
+from vgpud.vgpus.abi import UsageC
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                      ctypes.c_int, ctypes.c_long)
+size = -(-ctypes.sizeof(UsageC) // mmap.PAGESIZE) * mmap.PAGESIZE
+addr = None
+for line in sys.stdin:  # a new block of its own at the same address, each time asked
+    fd = os.open(line.strip(), os.O_RDWR)
+    flags = mmap.MAP_SHARED | (0x10 if addr else 0)  # MAP_FIXED over the last one
+    addr = libc.mmap(addr, size, mmap.PROT_READ | mmap.PROT_WRITE, flags, fd, 0)
+    os.close(fd)
+    slot = UsageC.from_address(addr).slots[0]
+    slot.state, slot.pid, slot.pidns, slot.start_time = 2, 1, 1, 1  # "in use": never released
+    print("mapped", flush=True)
+"""
+
+
+def own_block(path: Path) -> Path:
+    """A standalone block as the hook makes it (0600, its user's), one slot in use."""
+    UsageBlock.create(path, device_count=1).close()
+    path.chmod(0o600)
+    hook = FakeHook(path)
+    hook.standalone([GPU0], [GIB])
+    hook.claim(0, pid=1, pidns=1, start_time=1)
+    hook.close()
+    return path
+
+
+def test_a_process_remapping_new_blocks_has_one_adopted(tmp_path: Path) -> None:
+    """The maps file is read once in a process's life, and map_files/<range>
+    opens whatever is mapped there now: a process that maps a new block of
+    its own over the last one before every scan had each one adopted as a
+    vGPU of its own (daemon CPU growing with every scan). It has one."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), CUDA_MEM_LIMIT="1g")
+    env["LD_PRELOAD"] = str(BUILD / "libvgpu-atomics.so")
+    p = subprocess.Popen(
+        [sys.executable, "-c", REMAPPER],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert p.stdin is not None and p.stdout is not None
+    tracker = Tracker(sees_all_pids=True)
+    try:
+        for k in range(6):
+            p.stdin.write(f"{own_block(tmp_path / f'b{k}')}\n")
+            p.stdin.flush()
+            assert p.stdout.readline() == "mapped\n"
+            snap = tracker.scan({}, nvml({p.pid: GIB}))
+            assert len(snap.standalone) == 1
+        assert snap.processes[p.pid].vgpu_id in snap.standalone
+    finally:
+        tracker.close()
+        p.kill()
+        p.wait()
+
+
+@pytest.mark.parametrize("cap", ["per-uid", "per-node"])
+def test_adopted_standalone_blocks_are_bounded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cap: str
+) -> None:
+    """One user's processes, each with a block of its own, get at most
+    ``STANDALONE_PER_UID`` adopted, and the node at most
+    ``STANDALONE_PER_NODE`` (both made 2 here): the rest are refused."""
+    monkeypatch.setattr(
+        tracker_module,
+        "STANDALONE_PER_UID" if cap == "per-uid" else "STANDALONE_PER_NODE",
+        2,
+    )
+    env = dict(os.environ, LD_PRELOAD=str(BUILD / "libvgpu-atomics.so"), CUDA_MEM_LIMIT="1g")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", MAPPER, str(own_block(tmp_path / f"b{k}"))],
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for k in range(3)
+    ]
+    tracker = Tracker(sees_all_pids=True)
+    try:
+        for q in procs:
+            assert q.stdout is not None and q.stdout.readline() == "mapped\n"
+        sample = nvml({q.pid: GIB for q in procs})
+        for _ in range(2):
+            snap = tracker.scan({}, sample)
+            assert len(snap.standalone) == 2
+        kinds = sorted(snap.processes[q.pid].kind for q in procs)
+        assert kinds == [ProcessKind.HOOKED, ProcessKind.STANDALONE, ProcessKind.STANDALONE]
+    finally:
+        tracker.close()
+        for q in procs:
+            q.kill()
+            q.wait()
 
 
 # --- bypassing the hook inside a vGPU's container --------------------------
@@ -300,6 +439,71 @@ def test_memory_a_fork_child_inherited_stays_charged_after_the_parent_exits(
     assert [e.kind for e in events] == ["over_limit"]
     later = tracker.scan({"v1": vgpu.blocks}, nvml({4100: GIB}))  # NVML lets it go
     assert 4150 not in later.processes and later.vgpus["v1"].gpus[GPU0].nvml_used == GIB
+
+
+VICTIM_NS = 4026532300
+VICTIM_CG = "/docker/" + "b" * 64
+
+
+def new_process(proc: Path, pid: int, *, ns_pid: int, start_time: int) -> None:
+    """A process of another tenant's container (its own PID namespace and
+    cgroup) at host pid ``pid``, made from the fixture's 4100."""
+    d = proc / str(pid)
+    shutil.copytree(proc / "4100", d, symlinks=True)
+    (d / "ns" / "pid").unlink()
+    os.symlink(f"pid:[{VICTIM_NS}]", d / "ns" / "pid")
+    rest = (d / "stat").read_text().rsplit(")", 1)[1].split()
+    rest[19] = str(start_time)
+    (d / "stat").write_text(f"{pid} (victim) {' '.join(rest)}\n")
+    (d / "status").write_text(
+        f"Name:\tvictim\nTgid:\t{pid}\nPid:\t{pid}\nUid:\t1001\t1001\t1001\t1001\n"
+        f"NSpid:\t{pid} {ns_pid}\n"
+    )
+    (d / "cgroup").write_text(f"12:pids:{VICTIM_CG}\n11:memory:{VICTIM_CG}\n")
+    (d / "environ").write_bytes(b"PATH=/bin\0")
+    (d / "maps").write_text("")
+
+
+@pytest.mark.parametrize("new", ["unslotted", "slot-holder"])
+def test_memory_of_a_dead_process_listed_under_a_reused_pid_stays_its_vgpus(
+    proc: Path, tmp_path: Path, new: str
+) -> None:
+    """The attacker's process exits while a fork child keeps its 3 GiB, so
+    NVML keeps listing them under the dead pid; the host then gives that pid
+    to another tenant's process. The memory stays the attacker's vGPU's (over
+    its limit, reported); the new process is not charged it and is never the
+    backstop's offender, whether or not it holds a slot of its own vGPU."""
+    attacker = FakeVgpu(tmp_path / "attacker", "attacker", (3 * GIB,))
+    victim = FakeVgpu(tmp_path / "victim", "victim", (2 * GIB,))
+    attacker.hook.claim(0, pid=1, pidns=DOCKER_NS, start_time=5100, used={0: GIB})
+    attacker.hook.claim(1, pid=7, pidns=DOCKER_NS, start_time=5150, used={0: 3 * GIB})
+    attacker.mapped_by(proc, 4100)
+    attacker.mapped_by(proc, 4150)
+    new_process(proc, 4200, ns_pid=1, start_time=6200)
+    victim.hook.claim(0, pid=1, pidns=VICTIM_NS, start_time=6200, used={0: GIB})
+    victim.mapped_by(proc, 4200)
+    views = {"attacker": attacker.blocks, "victim": victim.blocks}
+    listed = nvml({4100: GIB, 4150: 3 * GIB, 4200: GIB})
+    tracker = Tracker(proc, sees_all_pids=True)
+    tracker.scan(views, listed)
+    shutil.rmtree(proc / "4150")  # the parent exits; its fork child keeps the memory
+    tracker.scan(views, listed)
+    new_process(proc, 4150, ns_pid=2, start_time=9999)  # the pid reused, in the victim's container
+    if new == "slot-holder":
+        victim.hook.claim(1, pid=2, pidns=VICTIM_NS, start_time=9999)
+        victim.mapped_by(proc, 4150)
+    state = BackstopState()
+    for _ in range(3):  # past confirm_scans: a kill would have happened
+        snap = tracker.scan(views, listed)
+        kills, _, state = decide(snap, BackstopPolicy("kill", tolerance=0), state)
+        assert [k.pid for k in kills if k.pid == 4150] == []
+        assert snap.vgpus["victim"].gpus[GPU0].nvml_used == GIB
+        assert snap.vgpus["attacker"].gpus[GPU0].nvml_used == 4 * GIB
+        reused = snap.processes[4150]
+        assert (reused.vgpu_id, reused.start_time, reused.memory) == ("victim", 9999, {})
+    assert 4150 in snap.vgpus["attacker"].pids
+    attacker.close()
+    victim.close()
 
 
 # --- the daemon's cost is bounded by what it reads ---------------------------

@@ -160,7 +160,8 @@ def test_check_reports_and_kills_in_one_call(
     rest[19] = str(start_time(victim.pid))
     (proc / str(victim.pid) / "stat").write_text(f"{victim.pid} {fields[0]}) {' '.join(rest)}\n")
     status = proc / str(victim.pid) / "status"
-    status.write_text(status.read_text().replace("NSpid:\t4150 7", f"NSpid:\t{victim.pid} 9"))
+    text = status.read_text().replace("NSpid:\t4150 7", f"NSpid:\t{victim.pid} 9")
+    status.write_text(text.replace("Tgid:\t4150\n", f"Tgid:\t{victim.pid}\n"))
     snap = Tracker(proc, sees_all_pids=True).scan(
         {"v1": vgpu.blocks}, nvml({4100: GIB, victim.pid: 4 * GIB})
     )

@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import os
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -85,6 +86,63 @@ def test_without_descriptors_left_the_process_is_watched_by_stat(
     assert watch.watch(process)
     child.kill()
     assert poll(watch.ended) == {process.identity}
+
+
+def test_one_process_whose_pidfd_is_refused_leaves_pidfds_on_for_the_others(
+    child: subprocess.Popen[bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pid is the tenant's word: one pidfd_open refused (EINVAL, as for
+    a thread's id) falls back to stat for that process only."""
+    other = subprocess.Popen(["sleep", "600"])
+    try:
+        real_open = os.pidfd_open
+
+        def refusing(pid: int, flags: int = 0) -> int:
+            if pid == child.pid:
+                raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
+            return real_open(pid, flags)
+
+        monkeypatch.setattr(os, "pidfd_open", refusing)
+        watch = ExitWatch(ProcFS())
+        refused = process_of(child.pid)
+        assert watch.watch(refused)
+        watched = process_of(other.pid)
+        before = open_fds()
+        assert watch.watch(watched)
+        assert open_fds() == before + 1  # the other one has its pidfd
+        child.kill()
+        assert poll(watch.ended) == {refused.identity}  # found by stat
+        other.kill()
+        assert poll(watch.ended) == {watched.identity}
+        watch.close()
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_a_slot_naming_a_thread_is_not_held(tmp_path: Path) -> None:
+    """/proc/<tid> of a thread opens though /proc does not list it; a slot
+    naming a thread's id (and its start time) names no process."""
+    vgpu = FakeVgpu(tmp_path / "v1", "v1", (GIB,))
+    done = threading.Event()
+    thread = threading.Thread(target=done.wait)
+    thread.start()
+    try:
+        tid = thread.native_id
+        assert tid is not None
+        stat = ProcFS().stat(tid)
+        assert stat is not None
+        pidns = os.stat("/proc/self/ns/pid").st_ino
+        vgpu.hook.claim(0, pid=tid, pidns=pidns, start_time=stat.start_time)  # this process maps it
+        tracker = Tracker(sees_all_pids=True)
+        snap = tracker.scan({"v1": vgpu.blocks}, None)
+        assert [(s.host_pid, s.held) for s in snap.slots] == [(None, False)]
+        assert snap.processes == {} and vgpu.control.slot_host_pid(0) == 0
+        tracker.close()
+    finally:
+        done.set()
+        thread.join()
+        vgpu.close()
 
 
 def test_unwatch_and_close_give_the_descriptors_back(child: subprocess.Popen[bytes]) -> None:

@@ -190,6 +190,16 @@ def test_unwatched_pid_is_reread_when_its_directory_is_new(tree: Path) -> None:
     assert table.refresh()[4150].start_time == first.start_time + 1
 
 
+def test_a_threads_id_is_no_process(tree: Path) -> None:
+    """/proc/<tid> of a thread opens though /proc does not list it: its
+    status names its thread group, and a lookup of it finds no process."""
+    shutil.copytree(tree / "4100", tree / "4101", symlinks=True)  # 4100's second thread
+    thread = ProcFS(tree).process(4101)
+    assert thread is not None and not thread.leader
+    assert ProcessTable(ProcFS(tree)).lookup(4101) is None
+    assert ProcessTable(ProcFS(tree)).lookup(4100) is not None
+
+
 def test_zombie_is_not_live_but_zombie_leader_with_threads_is(tree: Path) -> None:
     table = ProcessTable(ProcFS(tree))
     start = table.refresh()[4100].start_time
@@ -275,6 +285,8 @@ def test_lookups_of_processes_that_ended_do_not_pile_up(tree: Path) -> None:
     table = ProcessTable(ProcFS(tree))
     for pid in range(10_000, 13_000):
         shutil.copytree(tree / "4100", tree / str(pid), symlinks=True)
+        status = tree / str(pid) / "status"
+        status.write_text(status.read_text().replace("Tgid:\t4100\n", f"Tgid:\t{pid}\n"))
         assert table.lookup(pid) is not None
         shutil.rmtree(tree / str(pid))  # it ends
     assert len(table) < 2100

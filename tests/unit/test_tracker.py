@@ -40,7 +40,8 @@ def clone_process(proc: Path, src: int, dst: int, *, ns_pid: int) -> None:
     """Another process of the same container (same namespace and cgroup)."""
     shutil.copytree(proc / str(src), proc / str(dst), symlinks=True)
     status = proc / str(dst) / "status"
-    status.write_text(status.read_text().replace(f"NSpid:\t{src} ", f"NSpid:\t{dst} {ns_pid}\n#"))
+    text = status.read_text().replace(f"NSpid:\t{src} ", f"NSpid:\t{dst} {ns_pid}\n#")
+    status.write_text(text.replace(f"Tgid:\t{src}\n", f"Tgid:\t{dst}\n"))
     (proc / str(dst) / "environ").write_bytes(b"PATH=/bin\0")
 
 
@@ -163,6 +164,60 @@ def test_hooked_without_slot(proc: Path, vgpu: FakeVgpu) -> None:
 def test_nvml_pid_without_a_process_is_ignored(proc: Path, vgpu: FakeVgpu) -> None:
     snap = Tracker(proc, sees_all_pids=True).scan({"v1": vgpu.blocks}, sample({31337: GIB}))
     assert snap.processes == {}
+
+
+def reuse_pid(proc: Path, pid: int, *, start_time: int) -> None:
+    """The host gives ``pid`` to a new process of the same container."""
+    shutil.rmtree(proc / str(pid), ignore_errors=True)
+    clone_process(proc, 4100, pid, ns_pid=9)
+    stat = proc / str(pid) / "stat"
+    head, rest = stat.read_text().rsplit(")", 1)
+    fields = rest.split()
+    fields[19] = str(start_time)
+    stat.write_text(f"{head}) {' '.join(fields)}\n")
+
+
+def test_a_new_process_at_a_reused_pid_is_charged_in_full_once_nvml_let_the_pid_go(
+    proc: Path, vgpu: FakeVgpu
+) -> None:
+    vgpu.hook.claim(0, pid=1, pidns=DOCKER_NS, start_time=5100, used={0: GIB})
+    tracker = Tracker(proc, sees_all_pids=True)
+    tracker.scan({"v1": vgpu.blocks}, sample({4100: GIB, 4150: 3 * GIB}))
+    shutil.rmtree(proc / "4150")
+    tracker.scan({"v1": vgpu.blocks}, sample({4100: GIB, 4150: 3 * GIB}))  # a ghost
+    tracker.scan({"v1": vgpu.blocks}, sample({4100: GIB}))  # NVML let it go: a gap
+    reuse_pid(proc, 4150, start_time=7000)
+    snap = tracker.scan({"v1": vgpu.blocks}, sample({4100: GIB, 4150: 2 * GIB}))
+    p = snap.processes[4150]
+    assert (p.kind, p.start_time, p.memory) == (ProcessKind.UNMANAGED, 7000, {GPU0: 2 * GIB})
+    assert snap.vgpus["v1"].gpus[GPU0].nvml_used == 3 * GIB
+
+
+@pytest.mark.parametrize("restarted", [False, True], ids=["running", "restarted"])
+def test_a_new_process_at_a_reused_pid_is_charged_what_it_adds_to_the_exited_ones_memory(
+    proc: Path, vgpu: FakeVgpu, restarted: bool
+) -> None:
+    """NVML lists the exited process's memory and the newcomer's as one
+    figure: the newcomer is charged what the figure grew by since it came,
+    and the exited process's part only ever shrinks. A daemon that starts
+    while the pid is listed with no process knows no more than that."""
+    vgpu.hook.claim(0, pid=1, pidns=DOCKER_NS, start_time=5100, used={0: GIB})
+    tracker = Tracker(proc, sees_all_pids=True)
+    tracker.scan({"v1": vgpu.blocks}, sample({4100: GIB, 4150: 3 * GIB}))
+    shutil.rmtree(proc / "4150")
+    tracker.scan({"v1": vgpu.blocks}, sample({4100: GIB, 4150: 3 * GIB}))
+    if restarted:
+        tracker = Tracker(proc, sees_all_pids=True)
+        tracker.scan({"v1": vgpu.blocks}, sample({4100: GIB, 4150: 3 * GIB}))
+    reuse_pid(proc, 4150, start_time=7000)
+    charged = []
+    for listed in (3, 5, 2, 4):
+        snap = tracker.scan({"v1": vgpu.blocks}, sample({4100: GIB, 4150: listed * GIB}))
+        charged.append(snap.processes[4150].memory.get(GPU0, 0) // GIB)
+        # The exited process's part is the vGPU's while the tracker knows whose it was.
+        ghost = 0 if restarted else listed * GIB - charged[-1] * GIB
+        assert snap.vgpus["v1"].gpus[GPU0].nvml_used == GIB + charged[-1] * GIB + ghost
+    assert charged == [0, 2, 0, 2]  # the exited part fell to 2 GiB with the figure
 
 
 def test_deleted_vgpu_is_forgotten(proc: Path, vgpu: FakeVgpu) -> None:

@@ -30,9 +30,11 @@ Public interface
 ``BlockFile.of(path)``: a block file's (st_dev, st_ino) and its path inside
 its filesystem (what mountinfo shows for a bind mount of it), or None.
 ``Evidence(procfs, reads_per_scan=...)``:
-    ``begin_scan()``; ``maps(process, budget_key) -> MapsFacts | None``
+    ``begin_scan()``; ``maps(process, budget_key, paid=False) -> MapsFacts | None``
     (None: not read yet, the budget of ``budget_key`` is spent, or the
-    process is gone); ``mounts(process) -> Mounts`` (with their maker);
+    process is gone; ``paid``: its unit was taken already);
+    ``take(budget_key) -> bool`` spends one unit of the scan's budget (False:
+    none left); ``mounts(process) -> Mounts`` (with their maker);
     ``keep(identities, mntns)`` drops what belongs to processes gone.
 ``proves(facts, key) -> bool | None``: True maps it, False does not, None
 unknown (maps cut short).
@@ -114,14 +116,20 @@ class Evidence:
     def begin_scan(self) -> None:
         self._spent.clear()
 
-    def maps(self, process: Process, budget_key: str) -> MapsFacts | None:
+    def take(self, budget_key: str) -> bool:
+        """One unit of ``budget_key``'s budget for this scan, if any is left."""
+        spent = self._spent.get(budget_key, 0)
+        if spent >= self.reads_per_scan:
+            return False
+        self._spent[budget_key] = spent + 1
+        return True
+
+    def maps(self, process: Process, budget_key: str, *, paid: bool = False) -> MapsFacts | None:
         facts = self._maps.get(process.identity)
         if facts is not None:
             return facts
-        spent = self._spent.get(budget_key, 0)
-        if spent >= self.reads_per_scan:
+        if not paid and not self.take(budget_key):
             return None
-        self._spent[budget_key] = spent + 1
         read = self.procfs.maps(process.pid)
         if read is None:
             return None

@@ -10,8 +10,12 @@ thousand processes ended is one epoll_wait that returns only those.
 Where a pidfd cannot be had, the process's ``stat`` file is read at each
 ``ended()`` instead (the cost every scan paid before): a /proc that is not
 this kernel's view of our own namespace (a test's fixture tree), a kernel or
-seccomp policy without pidfd_open, or no file descriptor left (RLIMIT_NOFILE;
-the daemon raises its soft limit at start).
+seccomp policy without pidfd_open (ENOSYS: then for every process), or a
+pidfd_open refused for this one process (no file descriptor left,
+RLIMIT_NOFILE, which the daemon raises at start; any other error). One
+process's refusal never turns pidfds off for the others: a pid is the
+tenant's word, and a thread's id (refused with EINVAL) must not cost the
+node a /proc read per watched process and scan.
 
 Public interface
 ----------------
@@ -40,6 +44,9 @@ log = structlog.get_logger(__name__)
 
 # No descriptor left: fall back to reading stat for this process only.
 _FD_EXHAUSTED = frozenset({errno.EMFILE, errno.ENFILE})
+# The kernel (or a seccomp policy) has no pidfd_open: the only answer that
+# says so for every process, and so the only one that turns pidfds off.
+_NO_PIDFDS = frozenset({errno.ENOSYS})
 
 
 class ExitWatch:
@@ -50,6 +57,7 @@ class ExitWatch:
         self._fds: dict[int, Identity] = {}  # pidfd -> the process it refers to
         self._by_identity: dict[Identity, int] = {}  # -1: watched by reading stat
         self._warned_fds = False
+        self._warned_refused = False
         weakref.finalize(self, _close_all, self._epoll, self._fds)
 
     @property
@@ -60,6 +68,8 @@ class ExitWatch:
         identity = process.identity
         if identity in self._by_identity:
             return True
+        if not process.leader:  # a thread: ends with its process, which is what counts
+            return False
         fd = self._open(process.pid)
         # Opened after the process was read: a pid reused in between, or an
         # end in between, shows in stat now (the pidfd then names the new one).
@@ -121,10 +131,18 @@ class ExitWatch:
                         watched=len(self._fds),
                     )
                 return -1
-            log.warning(
-                "pidfd_open unavailable: process exits found by reading /proc", error=str(err)
-            )
-            self._pidfds = False
+            if err.errno in _NO_PIDFDS:
+                log.warning(
+                    "pidfd_open unavailable: process exits found by reading /proc", error=str(err)
+                )
+                self._pidfds = False
+            elif not self._warned_refused:  # once: the pid may be a tenant's choice
+                self._warned_refused = True
+                log.warning(
+                    "pidfd_open refused for a process: its exit is found by reading /proc",
+                    pid=pid,
+                    error=str(err),
+                )
             return -1
 
     def _alive(self, identity: Identity) -> bool:

@@ -11,7 +11,9 @@ Public interface
 process is gone or unreadable:
     ``pids() -> list[int]``
     ``stat(pid) -> ProcStat | None``        comm, state, ppid, threads, start_time
-    ``process(pid) -> Process | None``      stat + NSpid chain, uid, PID namespace
+    ``process(pid) -> Process | None``      stat + NSpid chain, uid, PID namespace,
+                                            thread group (a thread's /proc/<tid> is
+                                            reachable though not listed)
     ``cgroup(pid) -> str | None``           text of /proc/<pid>/cgroup
     ``environ(pid) -> dict[str, str] | None`` only the variables in ``ENV_KEYS``
                                             or with a prefix in ``ENV_PREFIXES``
@@ -107,6 +109,15 @@ class Process:
     uid: int
     nspid: tuple[int, ...]  # NSpid: outermost first, the process's own view last
     pidns: int  # inode of its PID namespace
+    # Its thread group (Tgid): ``pid`` itself for a process. /proc/<tid> of
+    # any thread can be opened though /proc does not list it, so a pid that
+    # a tenant names may be a thread's: not a process (no pidfd, no exit).
+    tgid: int
+
+    @property
+    def leader(self) -> bool:
+        """A thread-group leader: a process, not one of its other threads."""
+        return self.tgid == self.pid
 
     @property
     def ns_pid(self) -> int:
@@ -192,7 +203,7 @@ class ProcFS:
         pidns = self.pidns(pid)
         if stat is None or status is None or pidns is None:
             return None
-        uid, nspid = parse_status(pid, status)
+        uid, nspid, tgid = parse_status(pid, status)
         return Process(
             pid=pid,
             start_time=stat.start_time,
@@ -202,6 +213,7 @@ class ProcFS:
             uid=uid,
             nspid=nspid,
             pidns=pidns,
+            tgid=tgid,
         )
 
     def pidns(self, pid: int) -> int | None:
@@ -338,7 +350,8 @@ class ProcessTable:
 
     def lookup(self, pid: int) -> Process | None:
         """One live process read now, without listing /proc (its ``stat``
-        always; its identity only when the pid is new or was reused)."""
+        always; its identity only when the pid is new or was reused). A
+        thread's id that is not its group's is no process: None."""
         inode = self.procfs.dir_inode(pid)
         stat = None if inode is None else self.procfs.stat(pid)
         if inode is None or stat is None:
@@ -356,7 +369,7 @@ class ProcessTable:
                 p: known for p, known in self._known.items() if self.procfs.dir_inode(p) == known[0]
             }
             self._prune_at = 2 * len(self._known) + _PRUNE_MIN
-        return None if process.exited else process
+        return None if process.exited or not process.leader else process
 
     def __len__(self) -> int:
         return len(self._known)
@@ -374,6 +387,7 @@ def _with_stat(known: Process, stat: ProcStat) -> Process:
         uid=known.uid,
         nspid=known.nspid,
         pidns=known.pidns,
+        tgid=known.tgid,
     )
 
 
@@ -402,14 +416,16 @@ def parse_stat(pid: int, data: bytes) -> ProcStat | None:
         return None
 
 
-def parse_status(pid: int, data: bytes) -> tuple[int, tuple[int, ...]]:
-    """(real uid, NSpid chain) from /proc/<pid>/status.
+def parse_status(pid: int, data: bytes) -> tuple[int, tuple[int, ...], int]:
+    """(real uid, NSpid chain, Tgid) from /proc/<pid>/status.
 
     Kernels before 4.1 have no NSpid line: the process is then taken to be
-    in the namespace of the /proc mount, with no inner pid.
+    in the namespace of the /proc mount, with no inner pid. Every kernel
+    writes Tgid; a fixture tree without it describes a process (``pid``).
     """
     uid = -1
     nspid: tuple[int, ...] = (pid,)
+    tgid = pid
     for line in data.decode(errors="replace").splitlines():
         key, _, value = line.partition(":")
         if key == "Uid":
@@ -418,7 +434,9 @@ def parse_status(pid: int, data: bytes) -> tuple[int, tuple[int, ...]]:
         elif key == "NSpid":
             chain = tuple(int(v) for v in value.split() if v.isdigit())
             nspid = chain or nspid
-    return uid, nspid
+        elif key == "Tgid" and value.strip().isdigit():
+            tgid = int(value)
+    return uid, nspid, tgid
 
 
 def parse_ns_link(link: str) -> int | None:

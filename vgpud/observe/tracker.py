@@ -44,9 +44,11 @@ rests on what the host shows (``evidence.py``; docs/security.md,
 5. A slot whose candidate does not map the block (its maps file was read
    whole) and is not a member by point 4 names nobody the vGPU may claim:
    like a dead identity it is reclaimed, so a right guess of another
-   tenant's identity and a wrong one look the same. A candidate whose maps
-   could not be read yet (budget, or cut at the limit) keeps its slot,
-   unproven.
+   tenant's identity and a wrong one look the same. An identity new to a
+   vGPU's slots costs one unit of the vGPU's evidence budget, live or not
+   (its /proc lookup and its maps read); once the budget is spent, every
+   new identity waits, kept and unproven, for a later scan. A candidate
+   whose maps were cut at the limit keeps its slot, unproven.
 6. Processes NVML lists that hold no proven slot: a member of a
    daemon-owned vGPU is charged to it whatever its environment says
    (``HOOKED`` with libvgpu in LD_PRELOAD, else ``UNMANAGED``), and the
@@ -55,10 +57,15 @@ rests on what the host shows (``evidence.py``; docs/security.md,
    usage block (a shared mapping of exactly the block's size, owned by the
    process's uid and closed to others) is opened through
    /proc/<pid>/map_files and validated, and the processes sharing one block
-   (same st_dev, st_ino) become one standalone vGPU ``sa-<dev>-<ino>``.
+   (same st_dev, st_ino) become one standalone vGPU ``sa-<dev>-<ino>``:
+   the file the maps line named, one per process for its lifetime, at most
+   ``STANDALONE_PER_UID`` per uid and ``STANDALONE_PER_NODE`` in all.
 7. A pid NVML still lists after its process exited (a fork child keeps the
    memory through inherited descriptors) stays charged, as ``EXITED``, to
-   the vGPU it was in.
+   the vGPU it was in. NVML's memory under a pid belongs to the process it
+   was first charged to for as long as NVML lists the pid without a gap: a
+   new process at that pid (the host reused it) is charged only what comes
+   on top (docs/security.md, "Attribution").
 """
 
 from __future__ import annotations
@@ -87,6 +94,13 @@ log = structlog.get_logger(__name__)
 
 HOOK_LIBRARY = "libvgpu"
 ADOPT_TRIES = 4  # distinct block-sized files opened per process and scan, at most
+# Adopted standalone blocks, at most: each costs the daemon a mapping, and a
+# vGPU to scan and to steer at every control tick (up to 16 devices: about
+# 0.6 % of a core per block on the dev VM), and a user makes as many files
+# as it likes, whereas the hook shares one per uid (/tmp/vgpud-<uid>.usage).
+# A process gets one for its lifetime.
+STANDALONE_PER_UID = 16
+STANDALONE_PER_NODE = 64
 STANDALONE_BUDGET = ""  # the evidence budget of processes no vGPU names yet
 SEED_LIMIT_PREFIXES = ("CUDA_MEM_LIMIT", "CUDA_CORE_LIMIT", "CUDA_CORE_SOFT_LIMIT")
 # A usage block is mapped whole: its mapping is the block size in pages.
@@ -94,6 +108,7 @@ USAGE_MAPPING_SIZE = -(-ctypes.sizeof(UsageC) // mmap.PAGESIZE) * mmap.PAGESIZE
 UNKNOWN_CONTAINER = ContainerRef(runtime=Runtime.HOST, cgroup_path="?")
 
 SlotIdentity = tuple[int, int, int]  # (PID namespace inode, pid inside it, start time)
+NOBODY = -1  # the start time of "no live process": what a pid NVML lists with none is charged to
 
 
 class VgpuView(Protocol):
@@ -251,6 +266,7 @@ class _Adopted:
     vgpu_id: str
     blocks: VgpuBlocks
     key: FileKey  # the block file's (st_dev, st_ino)
+    uid: int  # its owner: the user whose processes it is the budget of
 
 
 @dataclass(frozen=True)
@@ -376,6 +392,10 @@ class _Unit:
     keys: tuple[SlotIdentity, ...]  # the identities its slots show
     holders: frozenset[Identity]  # the live processes its slots name, proven or not
     host_pids: dict[int, int]  # slot -> host pid, what is published for it
+    # The identities its slots showed that were looked at (their unit of the
+    # evidence budget paid), and the slots whose new identity must wait.
+    shown: frozenset[SlotIdentity]
+    deferred: frozenset[int]
     states: tuple[SlotState, ...] | None = None  # judged once every vGPU's claims are known
     live: int = 0  # states held
     held: dict[Identity, _Held] = field(default_factory=dict)
@@ -424,6 +444,14 @@ class Tracker:
         self._evidence = Evidence(self.procfs)
         self._files: dict[str, tuple[UsageBlock, ControlBlock | None, _VgpuFiles]] = {}
         self._ghosts: dict[int, TrackedProcess] = {}  # exited pids NVML still lists
+        # Per pid NVML lists: the process its memory was first charged to,
+        # kept while NVML lists the pid at every scan; and, once another
+        # process lives at that pid, the part of the memory that stays the
+        # first one's (never more than NVML listed when the other came).
+        self._owners: dict[int, Identity] = {}
+        self._kept: dict[int, dict[str, int]] = {}
+        self._held_back: dict[int, Mapping[str, int]] = {}  # this scan's, by pid
+        self._holders_held_back: dict[int, Mapping[str, int]] = {}
         self._exits = ExitWatch(
             self.procfs, pidfds=_is_own_proc(proc_root) if pidfds is None else pidfds
         )
@@ -431,6 +459,11 @@ class Tracker:
         self._envs: dict[Identity, dict[str, str] | None] = {}
         self._host_pids: dict[str, dict[int, int]] = {}  # vgpu -> slot -> host pid written
         self._adopted: dict[tuple[int, int], _Adopted] = {}
+        # The one standalone block each process was given, for its lifetime
+        # (while it is tracked or the block adopted), and the processes
+        # whose adoption was refused (one log line each).
+        self._adopted_by: dict[Identity, FileKey] = {}
+        self._refused: set[Identity] = set()
         self._previous: dict[Identity, TrackedProcess] = {}
         # Slot identities resolved to their (watched) process, and those that
         # no live process had when looked for: a process that has ended never
@@ -459,6 +492,8 @@ class Tracker:
         # Slots first, /proc second: see the module docstring, point 1.
         slots = {vgpu_id: view.usage.slots() for vgpu_id, view in views.items()}
         gpu_pids = nvml.pids() if nvml is not None else set()
+        if nvml is not None:
+            self._forget_unlisted(gpu_pids)
         search = _SlotSearch(ended=self._exits.ended())
 
         standalone_ids = {a.vgpu_id for a in self._adopted.values()}
@@ -477,7 +512,8 @@ class Tracker:
             if unit is not None and unit.reusable(*args, search.ended, claimed):
                 search.seen.update(unit.keys)
             else:
-                unit = self._read_slots(vgpu_id, *args, search, claimed)
+                shown = unit.shown if unit is not None else frozenset()
+                unit = self._read_slots(vgpu_id, *args, search, claimed, shown)
             claimed.update(unit.claimed)
             units[vgpu_id] = unit
         self._forget_slots(search.seen)
@@ -499,6 +535,16 @@ class Tracker:
                 self._judge(vgpu_id, unit, membership, self._units.get(vgpu_id))
             slot_states.extend(unit.states or ())
 
+        self._held_back = {}
+        held_back = {
+            pid: kept
+            for pid in gpu_pids & claimed.keys()
+            if nvml is not None
+            and (kept := self._earlier(pid, claimed[pid][2].identity, nvml)) is not None
+        }
+        same_figures = same_figures and held_back == self._holders_held_back
+        self._holders_held_back = held_back
+
         tracked: dict[int, TrackedProcess] = {}
         current: dict[Identity, TrackedProcess] = {}
         on_gpu: set[int] | None = None
@@ -514,17 +560,25 @@ class Tracker:
         others: dict[str | None, list[TrackedProcess]] = {}  # processes no slot of theirs holds
         ghosts: set[Identity] = set()
         for pid in sorted(gpu_pids - claimed.keys()):
+            assert nvml is not None  # gpu_pids is empty without a sample
             unslotted = self._table.lookup(pid)
+            earlier = self._earlier(pid, None if unslotted is None else unslotted.identity, nvml)
             if unslotted is not None:
                 member = membership.of(unslotted)
                 p = self._unslotted(unslotted, nvml, member, member in vgpus)
-            elif (ghost := self._ghost(pid, nvml)) is not None:
-                p = ghost
-                ghosts.add(p.identity)
-            else:
-                continue
-            tracked[pid] = current[p.identity] = p
-            others.setdefault(p.vgpu_id, []).append(p)
+                tracked[pid] = current[p.identity] = p
+                others.setdefault(p.vgpu_id, []).append(p)
+            if earlier is not None and (ghost := self._ghost(pid, earlier)) is not None:
+                tracked.setdefault(pid, ghost)  # a live process at the pid is the one named
+                current[ghost.identity] = ghost
+                ghosts.add(ghost.identity)
+                others.setdefault(ghost.vgpu_id, []).append(ghost)
+        # A slot holder at a pid NVML lists an exited process's memory under.
+        for pid, kept in held_back.items():
+            if (ghost := self._ghost(pid, kept)) is not None:
+                current[ghost.identity] = ghost
+                ghosts.add(ghost.identity)
+                others.setdefault(ghost.vgpu_id, []).append(ghost)
 
         self._forget_gone(current, units.values())
         arrivals, exits = self._changes(current, ghosts)
@@ -564,16 +618,36 @@ class Tracker:
         kind: ProcessKind,
         search: _SlotSearch,
         claimed: Claims,
+        shown: frozenset[SlotIdentity],
     ) -> _Unit:
         """The vGPU's slots gone through one by one: each one's holder, and
-        whether the host shows it mapping the block (its proof)."""
+        whether the host shows it mapping the block (its proof).
+
+        An identity its slots did not show last scan costs the vGPU one unit
+        of its evidence budget before anything is looked up, whether a
+        process has it or not: were only a live one's maps read charged, a
+        slot naming another tenant's live process would be kept unproven
+        when the budget ran out, and one naming nobody reclaimed — an answer
+        to the guess. With the budget spent the identity waits, kept."""
         named: list[Named] = []
         mine: Claims = {}
+        looked: set[SlotIdentity] = set()
+        deferred: set[int] = set()
         for slot in slots:
+            key = (slot.pidns, slot.pid, slot.start_time)
+            new = False
+            if slot.state in (SLOT_ACTIVE, SLOT_CLAIMING):  # (others name nobody: no lookup)
+                new = key not in shown and key not in looked
+                if new and not self._evidence.take(vgpu_id):
+                    search.seen.add(key)
+                    deferred.add(slot.index)
+                    named.append((slot, None, None))
+                    continue
+                looked.add(key)
             holder = self._holder(slot, search)
             proof = None
             if holder is not None:
-                facts = self._evidence.maps(holder, vgpu_id)
+                facts = self._evidence.maps(holder, vgpu_id, paid=new)
                 proof = proves(facts, files.usage_key)
                 if proof and holder.pid not in claimed and holder.pid not in mine:
                     mine[holder.pid] = (vgpu_id, slot, holder)
@@ -589,6 +663,8 @@ class Tracker:
             keys=tuple((s.pidns, s.pid, s.start_time) for s in slots),
             holders=frozenset(h.identity for _, h, _ in named if h is not None),
             host_pids={slot.index: pid for pid, (_, slot, _) in mine.items()},
+            shown=frozenset(looked),
+            deferred=frozenset(deferred),
         )
 
     def _judge(
@@ -599,7 +675,9 @@ class Tracker:
         known = {s.slot.index: s for s in before.states or ()} if before is not None else {}
         states: list[SlotState] = []
         for slot, holder, proof in unit.named:
-            held = holder is not None and (proof is not False or membership.of(holder) == vgpu_id)
+            held = slot.index in unit.deferred or (
+                holder is not None and (proof is not False or membership.of(holder) == vgpu_id)
+            )
             if held or self.sees_all_pids:
                 host_pid = holder.pid if holder is not None and proof else None
                 state = known.get(slot.index)
@@ -800,7 +878,7 @@ class Tracker:
         SlotView for unchanged slot words) and NVML's figures of it are the
         same."""
         held = known.get(process.identity)
-        memory, util = _figures(process.pid, nvml if on_gpu else None)
+        memory, util = self._figures_of(process.pid, nvml if on_gpu else None)
         if (
             held is not None
             and held.slot is slot
@@ -852,32 +930,89 @@ class Tracker:
             process, ProcessKind.STANDALONE, adopted.vgpu_id, slot.index, nvml, hooked_bytes
         )
 
-    def _ghost(self, pid: int, nvml: NvmlSample | None) -> TrackedProcess | None:
+    def _ghost(self, pid: int, memory: Mapping[str, int]) -> TrackedProcess | None:
         """An exited process NVML still lists memory under: a child it
         forked keeps that memory through inherited driver descriptors. It
-        stays charged to the vGPU it was in while NVML lists it."""
-        known = self._ghosts.get(pid) or next(
-            (p for p in self._previous.values() if p.pid == pid and p.vgpu_id is not None), None
-        )
-        if known is None or nvml is None:
-            return None
+        stays charged to the vGPU it was in while NVML lists it — the
+        process NVML's memory under the pid was first charged to, never one
+        that has the pid now."""
+        owner = self._owners.get(pid)
+        known = self._ghosts.get(pid)
+        if known is None or known.identity != owner:
+            known = self._previous.get(owner) if owner is not None else None
+            if known is None or known.vgpu_id is None:
+                return None
         ghost = replace(
-            known,
-            kind=ProcessKind.EXITED,
-            slot=None,
-            hooked={},
-            memory=nvml.memory_of(pid),
-            sm_util={},
+            known, kind=ProcessKind.EXITED, slot=None, hooked={}, memory=memory, sm_util={}
         )
         self._ghosts[pid] = ghost
         return ghost
+
+    def _earlier(
+        self, pid: int, live: Identity | None, nvml: NvmlSample
+    ) -> Mapping[str, int] | None:
+        """The part of NVML's memory under ``pid`` that is an exited
+        process's (None: all of it is ``live``'s, the process at the pid now).
+
+        NVML lists memory by pid, and a fork child can keep an exited
+        process's memory listed under its pid for as long as it likes:
+        once the host gives the pid to another process, that memory is not
+        the newcomer's (a tenant would escape its limit and have someone
+        else's process killed for it). So the memory is the process it was
+        first charged to while NVML lists the pid without a gap; a process
+        found at the pid later is charged only what comes on top of what
+        was listed when it came (the exited one's part shrinks with NVML's
+        figure, never grows: it cannot hide the newcomer's own allocations
+        beyond that). A gap in the listing ends it: a new process that
+        allocates at a reused pid after one is charged in full."""
+        owner = self._owners.setdefault(pid, live or (pid, NOBODY))
+        if live is None:
+            return nvml.memory_of(pid)
+        if owner == live:
+            return None
+        memory = nvml.memory_of(pid)
+        kept = self._kept.get(pid)
+        if kept is None:
+            kept = dict(memory)
+        else:
+            kept = {uuid: min(b, memory.get(uuid, 0)) for uuid, b in kept.items()}
+        self._kept[pid] = kept
+        self._held_back[pid] = kept
+        return kept
+
+    def _forget_unlisted(self, listed: set[int]) -> None:
+        """A pid missing from a sample is a gap: its memory's owner is over."""
+        if self._owners.keys() - listed:
+            self._owners = {pid: o for pid, o in self._owners.items() if pid in listed}
+            self._kept = {pid: k for pid, k in self._kept.items() if pid in listed}
+
+    def _figures_of(
+        self, pid: int, nvml: NvmlSample | None
+    ) -> tuple[Mapping[str, int], Mapping[str, float]]:
+        """NVML's memory and SM utilization of a live host process, per GPU
+        uuid, less what an exited process keeps under its pid (``_earlier``)."""
+        if nvml is None:
+            return {}, {}
+        memory = nvml.memory_of(pid)
+        kept = self._held_back.get(pid)
+        if kept:
+            memory = {u: b - kept.get(u, 0) for u, b in memory.items() if b > kept.get(u, 0)}
+        return memory, nvml.util_of(pid)
 
     def _adopt(self, process: Process) -> _Adopted | None:
         """The standalone usage block this process maps, adopted once per file.
 
         Only a file the process's own user owns, with no permission for
         anyone else (what the hook creates): another user's file is not
-        this process's budget (docs/security.md, "Standalone blocks")."""
+        this process's budget (docs/security.md, "Standalone blocks").
+        One block per process for its lifetime, within the per-uid and
+        per-node caps: /proc/<pid>/maps is read once in a process's life,
+        and map_files/<range> opens whatever the range maps now, so a
+        process remapping a new file there before each scan would
+        otherwise get a new vGPU every scan."""
+        mine = self._adopted_by.get(process.identity)
+        if mine is not None and mine in self._adopted:
+            return self._adopted[mine]
         facts = self._evidence.maps(process, STANDALONE_BUDGET)
         managed = {f[2].usage_key for f in self._files.values()}
         tried: set[FileKey] = set()
@@ -896,7 +1031,14 @@ class Tracker:
             try:
                 st = os.fstat(fd)
                 key = (st.st_dev, st.st_ino)
+                if key != mapping.file_key:  # remapped since its maps were read
+                    log.debug("mapped file is not the one maps showed", path=name, pid=process.pid)
+                    continue
+                if mine is not None and key != mine:
+                    self._refuse(process, "a second standalone block for one process")
+                    continue
                 if key in self._adopted:
+                    self._adopted_by[process.identity] = key
                     return self._adopted[key]
                 if st.st_uid != process.uid or st.st_mode & 0o077:
                     log.debug(
@@ -907,17 +1049,36 @@ class Tracker:
                         pid=process.pid,
                     )
                     continue
+                full = self._standalone_full(st.st_uid)
+                if full is not None:
+                    self._refuse(process, full)
+                    return None
                 usage = UsageBlock.open_fd(fd, name)
             except (BlockError, OSError) as err:
                 log.debug("mapped file is not a usage block", path=name, error=str(err))
                 continue
             finally:
                 os.close(fd)
-            adopted = _Adopted(f"sa-{key[0]:x}-{key[1]}", VgpuBlocks(usage), key)
+            adopted = _Adopted(f"sa-{key[0]:x}-{key[1]}", VgpuBlocks(usage), key, st.st_uid)
             self._adopted[key] = adopted
+            self._adopted_by[process.identity] = key
             log.info("adopted standalone vGPU", vgpu=adopted.vgpu_id, pid=process.pid)
             return adopted
         return None
+
+    def _standalone_full(self, uid: int) -> str | None:
+        """Why no more standalone block can be adopted for ``uid``, if so."""
+        if len(self._adopted) >= STANDALONE_PER_NODE:
+            return f"the node has {STANDALONE_PER_NODE} standalone vGPUs adopted already"
+        if sum(1 for a in self._adopted.values() if a.uid == uid) >= STANDALONE_PER_UID:
+            return f"uid {uid} has {STANDALONE_PER_UID} standalone vGPUs adopted already"
+        return None
+
+    def _refuse(self, process: Process, why: str) -> None:
+        """A standalone block not adopted: said once per process."""
+        if process.identity not in self._refused:
+            self._refused.add(process.identity)
+            log.warning("standalone block not adopted", pid=process.pid, uid=process.uid, why=why)
 
     def _drop_idle_standalone(self) -> None:
         """An adopted block with no slot in use is done with: unmap it."""
@@ -938,7 +1099,7 @@ class Tracker:
         nvml: NvmlSample | None,
         hooked: Mapping[str, int] | None = None,
     ) -> TrackedProcess:
-        memory, util = _figures(process.pid, nvml)
+        memory, util = self._figures_of(process.pid, nvml)
         return TrackedProcess(
             pid=process.pid,
             ns_pid=process.ns_pid,
@@ -979,13 +1140,11 @@ class Tracker:
                 del cache[identity]
         self._evidence.keep(keep)
         self._ghosts = {pid: g for pid, g in self._ghosts.items() if g.identity in current}
-
-
-def _figures(pid: int, nvml: NvmlSample | None) -> tuple[Mapping[str, int], Mapping[str, float]]:
-    """NVML's memory and SM utilization of a host process, per GPU uuid."""
-    if nvml is None:
-        return {}, {}
-    return nvml.memory_of(pid), nvml.util_of(pid)
+        if self._adopted_by.keys() - keep:  # a process's block is its own while either lives
+            self._adopted_by = {
+                i: key for i, key in self._adopted_by.items() if i in keep or key in self._adopted
+            }
+        self._refused &= keep
 
 
 def _is_own_proc(proc_root: str | os.PathLike[str]) -> bool:
