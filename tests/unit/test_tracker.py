@@ -3,7 +3,10 @@ reuse, NVML-only processes, attribution, arrivals and exits."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +15,7 @@ import pytest
 from tests.fixtures.hook import GPU_UUIDS, FakeVgpu
 from vgpud.observe.cgroups import Runtime, classify_path
 from vgpud.observe.nvml import GpuSample, NvmlSample
+from vgpud.observe.procfs import ReadPending
 from vgpud.observe.tracker import ProcessKind, Tracker, TrackSnapshot, attributable
 from vgpud.vgpus.abi import SLOT_CLAIMING
 
@@ -322,3 +326,47 @@ def test_a_steady_vgpu_is_taken_whole_and_every_change_still_shows(
     vgpu.hook.claim(5, pid=1, pidns=DOCKER_NS, start_time=5100)  # and claimed again
     snap = scan({4100: 2 * GIB})
     assert (snap.processes[4100].slot, vgpu.control.slot_host_pid(5)) == (5, 4100)
+
+
+def test_a_process_whose_environment_never_reads_back_does_not_hold_the_scan(
+    proc: Path, vgpu: FakeVgpu
+) -> None:
+    """Reading /proc/<pid>/environ reads the process's memory, whose pages
+    are its to map: a file of a filesystem that never answers (a FUSE
+    server of its own) held the scan's thread for ever, and with it every
+    later scan (reaping, the backstop) on the node. Here that read is a
+    FIFO nobody writes. The scan goes on past it; the process is taken as
+    unreadable for its lifetime; another process's environment, while the
+    stuck read holds the reader, is read again at a later scan."""
+    environ = proc / "4150" / "environ"
+    environ.unlink()
+    os.mkfifo(environ)  # opening it blocks until a writer comes
+    tracker = Tracker(proc, sees_all_pids=True)
+    tracker.procfs._memory_reads.wait_s = 0.2
+    snaps: list[TrackSnapshot] = []
+    scan = threading.Thread(
+        target=lambda: snaps.append(tracker.scan({"v1": vgpu.blocks}, sample({4150: GIB}))),
+        daemon=True,  # were the scan to hang, the test fails rather than pytest
+    )
+    scan.start()
+    scan.join(timeout=10)
+    assert not scan.is_alive() and snaps, "the scan waited for the stuck read"
+    assert snaps[0].processes[4150].kind is ProcessKind.UNMANAGED
+
+    # 4100 is hooked (its environment names the hook); while 4150's read
+    # holds the reader, 4100's is not made, and not taken for unreadable.
+    snap = tracker.scan({"v1": vgpu.blocks}, sample({4150: GIB, 4100: GIB}))
+    assert snap.processes[4100].kind is ProcessKind.UNMANAGED
+    fd = os.open(environ, os.O_WRONLY)  # the stuck read returns
+    os.close(fd)
+    deadline = time.monotonic() + 10
+    while tracker.procfs._memory_reads._stuck is not None and time.monotonic() < deadline:
+        try:
+            tracker.procfs.environ(4100)
+        except ReadPending:
+            time.sleep(0.01)
+        else:
+            break
+    snap = tracker.scan({"v1": vgpu.blocks}, sample({4150: GIB, 4100: GIB}))
+    assert snap.processes[4100].kind is ProcessKind.HOOKED
+    assert snap.processes[4150].kind is ProcessKind.UNMANAGED  # unreadable for its lifetime

@@ -16,7 +16,9 @@ process is gone or unreadable:
                                             reachable though not listed)
     ``cgroup(pid) -> str | None``           text of /proc/<pid>/cgroup
     ``environ(pid) -> dict[str, str] | None`` only the variables in ``ENV_KEYS``
-                                            or with a prefix in ``ENV_PREFIXES``
+                                            or with a prefix in ``ENV_PREFIXES``;
+                                            waited for at most MEMORY_READ_WAIT_S
+                                            (ReadPending while one is stuck)
     ``maps(pid, limit) -> Maps | None``      file-backed mappings, at most
                                             ``limit`` bytes of the file read
     ``mountinfo(pid) -> list[Mount] | None`` its mount namespace's mounts
@@ -48,20 +50,30 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import queue
 import re
 import struct
-from collections.abc import Collection
-from dataclasses import dataclass
+import threading
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
+import structlog
+
 # Environment variables the tracker may need: the hook's mode and limits.
+log = structlog.get_logger(__name__)
+
 ENV_KEYS = frozenset({"LD_PRELOAD", "GPU_DEVICES_UUID", "CUDA_MEMORY_OVERSUBSCRIBE"})
 ENV_PREFIXES = ("VGPU_", "CUDA_MEM_LIMIT", "CUDA_CORE_")
 
 # Errors that mean the process is gone or not ours to read.
 _VANISHED = frozenset({errno.ENOENT, errno.ESRCH, errno.EACCES, errno.EPERM})
 _ENVIRON_MAX = 1 << 20  # the kernel caps argv+env far below this in practice
+# How long a read of a process's memory (environ) is waited for. Its pages
+# are the process's to map: a file of a filesystem that never answers (a
+# FUSE server of its own) would hold the reading thread for ever.
+MEMORY_READ_WAIT_S = 0.5
 # A process chooses how many mappings it has: 60,000 of them make a 5 MB
 # maps file that costs the daemon tens of milliseconds to read (docs/security.md,
 # "Bounded reads"). Past these sizes the rest is not read.
@@ -179,9 +191,12 @@ class Mount:
 
 
 class ProcFS:
-    def __init__(self, root: str | os.PathLike[str] = "/proc") -> None:
+    def __init__(
+        self, root: str | os.PathLike[str] = "/proc", *, memory_wait_s: float = MEMORY_READ_WAIT_S
+    ) -> None:
         self.root = Path(root)
         self._prefix = str(self.root)  # paths built as strings: this runs 1000s of times a tick
+        self._memory_reads = _BoundedReads(memory_wait_s)
 
     def pids(self) -> list[int]:
         return [int(name) for name in os.listdir(self._prefix) if name.isdigit()]
@@ -229,7 +244,7 @@ class ProcFS:
         return None if data is None else data.decode(errors="replace")
 
     def environ(self, pid: int) -> dict[str, str] | None:
-        data = self._read(pid, "environ", _ENVIRON_MAX)
+        data = self._memory_reads.run(self._read, pid, "environ", _ENVIRON_MAX)
         return None if data is None else parse_environ(data)
 
     def maps(self, pid: int, limit: int = MAPS_LIMIT) -> Maps | None:
@@ -526,3 +541,62 @@ def _read_all(fd: int, limit: int | None) -> bytes:
 def _raise_unless_vanished(err: OSError) -> None:
     if err.errno not in _VANISHED:
         raise err
+
+
+class ReadPending(Exception):
+    """An earlier read of a process's memory has not returned: this one is
+    not made now (ask again later)."""
+
+
+class _BoundedReads:
+    """Reads of a process's memory through /proc, on one thread of their
+    own, waited for at most ``wait_s``. A read that does not return in
+    time is answered None (unreadable) and its thread is left to it: while
+    it is stuck every other read raises ReadPending at once, so the caller
+    never waits longer and never more than one thread is held."""
+
+    def __init__(self, wait_s: float) -> None:
+        self.wait_s = wait_s
+        self._lock = threading.Lock()
+        self._requests: queue.SimpleQueue[_MemoryRead] = queue.SimpleQueue()
+        self._stuck: _MemoryRead | None = None
+        self._thread: threading.Thread | None = None
+
+    def run(self, fn: Callable[..., bytes | None], *args: object) -> bytes | None:
+        with self._lock:
+            if self._stuck is not None and not self._stuck.done.is_set():
+                raise ReadPending
+            self._stuck = None
+            if self._thread is None:
+                # A daemon thread: one stuck in a read must not hold the exit.
+                self._thread = threading.Thread(
+                    target=self._serve, name="vgpud-memreads", daemon=True
+                )
+                self._thread.start()
+            read = _MemoryRead(fn, args)
+            self._requests.put(read)
+            if read.done.wait(self.wait_s):
+                if read.error is not None:
+                    raise read.error
+                return read.result
+            self._stuck = read
+            log.warning("a read of a process's memory did not return: left to its thread")
+            return None
+
+    def _serve(self) -> None:
+        while True:
+            read = self._requests.get()
+            try:
+                read.result = read.fn(*read.args)
+            except Exception as exc:  # handed to the caller, whose thread raises it
+                read.error = exc
+            read.done.set()
+
+
+@dataclass
+class _MemoryRead:
+    fn: Callable[..., bytes | None]
+    args: tuple[object, ...]
+    done: threading.Event = field(default_factory=threading.Event)
+    result: bytes | None = None
+    error: Exception | None = None

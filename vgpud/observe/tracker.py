@@ -86,7 +86,14 @@ from vgpud.observe.cgroups import ContainerRef, Runtime, classify, parse_cgroup_
 from vgpud.observe.evidence import BlockFile, Evidence, FileKey, proves
 from vgpud.observe.exitwatch import ExitWatch
 from vgpud.observe.nvml import NvmlSample
-from vgpud.observe.procfs import Identity, MappedFile, Process, ProcessTable, ProcFS
+from vgpud.observe.procfs import (
+    Identity,
+    MappedFile,
+    Process,
+    ProcessTable,
+    ProcFS,
+    ReadPending,
+)
 from vgpud.vgpus.abi import MAX_PROCS, SLOT_ACTIVE, SLOT_CLAIMING, BlockError, UsageC
 from vgpud.vgpus.blocks import ControlBlock, SlotView, UsageBlock, UsageDevice
 
@@ -1126,9 +1133,16 @@ class Tracker:
         return ref
 
     def _environ(self, process: Process) -> dict[str, str] | None:
+        """Its environment, read once per lifetime. A read that never came
+        back (docs/security.md, "Bounded reads") is taken as unreadable for
+        the process's lifetime; others are read again at a later scan while
+        that one holds the reader."""
         identity = (process.pid, process.start_time)
         if identity not in self._envs:
-            self._envs[identity] = self.procfs.environ(process.pid)
+            try:
+                self._envs[identity] = self.procfs.environ(process.pid)
+            except ReadPending:
+                return None
         return self._envs[identity]
 
     def _forget_gone(
