@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import shutil
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +14,6 @@ import pytest
 from tests.fixtures.hook import GPU_UUIDS, FakeVgpu
 from vgpud.observe.cgroups import Runtime, classify_path
 from vgpud.observe.nvml import GpuSample, NvmlSample
-from vgpud.observe.procfs import ReadPending
 from vgpud.observe.tracker import ProcessKind, Tracker, TrackSnapshot, attributable
 from vgpud.vgpus.abi import SLOT_CLAIMING
 
@@ -357,16 +355,11 @@ def test_a_process_whose_environment_never_reads_back_does_not_hold_the_scan(
     # holds the reader, 4100's is not made, and not taken for unreadable.
     snap = tracker.scan({"v1": vgpu.blocks}, sample({4150: GIB, 4100: GIB}))
     assert snap.processes[4100].kind is ProcessKind.UNMANAGED
+    stuck = tracker.procfs._memory_reads._stuck
+    assert stuck is not None
     fd = os.open(environ, os.O_WRONLY)  # the stuck read returns
     os.close(fd)
-    deadline = time.monotonic() + 10
-    while tracker.procfs._memory_reads._stuck is not None and time.monotonic() < deadline:
-        try:
-            tracker.procfs.environ(4100)
-        except ReadPending:
-            time.sleep(0.01)
-        else:
-            break
+    assert stuck.done.wait(10)
     snap = tracker.scan({"v1": vgpu.blocks}, sample({4150: GIB, 4100: GIB}))
     assert snap.processes[4100].kind is ProcessKind.HOOKED
     assert snap.processes[4150].kind is ProcessKind.UNMANAGED  # unreadable for its lifetime
