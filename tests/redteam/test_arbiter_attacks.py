@@ -22,6 +22,7 @@ import ctypes
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -44,8 +45,10 @@ SECONDS = 4.5
 WARMUP = 1.0
 TOLERANCE = 5.0  # points of the device, as in tests/integration/test_compute_coloc.py
 # What a stamping neighbour may cost a launch-bound victim (1.0-1.6 points
-# of 19.8 on an idle box; the hook that measured every 400 ms lost 3.1-4.1).
+# of 19.8 on an idle box; 1.2-2.0 beside a control at the same CPU on a
+# shared one; the hook that measured every 400 ms lost 3.1-4.1).
 STAMP_TOLERANCE = 3.0
+PAIRS = 3  # control and attack, alternated
 
 pytestmark = [
     pytest.mark.root,
@@ -57,15 +60,17 @@ pytestmark = [
 ]
 
 # The hostile tenant: run as its vGPU's user with its vGPU's environment.
-# argv: a JSON of offsets, the seconds to attack, the attack (scribble,
+# argv: a JSON of offsets, the seconds to attack, the attack (scribble;
 # truncate: scribble, then truncate; claim: scribble, and claim a batch as
-# long as the broker allows whenever it holds the grant), and the other
-# vGPU's block paths. Prints one JSON line: what it could open.
+# long as the broker allows whenever it holds the grant; twin: the same loop
+# at the same CPU into a private copy of its usage block, the control for
+# what an attack's CPU alone costs on a small box), and the other vGPU's
+# block paths. Prints one JSON line: what it could open.
 ATTACK = r"""
 import ctypes, errno, json, mmap, os, struct, sys, time
 
 layout, seconds, mode = json.loads(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
-truncate, claim = mode == "truncate", mode == "claim"
+truncate, claim, twin = mode == "truncate", mode == "claim", mode == "twin"
 others = sys.argv[4:]
 libc = ctypes.CDLL(None, use_errno=True)
 SYS_FUTEX, FUTEX_WAKE = 202, 1
@@ -98,13 +103,22 @@ for path in others:
 
 # Its own usage block: its vGPU's turn words (layout of this vgpud).
 usage_fd, usage = rw_map(os.environ["VGPU_USAGE"])
+if twin:
+    # An honest neighbour's turn words: nothing asked, nothing stamped.
+    for d in range(layout["devices"]):
+        turn = layout["usage_dev"] + d * layout["usage_dev_size"] + layout["turn"]
+        for field in ("request", "next", "serving", "lease_ns", "paced_until_ns"):
+            put(usage, turn + layout[field], "<Q" if field.endswith("_ns") else "<I", 0)
+    private = mmap.mmap(-1, len(usage))
+    private[:] = usage[:]
+    usage = private
 control = mmap.mmap(os.open(os.environ["VGPU_CONTROL"], os.O_RDONLY), 0, prot=mmap.PROT_READ)
 # The GPU's arbiter files, where a vgpud gives them (the layout before the
 # broker: next u32 @16, serving u32 @20, lease_ns u64 @24, paced_until_ns
 # u64 @48): the attack of the issue.
 arbiters = []
 arbiter_dir = os.environ.get("VGPU_ARBITER_DIR")
-for name in sorted(os.listdir(arbiter_dir)) if arbiter_dir else []:
+for name in sorted(os.listdir(arbiter_dir)) if arbiter_dir and not twin else []:
     try:
         arbiters.append(rw_map(os.path.join(arbiter_dir, name)))
     except OSError:
@@ -267,12 +281,17 @@ def test_a_stamping_neighbour_costs_a_launch_bound_vgpu_no_more_than_its_turns(
     def start() -> Burn:
         return Burn.start(cmd, {**sim_env, **victim["host_env"]}, kernel_us=50)
 
-    alone = start()
-    alone.finish(timeout=SECONDS + 60)
-    attacked = under_attack(hostile, "scribble", theirs, start)
-    got = (round(100 * alone.work, 1), round(100 * attacked.work, 1))
-    print(f"victim work alone / beside the attack: {got}")
-    assert got[1] >= got[0] - STAMP_TOLERANCE, f"victim work alone / beside the attack: {got}"
+    # The control: a launch-bound victim is as fast as the CPU the attacker
+    # leaves it, and a shared box's CPU comes and goes (a run in five lost
+    # 3 points more than the others here), so control and attack take turns
+    # and their medians are compared.
+    twins, attacks = [], []
+    for _ in range(PAIRS):
+        twins.append(round(100 * under_attack(hostile, "twin", theirs, start).work, 1))
+        attacks.append(round(100 * under_attack(hostile, "scribble", theirs, start).work, 1))
+    seen = f"victim work beside the twin {twins}, beside the attack {attacks}"
+    print(seen)
+    assert statistics.median(attacks) >= statistics.median(twins) - STAMP_TOLERANCE, seen
     assert daemon.proc is not None and daemon.proc.poll() is None, daemon.log()
 
 
