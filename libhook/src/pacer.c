@@ -19,20 +19,42 @@ static uint64_t monotonic_now(void *ctx)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+static struct timespec timespec_of(uint64_t ns)
+{
+    return (struct timespec){.tv_sec = (time_t)(ns / 1000000000ull),
+                             .tv_nsec = (long)(ns % 1000000000ull)};
+}
+
 static void monotonic_wait(void *ctx, const _Atomic uint32_t *word, uint32_t seen, uint64_t ns)
 {
     (void)ctx;
-    struct timespec ts = {.tv_sec = (time_t)(ns / 1000000000ull), .tv_nsec = (long)(ns % 1000000000ull)};
+    struct timespec ts = timespec_of(ns);
     if (word == NULL) {
         while (clock_nanosleep(CLOCK_MONOTONIC, 0, &ts, &ts) == EINTR)
             ;
         return;
     }
     /* Not FUTEX_PRIVATE_FLAG: the word is in a shared file mapping (a
-     * read-only one in a container is fine for FUTEX_WAIT). A wake, a moved
-     * word (EAGAIN), a signal or the timeout all return: the caller looks
-     * at the quota again. */
-    syscall(SYS_futex, (const uint32_t *)word, FUTEX_WAIT, seen, &ts, NULL, 0);
+     * read-only one in a container is fine for FUTEX_WAIT). A moved word
+     * (EAGAIN) or the timeout return: the caller looks at the quota again.
+     * So may a wake, unless the word stands still: anyone who can map the
+     * word (a control block is readable by all) may FUTEX_WAKE it without
+     * writing it, and a waiter that answered every such wake would spend
+     * its CPU on another's loop. Past PACER_IDLE_WAKES of those, the rest of
+     * the sleep looks at the word every PACER_WATCH_NS instead. */
+    uint64_t end = monotonic_now(NULL) + ns;
+    for (int idle = 0;; idle++) {
+        if (idle < PACER_IDLE_WAKES) {
+            syscall(SYS_futex, (const uint32_t *)word, FUTEX_WAIT, seen, &ts, NULL, 0);
+        } else {
+            struct timespec step = timespec_of(PACER_WATCH_NS);
+            clock_nanosleep(CLOCK_MONOTONIC, 0, &step, NULL);
+        }
+        uint64_t now = monotonic_now(NULL);
+        if (now >= end || atomic_load_explicit(word, memory_order_acquire) != seen)
+            return;
+        ts = timespec_of(end - now);
+    }
 }
 
 const struct pacer_clock pacer_monotonic = {monotonic_now, monotonic_wait, NULL};

@@ -34,6 +34,11 @@
  * steering heartbeat going stale hands a standalone process back its own
  * limit without a write. */
 #define PACER_MAX_SLEEP_NS 200000000ull
+/* Wakes that leave the word as it was (a signal, or anyone who maps it)
+ * answered in one sleep; after them the word is looked at every
+ * PACER_WATCH_NS, so a wake spammer costs a waiter at most that pace. */
+#define PACER_IDLE_WAKES 4
+#define PACER_WATCH_NS 1000000ull
 /* The longest gap a refill credits (~5 h): elapsed x VGPU_PPM_FULL must fit
  * in 64 bits; a bucket idle longer is full anyway. */
 #define PACER_MAX_ELAPSED_NS (UINT64_MAX / VGPU_PPM_FULL)
