@@ -13,6 +13,8 @@ from collections.abc import Mapping
 
 import structlog
 
+from vgpud.terminal import shown_values
+
 LEVELS = {
     "debug": logging.DEBUG,
     "info": logging.INFO,
@@ -41,6 +43,7 @@ def configure(level: str, fmt: str, env: Mapping[str, str]) -> None:
         shared.append(structlog.processors.format_exc_info)
     else:
         renderer = structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+        shared.append(shown_values)  # JSON escapes them itself
     structlog.configure(
         processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
         logger_factory=structlog.stdlib.LoggerFactory(),

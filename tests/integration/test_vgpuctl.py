@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -206,6 +207,32 @@ def test_show_lists_the_processes_and_delete_says_how_to_force(daemon: Daemon) -
         assert refused.returncode == 1
         assert "used by 1 process(es); add --force to delete it anyway" in refused.stderr
         assert "?force" not in refused.stderr
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=30)
+
+
+def test_a_process_name_cannot_write_to_the_operators_terminal(
+    daemon: Daemon, tmp_path: Path
+) -> None:
+    """A tenant names its process (its comm: the file it ran) with a
+    terminal's control sequence, here OSC 52, which has a terminal put text
+    in the clipboard of whoever runs `vgpuctl show`. It is shown escaped."""
+    osc52 = "\x1b]52;c;cm0K\x07"  # "rm\n" to the clipboard
+    (tmp_path / osc52).symlink_to(BUILD / "vgpu-burn")
+    env = {**daemon.env, "VGPUD_SOCKET": daemon.socket}
+    run = [sys.executable, "-m", "vgpud.ctl.main", "run", "--name", "named", "--memory", "128m"]
+    burn = [str(tmp_path / osc52), "--alloc", "32m", "--hold", "--seconds", "60"]
+    proc = subprocess.Popen([*run, "--", *burn], env=env, **terminal_job())
+    try:
+
+        def burn_shown() -> str | None:
+            out = ctl(daemon, "show", "named", check=False).stdout
+            return out if "none found" not in out and "named" in out else None
+
+        shown = wait_for(burn_shown, 20, "the renamed burn in vgpuctl show")
+        assert "\\x1b]52;c;cm0K\\x07" in shown
+        assert not any(c in shown for c in "\x1b\x07"), repr(shown)
     finally:
         os.killpg(proc.pid, signal.SIGINT)
         proc.wait(timeout=30)

@@ -15,7 +15,8 @@ from vgpud.ctl.client import Client, DaemonUnreachable
 from vgpud.ctl.doctor import find_driver, risky, unhooked
 from vgpud.ctl.elf import ElfError, exported_functions
 from vgpud.ctl.main import command_env, limits_body, parser
-from vgpud.ctl.table import process_rows
+from vgpud.ctl.table import process_rows, render
+from vgpud.terminal import shown
 
 ROOT = Path(__file__).resolve().parents[2]
 ATOMICS = ROOT / "build" / "libvgpu-atomics.so"
@@ -212,3 +213,21 @@ def test_process_rows_prefer_the_hooks_word_and_sum_the_gpus() -> None:
         [9, 7, "vgpu", "python", "3.0GiB", None],
         [42, 7, "vgpu", "python", "2.0GiB", "12"],
     ]
+
+
+def test_text_from_the_daemon_is_shown_without_control_characters() -> None:
+    row = process_rows(
+        [
+            {
+                "host_pid": 1,
+                "container_pid": 1,
+                "kind": "vgpu",
+                "comm": "a\x1b]0;b\x07\nc\u202e",
+                "memory": {},
+                "hooked": {},
+                "utilization": {},
+            }
+        ]
+    )
+    assert render(["COMMAND"], [[row[0][3]]]).splitlines()[1] == "a\\x1b]0;b\\x07\\nc\\u202e"
+    assert shown("plain text, ünïcode") == "plain text, ünïcode"

@@ -50,3 +50,18 @@ def test_json_lines_carry_the_event_and_its_fields(capsys: pytest.CaptureFixture
     log.set_level("error")
     structlog.get_logger("vgpud.test").info("hidden")
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.usefixtures("restore_logging")
+@pytest.mark.parametrize("fmt", ["console", "json"])
+def test_a_tenants_text_cannot_write_to_the_terminal(
+    capsys: pytest.CaptureFixture[str], fmt: str
+) -> None:
+    """A process's comm, or what a standalone block names, is a tenant's
+    own text: in a log line a terminal shows, its control sequences are
+    escaped (here: clear the screen, a right-to-left override)."""
+    log.configure("info", fmt, {})
+    structlog.get_logger("vgpud.test").info("adopted", comm="\x1b[2Jx\u202e", pid=7)
+    err = capsys.readouterr().err
+    assert not any(c in err for c in "\x1b\u202e"), repr(err)
+    assert ("\\x1b[2Jx\\u202e" if fmt == "console" else "\\u001b[2Jx\\u202e") in err

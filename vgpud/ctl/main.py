@@ -29,6 +29,7 @@ from vgpud.ctl.table import (
     vgpu_rows,
 )
 from vgpud.ctl.top import run_top
+from vgpud.terminal import shown
 
 EXIT_FAILED = 1
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
@@ -40,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(client, args))
     except (DaemonUnreachable, ApiFailure) as exc:
-        print(f"vgpuctl: {exc}", file=sys.stderr)
+        print(f"vgpuctl: {shown(str(exc))}", file=sys.stderr)
         return EXIT_FAILED
 
 
@@ -233,7 +234,7 @@ def cmd_delete(client: Client, a: argparse.Namespace) -> int:
     except ApiFailure as exc:
         if exc.error != "in_use":
             raise
-        print(f"vgpuctl: {exc.detail}; add --force to delete it anyway", file=sys.stderr)
+        print(f"vgpuctl: {shown(exc.detail)}; add --force to delete it anyway", file=sys.stderr)
         return EXIT_FAILED
     print(f"deleted {v['deleted']}")
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from vgpud.terminal import shown
 from vgpud.units import format_bytes, ppm_to_percent
 
 
@@ -17,7 +18,7 @@ def render(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
 
 
 def _cell(value: object) -> str:
-    return "-" if value is None else str(value)
+    return "-" if value is None else shown(str(value))
 
 
 VGPU_HEADERS = ("ID", "NAME", "GPU", "MEMORY", "USED", "SHARE", "MODE", "UTIL%", "QUOTA%", "PROCS")
@@ -139,16 +140,16 @@ def show(v: dict[str, Any], processes: Sequence[dict[str, Any]]) -> str:
     if v.get("kind") == "standalone":
         return _show_standalone(v) + "\n\nprocesses:\n" + table
     lines = [
-        f"vGPU {v['id']}" + (f" ({v['name']})" if v["name"] else ""),
+        f"vGPU {shown(v['id'])}" + (f" ({shown(v['name'])})" if v["name"] else ""),
         f"  memory {_memory(v['memory'])}  share {v['share']}% {v['mode']}  weight {v['weight']}"
         + ("  oversubscribe" if v["oversubscribe"] else "")
         + ("  exclusive" if v["exclusive"] else ""),
         f"  processes {v['processes']}",
     ]
     if v["labels"]:
-        lines.append("  labels " + ", ".join(f"{k}={val}" for k, val in v["labels"].items()))
+        lines.append("  labels " + _pairs(v["labels"]))
     if v["owner"]:
-        lines.append("  owner " + ", ".join(f"{k}={val}" for k, val in v["owner"].items()))
+        lines.append("  owner " + _pairs(v["owner"]))
     user = v["user"]
     lines.append(
         f"  user uid {user['uid']}" + (f" gid {user['gid']}" if user["gid"] is not None else "")
@@ -162,15 +163,20 @@ def show(v: dict[str, Any], processes: Sequence[dict[str, Any]]) -> str:
     lines.append(table)
     lines.append("")
     lines.append("environment for a plain process (vgpuctl env --shell):")
-    lines += [f"  {k}={val}" for k, val in v["host_env"].items()]
-    lines.append(f"CDI device: {v['recipe']['cdi_device']}")
+    lines += [f"  {shown(k)}={shown(val)}" for k, val in v["host_env"].items()]
+    lines.append(f"CDI device: {shown(v['recipe']['cdi_device'])}")
     return "\n".join(lines)
+
+
+def _pairs(mapping: dict[str, str]) -> str:
+    return ", ".join(f"{shown(k)}={shown(val)}" for k, val in mapping.items())
 
 
 def _show_standalone(v: dict[str, Any]) -> str:
     return "\n".join(
         [
-            f"vGPU {v['id']} (standalone: limits from the container's environment, read-only)",
+            f"vGPU {shown(v['id'])}"
+            " (standalone: limits from the container's environment, read-only)",
             f"  share {v['share']:g}%  processes {v['processes']}  pids "
             + " ".join(str(p) for p in v["pids"]),
             "",
