@@ -506,6 +506,59 @@ def test_memory_of_a_dead_process_listed_under_a_reused_pid_stays_its_vgpus(
     victim.close()
 
 
+VICTIM_ID = "d0c4e1" * 10 + "d0c4"  # docker-cgroupfs-v1's container: /docker/<id>
+
+
+def host_user_process(proc: Path, pid: int, cgroup: str) -> None:
+    """A local user's process (uid 1000, the host's PID namespace) at host
+    pid ``pid``, made from the fixture's pid 1, with ``cgroup`` as its
+    /proc/<pid>/cgroup."""
+    d = proc / str(pid)
+    shutil.copytree(proc / "1", d, symlinks=True)
+    rest = (d / "stat").read_text().rsplit(")", 1)[1].split()
+    rest[19] = str(1000 + pid)
+    (d / "stat").write_text(f"{pid} (miner) {' '.join(rest)}\n")
+    (d / "status").write_text(
+        f"Name:\tminer\nTgid:\t{pid}\nPid:\t{pid}\nUid:\t1000\t1000\t1000\t1000\nNSpid:\t{pid}\n"
+    )
+    (d / "cgroup").write_text(cgroup)
+
+
+@pytest.mark.parametrize(
+    "leaf",
+    [
+        f"user.slice/user-1000.slice/user@1000.service/app.slice/docker/{VICTIM_ID}",
+        f"user.slice/user-1000.slice/user@1000.service/app.slice/docker-{VICTIM_ID}.scope",
+        f"docker/{'a' * 64}/docker/{VICTIM_ID}",
+    ],
+    ids=["user-cgroupfs-name", "user-scope-name", "nested-in-a-container"],
+)
+def test_a_cgroup_named_after_another_container_does_not_put_a_process_in_it(
+    proc: Path, vgpu: FakeVgpu, leaf: str
+) -> None:
+    """A local user's delegated cgroup subtree (``user@1000.service``), or a
+    container's own with cgroup v2 delegation, may hold sub-cgroups of any
+    name: one named after the victim container's id used to make the
+    attacker's unhooked GPU process a member of the victim's vGPU. Its
+    memory was charged there, and the backstop killed the victim's own
+    unslotted process (the largest) for the overrun."""
+    vgpu.hook.claim(0, pid=1, pidns=DOCKER_NS, start_time=5100, used={0: GIB})
+    # 4150 is the victim container's own helper without a slot (2 GiB).
+    host_user_process(proc, 4300, f"12:pids:/user.slice/user-1000.slice\n0::/{leaf}\n")
+    listed = nvml({4100: GIB, 4150: 2 * GIB, 4300: 3 * GIB // 2})
+    tracker = Tracker(proc, sees_all_pids=True)
+    state = BackstopState()
+    for _ in range(3):  # past confirm_scans: a kill would have happened
+        snap = tracker.scan({"v1": vgpu.blocks}, listed)
+        kills, _, state = decide(snap, BackstopPolicy("kill", tolerance=0), state)
+        assert kills == []
+        attacker = snap.processes[4300]
+        assert (attacker.kind, attacker.vgpu_id) == (ProcessKind.UNMANAGED, None)
+        assert snap.vgpus["v1"].gpus[GPU0].nvml_used == 3 * GIB
+        assert snap.vgpus["v1"].pids == (4100, 4150)
+        assert snap.processes[4150].vgpu_id == "v1"  # its own container's, as before
+
+
 # --- the daemon's cost is bounded by what it reads ---------------------------
 
 

@@ -311,6 +311,6 @@ def test_empty_file_is_host() -> None:
 def test_key_groups_processes_of_one_container() -> None:
     systemd_leaf = classify_path(f"/machine.slice/libpod-{ID}.scope/container")
     scope = classify_path(f"/machine.slice/libpod-{ID}.scope")
-    assert systemd_leaf.key == scope.key == f"podman:{ID}"
+    assert systemd_leaf.key == scope.key == f"podman:/machine.slice/libpod-{ID}.scope"
     assert classify_path("/a/b").key == "cgroup:/a/b"
     assert classify_path("/a/b").key != classify_path("/a/c").key

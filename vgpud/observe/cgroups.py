@@ -42,7 +42,7 @@ systemd: any ``*.scope`` / ``*.service`` leaf (``run-u123.scope``,
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 
@@ -77,6 +77,11 @@ class ContainerRef:
     pod_uid: str | None = None
     qos_class: QosClass | None = None
     unit: str | None = None
+    # The cgroup that names the container (``cgroup_path`` up to the
+    # component with its id): the runtime's, where a process's own
+    # sub-cgroups below it are the tenant's choice. Derived from
+    # ``cgroup_path``, so not compared.
+    container_cgroup: str | None = field(default=None, compare=False)
 
     @property
     def is_container(self) -> bool:
@@ -84,9 +89,14 @@ class ContainerRef:
 
     @property
     def key(self) -> str:
-        """Shared by every process of one container (or unit, or cgroup)."""
+        """Shared by every process of one container (or unit, or cgroup).
+
+        A container is its cgroup, not its id: a local user's delegated
+        subtree (``user@1000.service``), or a container's own under cgroup
+        v2 delegation, may hold a sub-cgroup named after any other
+        container's id (docs/security.md, the attacks' table)."""
         if self.container_id is not None:
-            return f"{self.runtime}:{self.container_id}"
+            return f"{self.runtime}:{self.container_cgroup or self.cgroup_path}"
         return f"cgroup:{self.cgroup_path}"
 
 
@@ -152,6 +162,7 @@ def classify_path(path: str) -> ContainerRef:
                 container_id=container_id,
                 pod_uid=pod_uid,
                 qos_class=qos,
+                container_cgroup="/" + "/".join(components[: depth + 1]),
             )
     if components and _UNIT.match(components[-1]):
         return ContainerRef(runtime=Runtime.SYSTEMD, cgroup_path=path, unit=components[-1])
