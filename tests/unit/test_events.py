@@ -90,3 +90,29 @@ async def test_a_follower_pays_for_new_events_not_for_the_buffer() -> None:
     assert [e.pid for e in log.since(last)] == [1, 2]
     assert ring.walked <= 2  # the 9,998 older events are not looked at
     assert len(log.since(0)) == 10_000  # since=0: everything still kept
+
+
+async def test_process_churn_does_not_push_other_vgpus_events_out_of_the_buffer() -> None:
+    """Any process on the GPU makes a process.started and a process.exited
+    event, so a tenant that starts and ends processes in a loop (1000 of
+    them per scan, one scan a second: two events each) used to push every
+    other event out of the ring in five seconds: a victim's OOM or a
+    backstop kill was gone before a follower resuming with ?since= read it.
+    Process events now fill a ring of their own."""
+    log = EventLog(capacity=100)
+    before = log.last_seq
+    oom = log.publish("oom", vgpu="victim", gpu="g", refused=1)
+    for pid in range(1000):
+        log.publish("process.started", vgpu="attacker", pid=pid)
+        log.publish("process.exited", vgpu="attacker", pid=pid)
+    kill = log.publish("backstop", vgpu="victim", action="killed")
+    log.publish("process.started", vgpu="attacker", pid=1000)
+    got = log.since(before)
+    assert [e.seq for e in got if e.type != "process.started" and e.type != "process.exited"] == [
+        oom.seq,
+        kill.seq,
+    ]
+    assert len(got) == 2 + 100  # each ring keeps its capacity
+    assert [e.seq for e in got] == sorted(e.seq for e in got)  # in order, as published
+    assert [e.seq for e in log.since(kill.seq)] == [kill.seq + 1]
+    assert log.since(log.last_seq) == []

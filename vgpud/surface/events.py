@@ -3,11 +3,19 @@
 Every event gets the next sequence number; the last ``capacity`` are kept so
 a client can resume with ?since=<seq>. Followers wait on an asyncio.Event
 that each publish sets and replaces (no polling).
+
+Process events (``CHURN``: one per process that starts or ends on the GPU)
+are kept in a ring of their own, of the same capacity: their number is any
+tenant's to choose (a loop of short-lived processes), and in the one ring
+they pushed out every other event (a neighbour's OOM, a backstop kill)
+before a follower resuming with ?since= read it (docs/security.md).
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
+import heapq
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Iterable, Mapping
@@ -35,6 +43,9 @@ COUNTER_ABSURD = "counter.absurd"
 GPU_HEALTH = "gpu.health"
 BLOCK_REPAIRED = "block.repaired"
 
+# Kept in a ring of their own: as many as the processes any tenant starts.
+CHURN = frozenset({PROCESS_STARTED, PROCESS_EXITED})
+
 
 @dataclass(frozen=True)
 class Event:
@@ -60,7 +71,8 @@ class Event:
 
 class EventLog:
     def __init__(self, capacity: int) -> None:
-        self._events: deque[Event] = deque(maxlen=capacity)
+        self._events: deque[Event] = deque(maxlen=capacity)  # all but CHURN
+        self._churn: deque[Event] = deque(maxlen=capacity)
         self._seq = 0
         self._wakeup = asyncio.Event()
         self._closed = False
@@ -80,7 +92,7 @@ class EventLog:
     ) -> Event:
         self._seq += 1
         event = Event(self._seq, time.time(), type_, vgpu, gpu, pid, detail)
-        self._events.append(event)
+        (self._churn if type_ in CHURN else self._events).append(event)
         self._wake()
         return event
 
@@ -89,11 +101,15 @@ class EventLog:
         self._wakeup = asyncio.Event()
 
     def since(self, seq: int) -> list[Event]:
-        """The kept events after ``seq``, oldest first. Numbers are
-        consecutive, so they are the last ``last_seq - seq`` kept: a
-        follower pays for what is new, not for the whole buffer."""
-        new = min(max(self._seq - seq, 0), len(self._events))
-        return list(islice(reversed(self._events), new))[::-1]
+        """The kept events after ``seq``, oldest first: each ring's found
+        by bisection, so a follower pays for what is new, not for the
+        whole buffer."""
+        rings = [_after(ring, seq) for ring in (self._events, self._churn)]
+        if not rings[1]:
+            return rings[0]
+        if not rings[0]:
+            return rings[1]
+        return list(heapq.merge(*rings, key=lambda e: e.seq))
 
     async def follow(self, seq: int) -> AsyncIterator[Event]:
         """Events after ``seq``, then each new one as it comes, until close()."""
@@ -109,6 +125,14 @@ class EventLog:
         """Ends every follow() (at shutdown)."""
         self._closed = True
         self._wake()
+
+
+def _after(ring: deque[Event], seq: int) -> list[Event]:
+    """The events of ``ring`` (in ``seq`` order) after ``seq``."""
+    if not ring or ring[-1].seq <= seq:
+        return []
+    new = len(ring) - bisect.bisect_right(ring, seq, key=lambda e: e.seq)
+    return list(islice(reversed(ring), new))[::-1]
 
 
 def publish_repairs(log: EventLog, repairs: Iterable[Repair]) -> None:
