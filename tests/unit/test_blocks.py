@@ -396,3 +396,19 @@ def test_standalone_limits_and_steering(tmp_path: Path) -> None:
     assert hook.c.steer.heartbeat_ns == 99 and hook.c.steer.throttle[0].seq % 2 == 0
     block.close()
     hook.close()
+
+
+def test_a_steered_quota_the_tenant_overwrote_reads_within_a_whole_gpu(tmp_path: Path) -> None:
+    """The steer entry is in the tenant's own block: a quota it writes
+    there (seq even, so the read is whole) is shown as at most 100 %, in
+    the API's quota_ppm and /metrics' quota ratio (documented 0-1)."""
+    path = tmp_path / "sa"
+    UsageBlock.create(path).close()
+    hook = HookSide(path)
+    hook.c.device_count = 1
+    block = UsageBlock.open(path)
+    block.write_steer(0, 200_000)
+    hook.c.steer.throttle[0].quota_ppm = 0xFFFFFFFF
+    assert block.read_steer(0).quota_ppm == units.PPM_FULL
+    block.close()
+    hook.close()

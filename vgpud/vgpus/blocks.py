@@ -49,7 +49,7 @@ import stat
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import ClassVar
 
@@ -893,11 +893,13 @@ class UsageBlock(_Mapping):
         """The quota last steered to, or UNSTEERED when the entry cannot be
         read: its seq word is in the tenant's hands, and a tenant that keeps
         it odd loses only the display of its own steering (the hooks' reader
-        gives up too, and keeps its last quota). Said once per block."""
+        gives up too, and keeps its last quota). Said once per block. The
+        quota is the tenant's to overwrite too: shown as at most a whole
+        GPU (the hook takes a steered quota only as a lower limit)."""
         entry = self._c.steer.throttle[_index(dev_index, MAX_DEVICES)]
         read = seqlock_read(self._atomics, ctypes.addressof(entry))
         if read is not None:
-            return read
+            return replace(read, quota_ppm=min(read.quota_ppm, PPM_FULL))
         if not self._steer_unreadable_said:
             self._steer_unreadable_said = True
             log.warning(
