@@ -107,9 +107,11 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "default_mode": ("hard", "soft"),
     "backstop": ("report", "kill"),
 }
+# What max_vgpus_per_gpu may be (vgpud-k8s checks its own flag against it).
+MAX_VGPUS_PER_GPU_RANGE = (1, 256)
 _RANGES: dict[str, tuple[float, float]] = {
     "memory_scaling": (1.0, 16.0),
-    "max_vgpus_per_gpu": (1, 256),
+    "max_vgpus_per_gpu": MAX_VGPUS_PER_GPU_RANGE,
     "default_share": (1, 100),
     "default_weight": (1, 1000),
     "control_interval": (0.01, 10.0),

@@ -133,14 +133,15 @@ def dra_kubelet() -> Iterator[DraKubelet]:
 
 
 @pytest.fixture
-def start_driver(clean_vgpud: Daemon, api: ApiServer) -> Iterator[Callable[[], Driver]]:
+def start_driver(clean_vgpud: Daemon, api: ApiServer) -> Iterator[Callable[..., Driver]]:
     """Start vgpud-k8s dra (again: the same plugin directory, so its
-    checkpoint and sockets stay); every one started is stopped after."""
+    checkpoint and sockets stay), with ``extra`` flags; every one started
+    is stopped after."""
     root = Path(tempfile.mkdtemp(dir="/tmp", prefix="dra"))
     started: list[Driver] = []
 
-    def start() -> Driver:
-        started.append(Driver(clean_vgpud.socket, api, root).start())
+    def start(*extra: str) -> Driver:
+        started.append(Driver(clean_vgpud.socket, api, root, *extra).start())
         return started[-1]
 
     yield start

@@ -59,7 +59,7 @@ def allocated_claim(name: str, uid: str, *results: tuple[str, dict[str, str]]) -
 class Driver:
     """vgpud-k8s dra as a subprocess, as its DaemonSet runs it."""
 
-    def __init__(self, vgpud_socket: str, api: ApiServer, root: Path) -> None:
+    def __init__(self, vgpud_socket: str, api: ApiServer, root: Path, *extra: str) -> None:
         self.root = root
         self.registry = root / "registry"
         self.registry.mkdir(exist_ok=True)
@@ -68,7 +68,7 @@ class Driver:
             "--log-format", "console", "dra", "--node-name", NODE,
             "--plugin-dir", str(root / "plugin"), "--registry", str(self.registry),
             "--kubeconfig", str(api.kubeconfig(root / "kubeconfig")),
-            "--health-interval", "0.1",
+            "--health-interval", "0.1", *extra,
         ]  # fmt: skip
         self.proc: subprocess.Popen[bytes] | None = None
 

@@ -5,6 +5,7 @@ vgpud that does not answer turns them all Unhealthy until it is back.
 
 from __future__ import annotations
 
+import signal
 import subprocess
 from collections.abc import Callable
 
@@ -57,3 +58,27 @@ def test_while_vgpud_does_not_answer_every_device_is_unhealthy(
     finally:
         vgpud.start()
     wait_for(lambda: "Healthy" in kubelet.devices(VGPU).values(), what="devices healthy again")
+
+
+def test_a_vgpud_that_takes_the_call_but_does_not_answer_leaves_the_plugin_serving(
+    kubelet: Kubelet, start_plugin: Callable[..., PluginProcess], vgpud: Daemon
+) -> None:
+    """A vgpud that accepts the connection and does not answer in time
+    (stalled: stopped here) is as unreachable as one that is down: every
+    device unhealthy, then healthy again. The timeout was not taken for
+    that, and vgpud-k8s exited, leaving every pod of the node without the
+    plugin until it was restarted."""
+    plugin = start_plugin()
+    kubelet.wait_registered(VGPU)
+
+    vgpud.signal(signal.SIGSTOP)
+    try:
+        wait_for(
+            lambda: set(kubelet.devices(VGPU).values()) == {"Unhealthy"},
+            timeout=40,
+            what="every device unhealthy",
+        )
+    finally:
+        vgpud.signal(signal.SIGCONT)
+    wait_for(lambda: "Healthy" in kubelet.devices(VGPU).values(), what="devices healthy again")
+    assert plugin.proc is not None and plugin.proc.poll() is None, plugin.log()[-2000:]

@@ -9,6 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kubernetes.utils import parse_quantity
+
 from tests.integration.daemon_harness import Daemon, wait_for
 from tests.k8s.apiserver import ApiServer
 from tests.k8s.dra_harness import GIB, GPU0, GPU1, NODE, Driver, allocated_claim
@@ -17,6 +19,18 @@ from tests.k8s.drakubelet import DraKubelet
 
 def vgpus(vgpud: Daemon) -> list[dict[str, Any]]:
     return [v for v in vgpud.client.get("/v1/vgpus") if v["kind"] == "managed"]
+
+
+def least(capacity: dict[str, Any]) -> int:
+    """What a claim asking as little as it may consumes of one capacity of a
+    published device: the scheduler rounds a request up into the policy's
+    range or values, and an allocation takes all of a capacity with none."""
+    policy = capacity.get("requestPolicy")
+    if policy is None:
+        return int(parse_quantity(capacity["value"]))
+    if policy.get("validValues"):
+        return min(int(parse_quantity(v)) for v in policy["validValues"])
+    return int(parse_quantity(policy["validRange"]["min"]))
 
 
 def test_the_driver_registers_through_the_plugin_watcher(
@@ -126,3 +140,33 @@ def test_bad_claims_get_an_error_per_claim_and_create_nothing(
     assert "more than" in answer.claims["uid-4"].error
     assert "reading the claim: 404" in answer.claims["uid-5"].error
     assert vgpus(clean_vgpud) == []  # the first device of uid-3 was not left behind
+
+
+def test_every_claim_the_slice_has_room_for_is_prepared_however_small(
+    api: ApiServer,
+    dra_kubelet: DraKubelet,
+    start_driver: Callable[..., Driver],
+    clean_vgpud: Daemon,
+) -> None:
+    """A tenant's claims of the least memory and cores each took every vGPU
+    vgpud lets a GPU have (max_vgpus_per_gpu) while the slice still showed
+    room: the scheduler went on placing claims on the GPU, and every one of
+    them failed to prepare, for good."""
+    dra_kubelet.register(start_driver("--memory-unit", "64m").registration_socket)
+    published = wait_for(lambda: api.slices.get(f"{NODE}-vgpud.io"), what="the ResourceSlice")
+    [gpu0] = [d for d in published["spec"]["devices"] if d["name"] == GPU0]
+    smallest = {name: least(c) for name, c in gpu0["capacity"].items()}
+    room = min(
+        int(parse_quantity(c["value"])) // smallest[name] for name, c in gpu0["capacity"].items()
+    )
+    assert room >= 2
+    claims = [("ml", f"tiny-{n}", f"uid-tiny-{n}") for n in range(room)]
+    for _, name, uid in claims:  # as the scheduler allocates them, one after another
+        consumed = {capacity: str(amount) for capacity, amount in smallest.items()}
+        api.put_claim(allocated_claim(name, uid, (GPU0, consumed)))
+
+    answer = dra_kubelet.prepare(*claims)
+
+    refused = {uid: claim.error for uid, claim in answer.claims.items() if claim.error}
+    assert refused == {}
+    assert len(vgpus(clean_vgpud)) == room

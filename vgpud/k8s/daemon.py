@@ -7,6 +7,7 @@ vgpud stays the one owner of vGPUs on the node; vgpud-k8s only asks it.
 from __future__ import annotations
 
 import asyncio
+import http.client
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,7 +73,15 @@ class Daemon:
         return True
 
     async def _call(self, method: str, path: str, body: Any = None) -> Any:
-        return await asyncio.to_thread(self.client.request, method, path, body)
+        try:
+            return await asyncio.to_thread(self.client.request, method, path, body)
+        except (OSError, http.client.HTTPException) as exc:
+            # Connected, then no answer in time or the connection cut: vgpud
+            # stalled or restarting is as unreachable as vgpud down (devices
+            # unhealthy, calls UNAVAILABLE), never the end of vgpud-k8s.
+            raise DaemonUnreachable(
+                f"vgpud did not answer {method} {path}: {exc or type(exc).__name__}"
+            ) from None
 
 
 def _gpu(d: dict[str, Any]) -> Gpu:

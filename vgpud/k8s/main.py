@@ -43,7 +43,7 @@ from vgpud.k8s.podresources import PodResources
 from vgpud.k8s.reconcile import Reconciler
 from vgpud.k8s.registration import DEFAULT_DIR, Plugins
 from vgpud.k8s.resources import RESOURCES, Units
-from vgpud.k8s.slices import DRIVER, Publisher
+from vgpud.k8s.slices import DEFAULT_MAX_VGPUS, DRIVER, Publisher
 from vgpud.units import parse_bytes
 
 log = structlog.get_logger(__name__)
@@ -98,6 +98,12 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="publish whole GPUs (API servers before 1.34, or the DRAConsumableCapacity gate off)",
     )
+    r.add_argument(
+        "--max-vgpus-per-gpu",
+        type=int,
+        default=DEFAULT_MAX_VGPUS,
+        help="vgpud's max_vgpus_per_gpu: claims the scheduler may place on one GPU",
+    )
     r.add_argument("--user", type=user_arg, help="UID[:GID] the vGPUs' processes run as")
     r.add_argument("--health-interval", type=float, default=5.0, help="seconds between reads")
     r.set_defaults(func=dra_driver)
@@ -136,7 +142,9 @@ def dra_driver(args: argparse.Namespace) -> Coroutine[Any, Any, None]:
     plugin_dir.mkdir(parents=True, exist_ok=True)
     driver = Driver(daemon, ApiClaims(api), Checkpoint(plugin_dir / "checkpoint.json"), args.user)
     inventory = Inventory(daemon, units, args.health_interval)
-    publisher = Publisher(api, args.node_name, units, not args.no_consumable_capacity)
+    publisher = Publisher(
+        api, args.node_name, units, not args.no_consumable_capacity, args.max_vgpus_per_gpu
+    )
     dra_socket = plugin_dir / "dra.sock"
     reg_socket = registration_socket(args.registry, DRIVER)
 
