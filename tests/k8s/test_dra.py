@@ -15,6 +15,8 @@ from tests.integration.daemon_harness import Daemon, wait_for
 from tests.k8s.apiserver import ApiServer
 from tests.k8s.dra_harness import GIB, GPU0, GPU1, NODE, Driver, allocated_claim
 from tests.k8s.drakubelet import DraKubelet
+from vgpud.k8s.daemon import MANAGED_BY
+from vgpud.k8s.dra import CLAIM_UID, DRA_OWNER
 
 
 def vgpus(vgpud: Daemon) -> list[dict[str, Any]]:
@@ -170,3 +172,28 @@ def test_every_claim_the_slice_has_room_for_is_prepared_however_small(
     refused = {uid: claim.error for uid, claim in answer.claims.items() if claim.error}
     assert refused == {}
     assert len(vgpus(clean_vgpud)) == room
+
+
+def test_a_claim_unprepared_after_a_crash_before_its_checkpoint_leaves_no_vgpu(
+    dra_kubelet: DraKubelet,
+    start_driver: Callable[[], Driver],
+    clean_vgpud: Daemon,
+) -> None:
+    """The driver killed after vgpud made a claim's vGPU and before the
+    checkpoint said so: if the kubelet then unprepares the claim instead of
+    preparing it again, the vGPU is found by its claim's label and deleted,
+    not left for ever. Other claims' vGPUs and vGPUs made by hand stay."""
+
+    def made(name: str, labels: dict[str, str]) -> None:
+        body = {"name": name, "gpus": [0], "memory": "1g", "share": 30, "labels": labels}
+        clean_vgpud.client.request("POST", "/v1/vgpus", body)
+
+    made("dra-uid-9-0", {MANAGED_BY: DRA_OWNER, CLAIM_UID: "uid-9"})
+    made("dra-uid-8-0", {MANAGED_BY: DRA_OWNER, CLAIM_UID: "uid-8"})
+    made("by-hand", {CLAIM_UID: "uid-9"})
+    dra_kubelet.register(start_driver().registration_socket)
+
+    done = dra_kubelet.unprepare(("ml", "crashed", "uid-9"))
+
+    assert done.claims["uid-9"].error == ""
+    assert sorted(v["name"] for v in vgpus(clean_vgpud)) == ["by-hand", "dra-uid-8-0"]

@@ -25,6 +25,8 @@ from vgpud.k8s.resources import CORES_PER_GPU, BadRequest
 from vgpud.k8s.slices import DRIVER, device_name
 
 DRA_OWNER = "dra"
+# Each claim's vGPUs carry its uid: found by it when no checkpoint says.
+CLAIM_UID = "vgpud.io/claim-uid"
 log = structlog.get_logger(__name__)
 
 
@@ -65,7 +67,7 @@ def vgpu_body(claim_uid: str, n: int, result: Any, gpu: Gpu) -> dict[str, Any]:
         "gpus": [gpu.uuid],
         "memory": memory,
         "share": cores,
-        "labels": {MANAGED_BY: DRA_OWNER, "vgpud.io/claim-uid": claim_uid},
+        "labels": {MANAGED_BY: DRA_OWNER, CLAIM_UID: claim_uid},
     }
 
 
@@ -163,14 +165,24 @@ class Driver(dra_grpc.DRAPluginServicer):
         async with self._lock:
             done = self.checkpoint.get(uid)
             if done is None:
-                return  # never prepared here, or already unprepared
-            for device in done.devices:
-                if await self.daemon.vgpu(device.vgpu) is None:
-                    continue
-                if not await self.daemon.delete(device.vgpu):
-                    raise BadRequest(f"vGPU {device.vgpu} still has processes")
+                # Never prepared here, already unprepared, or prepared up to
+                # a crash before the checkpoint: what that left is found by
+                # the claim's label, never left for good.
+                made = await self.daemon.vgpus(DRA_OWNER)
+                await self._delete([v["id"] for v in made if v["labels"].get(CLAIM_UID) == uid])
+                return
+            await self._delete([d.vgpu for d in done.devices])
             self.checkpoint.drop(uid)
             log.info("claim unprepared", claim=uid)
+
+    async def _delete(self, vgpus: Sequence[str]) -> None:
+        """A claim's vGPUs gone (those gone already included); refused
+        while one still has processes."""
+        for vgpu in vgpus:
+            if await self.daemon.vgpu(vgpu) is None:
+                continue
+            if not await self.daemon.delete(vgpu):
+                raise BadRequest(f"vGPU {vgpu} still has processes")
 
     async def _create(self, body: dict[str, Any]) -> dict[str, Any]:
         """Make the vGPU; one of that name left by a crash before the
