@@ -1,13 +1,16 @@
 """The device plugin's arithmetic, without a kubelet or a daemon: which ids
 a node advertises, what size a container's vGPU gets, where its slots go,
-and which vGPUs are orphans."""
+and which vGPUs are orphans (and what the reconciler does with them)."""
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 import pytest
 
-from vgpud.k8s.daemon import Gpu
-from vgpud.k8s.reconcile import orphans, vgpu_name
+from vgpud.k8s.daemon import ApiFailure, Gpu
+from vgpud.k8s.reconcile import Reconciler, orphans, vgpu_name
 from vgpud.k8s.resources import (
     CORES,
     MEMORY,
@@ -96,3 +99,41 @@ def test_units_refuse_settings_that_cannot_work() -> None:
         Units(shares=0)
     with pytest.raises(ValueError):
         Units(memory_unit=MIB)
+
+
+class _Holders:
+    async def holders(self) -> list[Any]:
+        return []
+
+
+class _Vgpud:
+    """vgpud answering the reconciler: two orphans, the first one's delete
+    answered with a 500; or the listing itself answered with one."""
+
+    def __init__(self, listing_fails: bool) -> None:
+        self.listing_fails = listing_fails
+        self.deleted: list[str] = []
+
+    async def vgpus(self, owner: str) -> list[dict[str, Any]]:
+        if self.listing_fails:
+            raise ApiFailure(500, "internal", "listing")
+        return [{"id": f"vg-{n}", "name": f"k8s-{slot(A, n)}", "created_at": 0.0} for n in range(2)]
+
+    async def delete(self, key: str) -> bool:
+        if key == "vg-0":
+            raise ApiFailure(500, "internal", "deleting")
+        self.deleted.append(key)
+        return True
+
+
+@pytest.mark.parametrize("listing_fails", [False, True], ids=["delete", "list"])
+def test_an_error_answer_from_vgpud_skips_a_reconcile_step_and_the_loop_goes_on(
+    listing_fails: bool,
+) -> None:
+    """An error answer (a 500) to the reconciler's listing or to one delete
+    ended its loop, and vgpud-k8s with it."""
+    vgpud = _Vgpud(listing_fails)
+    reconciler = Reconciler(vgpud, _Holders(), "device-plugin", 0.0, 0.0)  # type: ignore[arg-type]
+    deleted = asyncio.run(reconciler.once())
+    assert deleted == ([] if listing_fails else ["vg-1"])
+    assert vgpud.deleted == deleted

@@ -17,7 +17,7 @@ from typing import Any
 import grpc
 import structlog
 
-from vgpud.k8s.daemon import Daemon, DaemonUnreachable
+from vgpud.k8s.daemon import ApiFailure, Daemon, DaemonUnreachable
 from vgpud.k8s.podresources import PodResources, held
 from vgpud.k8s.resources import VGPU
 
@@ -65,12 +65,19 @@ class Reconciler:
         try:
             holding = held(await self.pods.holders(), VGPU)
             vgpus = await self.daemon.vgpus(self.owner)
-        except (grpc.aio.AioRpcError, DaemonUnreachable) as exc:
+        except (grpc.aio.AioRpcError, DaemonUnreachable, ApiFailure) as exc:
             log.warning("reconcile skipped", reason=str(exc).splitlines()[0])
             return []
         deleted = []
         for vgpu_id in orphans(vgpus, holding, time.time(), self.grace):
-            if await self.daemon.delete(vgpu_id):
+            # One answer vgpud gets wrong (a 500) is that vGPU's, for this
+            # round: never the end of the loop, and of vgpud-k8s with it.
+            try:
+                gone = await self.daemon.delete(vgpu_id)
+            except (DaemonUnreachable, ApiFailure) as exc:
+                log.warning("orphan not deleted this round", vgpu=vgpu_id, reason=str(exc))
+                continue
+            if gone:
                 log.info("vGPU of a pod that is gone deleted", vgpu=vgpu_id)
                 deleted.append(vgpu_id)
         return deleted
