@@ -197,3 +197,37 @@ def test_a_claim_unprepared_after_a_crash_before_its_checkpoint_leaves_no_vgpu(
 
     assert done.claims["uid-9"].error == ""
     assert sorted(v["name"] for v in vgpus(clean_vgpud)) == ["by-hand", "dra-uid-8-0"]
+
+
+def test_a_claim_of_two_gpus_is_one_vgpu_over_both(
+    api: ApiServer,
+    dra_kubelet: DraKubelet,
+    start_driver: Callable[[], Driver],
+    clean_vgpud: Daemon,
+) -> None:
+    """A container is given a claim's devices together and holds one vGPU
+    (its blocks at fixed paths, its variables naming one vGPU): two vGPUs,
+    one a device, put both at the same paths, and the container had one of
+    them. A claim of two GPUs is one vGPU over both; devices it cannot be
+    one vGPU of are refused, and nothing is made."""
+    dra_kubelet.register(start_driver().registration_socket)
+    half = {"memory": "1Gi", "cores": "50"}
+    api.put_claim(allocated_claim("pair", "uid-p", (GPU0, half), (GPU1, half)))
+    api.put_claim(allocated_claim("uneven", "uid-u", (GPU0, half), (GPU1, {**half, "cores": "40"})))
+    api.put_claim(allocated_claim("twice", "uid-t", (GPU0, half), (GPU0, half)))
+
+    answer = dra_kubelet.prepare(
+        ("ml", "pair", "uid-p"), ("ml", "uneven", "uid-u"), ("ml", "twice", "uid-t")
+    )
+
+    [vgpu] = vgpus(clean_vgpud)
+    assert ([g["index"] for g in vgpu["gpus"]], vgpu["memory"], vgpu["share"]) == ([0, 1], GIB, 50)
+    first, second = answer.claims["uid-p"].devices
+    assert (list(first.cdi_device_ids), list(second.cdi_device_ids)) == (
+        [vgpu["recipe"]["cdi_device"]],
+        [],
+    )
+    assert "consume different memory or cores" in answer.claims["uid-u"].error
+    assert "two of the claim's devices" in answer.claims["uid-t"].error
+    assert dra_kubelet.unprepare(("ml", "pair", "uid-p")).claims["uid-p"].error == ""
+    assert vgpus(clean_vgpud) == []

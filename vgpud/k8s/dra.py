@@ -7,7 +7,7 @@ their namespace, name and uid); the answer per claim is its CDI ids."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import grpc
@@ -52,9 +52,41 @@ def ours(claim: Any) -> list[Any]:
     return [r for r in allocation.devices.results or [] if r.driver == DRIVER]
 
 
-def vgpu_body(claim_uid: str, n: int, result: Any, gpu: Gpu) -> dict[str, Any]:
-    """The vGPU for one allocated device: what the claim consumed of it, or
-    all of it when the API server allocates whole devices."""
+def vgpu_body(claim_uid: str, results: Sequence[Any], gpus: Mapping[str, Gpu]) -> dict[str, Any]:
+    """The claim's one vGPU, over every GPU allocated to it: a container is
+    given a claim's devices together, and it holds one vGPU (its blocks are
+    mounted at fixed paths, its variables name one vGPU). A vGPU has the
+    same memory and share on each of its GPUs, so the devices must have been
+    given the same: what the claim consumed of each, or all of each when the
+    API server allocates whole devices (whole GPUs of unequal memory are
+    refused)."""
+    chosen: list[Gpu] = []
+    sizes = set()
+    for result in results:
+        gpu = gpus.get(result.device)
+        if gpu is None:
+            raise BadRequest(f"device {result.device!r} is not on this node")
+        if gpu in chosen:
+            raise BadRequest(f"two of the claim's devices are {result.device!r}: one vGPU each GPU")
+        chosen.append(gpu)
+        sizes.add(_consumed(result, gpu))
+    if len(sizes) != 1:
+        raise BadRequest(
+            "the claim's devices consume different memory or cores: its one vGPU has the same"
+            " on each GPU"
+        )
+    [(memory, cores)] = sizes
+    return {
+        "name": f"dra-{claim_uid}-0",
+        "gpus": [g.uuid for g in chosen],
+        "memory": memory,
+        "share": cores,
+        "labels": {MANAGED_BY: DRA_OWNER, CLAIM_UID: claim_uid},
+    }
+
+
+def _consumed(result: Any, gpu: Gpu) -> tuple[int, int]:
+    """Memory and cores one allocated device gives the claim."""
     consumed = result.consumed_capacity or {}
     memory = _quantity(consumed["memory"]) if "memory" in consumed else gpu.memory_total
     cores = _quantity(consumed["cores"]) if "cores" in consumed else CORES_PER_GPU
@@ -62,13 +94,7 @@ def vgpu_body(claim_uid: str, n: int, result: Any, gpu: Gpu) -> dict[str, Any]:
         raise BadRequest(f"cores {cores}: a share is 1-100")
     if memory > gpu.memory_total:
         raise BadRequest(f"memory {memory} bytes: more than {result.device} holds")
-    return {
-        "name": f"dra-{claim_uid}-{n}",
-        "gpus": [gpu.uuid],
-        "memory": memory,
-        "share": cores,
-        "labels": {MANAGED_BY: DRA_OWNER, CLAIM_UID: claim_uid},
-    }
+    return memory, cores
 
 
 class Driver(dra_grpc.DRAPluginServicer):
@@ -133,29 +159,22 @@ class Driver(dra_grpc.DRAPluginServicer):
             if not results:
                 raise BadRequest("no device of this driver is allocated to the claim")
             gpus = {device_name(g): g for g in await self.daemon.gpus()}
-            made: list[PreparedDevice] = []
-            try:
-                for n, result in enumerate(results):
-                    gpu = gpus.get(result.device)
-                    if gpu is None:
-                        raise BadRequest(f"device {result.device!r} is not on this node")
-                    body = vgpu_body(uid, n, result, gpu)
-                    if self.user is not None:
-                        body["user"] = self.user
-                    vgpu = await self._create(body)
-                    made.append(
-                        PreparedDevice(
-                            [result.request],
-                            result.pool,
-                            result.device,
-                            [vgpu["recipe"]["cdi_device"]],
-                            vgpu["id"],
-                        )
-                    )
-            except BaseException:
-                for device in made:  # nothing half-made stays
-                    await self.daemon.delete(device.vgpu)
-                raise
+            body = vgpu_body(uid, results, gpus)
+            if self.user is not None:
+                body["user"] = self.user
+            vgpu = await self._create(body)
+            # The vGPU's CDI device comes with the first device only: a
+            # container is given each of the claim's devices' ids.
+            made = [
+                PreparedDevice(
+                    [r.request],
+                    r.pool,
+                    r.device,
+                    [vgpu["recipe"]["cdi_device"]] if n == 0 else [],
+                    vgpu["id"],
+                )
+                for n, r in enumerate(results)
+            ]
             prepared = PreparedClaim(namespace, name, made)
             self.checkpoint.put(uid, prepared)
             log.info("claim prepared", claim=f"{namespace}/{name}", vgpus=[d.vgpu for d in made])
