@@ -47,13 +47,14 @@ static void monotonic_wait(void *ctx, const _Atomic uint32_t *word, uint32_t see
         if (idle < PACER_IDLE_WAKES) {
             syscall(SYS_futex, (const uint32_t *)word, FUTEX_WAIT, seen, &ts, NULL, 0);
         } else {
-            struct timespec step = timespec_of(PACER_WATCH_NS);
+            struct timespec step = ns < PACER_WATCH_NS ? ts : timespec_of(PACER_WATCH_NS);
             clock_nanosleep(CLOCK_MONOTONIC, 0, &step, NULL);
         }
         uint64_t now = monotonic_now(NULL);
         if (now >= end || atomic_load_explicit(word, memory_order_acquire) != seen)
             return;
-        ts = timespec_of(end - now);
+        ns = end - now;
+        ts = timespec_of(ns);
     }
 }
 

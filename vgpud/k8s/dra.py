@@ -195,9 +195,10 @@ class Driver(dra_grpc.DRAPluginServicer):
             log.info("claim unprepared", claim=uid)
 
     async def _delete(self, vgpus: Sequence[str]) -> None:
-        """A claim's vGPUs gone (those gone already included); refused
-        while one still has processes."""
-        for vgpu in vgpus:
+        """A claim's vGPUs gone (those gone already included; each once,
+        though several devices name it); refused while one still has
+        processes."""
+        for vgpu in dict.fromkeys(vgpus):
             if await self.daemon.vgpu(vgpu) is None:
                 continue
             if not await self.daemon.delete(vgpu):
