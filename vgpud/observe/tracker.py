@@ -180,11 +180,12 @@ class GpuUse:
     nvml_used: int  # NVML's per-process figures summed over the vGPU's processes
     sm_util: float | None  # NVML per-process utilization summed; None: no new sample
     processes: int
-    # The usage block's counters of this GPU as this scan read them (None:
-    # the block has no entry for it), and for an adopted standalone vGPU the
-    # quota the daemon last steered (0: never; None for daemon-owned ones,
-    # whose control block has theirs). Read here, by the scan that owns the
-    # adopted blocks, so the API never reads a block the scan may unmap.
+    # For an adopted standalone vGPU, its usage block's counters of this GPU
+    # as this scan read them (None: the block has no entry for it) and the
+    # quota the daemon last steered (0: never). Read here, by the scan that
+    # owns the adopted blocks, so the API never reads a block the scan may
+    # unmap. None for daemon-owned ones: the API and the controller read
+    # their counters from the block, and their control block has the quota.
     counters: UsageDevice | None = None
     steered_ppm: int | None = None
 
@@ -408,9 +409,10 @@ class _Unit:
     held: dict[Identity, _Held] = field(default_factory=dict)
     tracked: dict[int, TrackedProcess] = field(default_factory=dict)  # by host pid
     current: dict[Identity, TrackedProcess] = field(default_factory=dict)
-    # The last VgpuUse made of it, with what it was made of: (usage
-    # counters, ``tracked``, ``live``), kept while no other process counts.
-    use: tuple[tuple[UsageDevice, ...], dict[int, TrackedProcess], int, VgpuUse] | None = None
+    # The last VgpuUse made of it, with what it was made of: (the usage
+    # block's memory words, ``tracked``, ``live``), kept while no other
+    # process counts.
+    use: tuple[tuple[int, ...], dict[int, TrackedProcess], int, VgpuUse] | None = None
 
     def reusable(
         self,
@@ -734,23 +736,31 @@ class Tracker:
         others: list[TrackedProcess],
     ) -> VgpuUse:
         """The vGPU's use of its GPUs; the last scan's object while its
-        counters, processes and live slots are the same (a standalone
-        vGPU's steered quota is read anew: never kept)."""
-        budgets = view.usage.devices()
+        memory words, processes and live slots are the same (a standalone
+        vGPU's counters and steered quota are read anew: never kept).
+
+        Of a daemon-owned vGPU's usage block only the memory words are read:
+        its other counters (GPU time, launches) move at every launch of a
+        busy vGPU, and the API and the controller read them from the block
+        itself; keyed on them, every busy vGPU's use was made again at each
+        scan, and the reaper's drift check with it (docs/benchmarks/daemon.md).
+        """
+        budgets = view.usage.devices() if standalone else None
+        hooked = view.usage.memory_used() if budgets is None else tuple(b.used for b in budgets)
         if unit is None:
-            return _usage(vgpu_id, view, devices, budgets, standalone, others, 0)
+            return _usage(vgpu_id, view, devices, hooked, budgets, others, 0)
         kept = unit.use
         if (
             kept is not None
             and not others
-            and kept[0] is budgets
+            and kept[0] == hooked
             and kept[1] is unit.tracked
             and kept[2] == unit.live
         ):
             return kept[3]
         mine = [*unit.tracked.values(), *others]
-        use = _usage(vgpu_id, view, devices, budgets, standalone, mine, unit.live)
-        unit.use = None if standalone or others else (budgets, unit.tracked, unit.live, use)
+        use = _usage(vgpu_id, view, devices, hooked, budgets, mine, unit.live)
+        unit.use = None if standalone or others else (hooked, unit.tracked, unit.live, use)
         return use
 
     def _changes(
@@ -1183,30 +1193,31 @@ def _usage(
     vgpu_id: str,
     view: VgpuView,
     devices: _Devices,
-    budgets: Sequence[UsageDevice],
-    standalone: bool,
+    hooked: Sequence[int],
+    budgets: Sequence[UsageDevice] | None,
     mine: Sequence[TrackedProcess],
     live_slots: int,
 ) -> VgpuUse:
+    """``hooked``: each device's memory word; ``budgets``: a standalone
+    vGPU's counters (None for a daemon-owned one)."""
     gpus: dict[str, GpuUse] = {}
     for index, uuid in enumerate(devices.uuids):
         if not uuid:
             continue  # a standalone hook without GPU_DEVICES_UUID: no NVML to match
         utils = [p.sm_util[uuid] for p in mine if uuid in p.sm_util]
-        counters = budgets[index] if index < len(budgets) else None
         gpus[uuid] = GpuUse(
             uuid=uuid,
             limit=devices.limits[index],
-            hooked_used=counters.used if counters is not None else 0,
+            hooked_used=hooked[index] if index < len(hooked) else 0,
             nvml_used=sum(p.memory.get(uuid, 0) for p in mine),
             sm_util=sum(utils) if utils else None,
             processes=sum(1 for p in mine if uuid in p.memory or uuid in p.sm_util),
-            counters=counters,
-            steered_ppm=view.usage.read_steer(index).quota_ppm if standalone else None,
+            counters=None if budgets is None or index >= len(budgets) else budgets[index],
+            steered_ppm=None if budgets is None else view.usage.read_steer(index).quota_ppm,
         )
     return VgpuUse(
         vgpu_id=vgpu_id,
-        standalone=standalone,
+        standalone=budgets is not None,
         gpus=gpus,
         pids=tuple(sorted(p.pid for p in mine)),
         live_slots=live_slots,

@@ -534,6 +534,7 @@ _UDEV_OFF = UsageC.devices.offset
 _UDEV_SIZE = ctypes.sizeof(UsageDeviceC)
 _PDEV_OFF = ProcSlotC.dev.offset
 _PDEV_WORDS = ctypes.sizeof(ProcDeviceC) // 8
+_UDEV_USED = UsageDeviceC.used.offset // 8
 _UDEV_GPU_TIME = UsageDeviceC.gpu_time_ns.offset // 8
 _UDEV_THROTTLED = UsageDeviceC.throttled_ns.offset // 8
 _UDEV_LAUNCHES = UsageDeviceC.launches.offset // 8
@@ -563,8 +564,12 @@ def _usage_device(
     share: int,
 ) -> UsageDevice:
     """A usage block's device entry from its first eight words."""
+    share &= 0xFFFFFFFF
+    if max(used, peak, limit) <= ABSURD_BYTES and share <= PPM_FULL:
+        # Every word within its bound: most reads, at every scan and view.
+        return UsageDevice(used, peak, oom, gtime, launches, throttled, limit, share)
     values, clamped = _clamp(
-        {"used": used, "peak": peak, "mem_limit": limit, "share_ppm": share & 0xFFFFFFFF},
+        {"used": used, "peak": peak, "mem_limit": limit, "share_ppm": share},
         {
             "used": ABSURD_BYTES,
             "peak": ABSURD_BYTES,
@@ -712,6 +717,13 @@ class UsageBlock(_Mapping):
         parsed = tuple(_usage_device(*w) for w in words)
         self._devices = (words, parsed)
         return parsed
+
+    def memory_used(self) -> tuple[int, ...]:
+        """Each device's memory word (bytes the hooks reserved), bounded as
+        ``devices`` bounds it: of a busy vGPU's counters the one that moves
+        seldom, which the scan reads without parsing the others."""
+        w = self._w64
+        return tuple(min(w[i + _UDEV_USED], ABSURD_BYTES) for i in self._device_words)
 
     def pacing_addresses(self) -> list[int]:
         """Where each device's gpu_time_ns, throttled_ns and launches are,
