@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from collections import deque
 from collections.abc import Iterator
+from pathlib import Path
 
+from tests.fixtures.hook import FakeHook
+from tests.unit.apiclient import running_api
+from vgpud.config import Config
+from vgpud.loops.scan import Watch
+from vgpud.observe.tracker import Tracker
 from vgpud.surface.events import Event, EventLog
+from vgpud.vgpus.abi import SLOT_ACTIVE, SLOT_RECLAIMING
 
 
 async def test_since_resumes_and_the_buffer_is_bounded() -> None:
@@ -116,3 +124,50 @@ async def test_process_churn_does_not_push_other_vgpus_events_out_of_the_buffer(
     assert [e.seq for e in got] == sorted(e.seq for e in got)  # in order, as published
     assert [e.seq for e in log.since(kill.seq)] == [kill.seq + 1]
     assert log.since(log.last_seq) == []
+
+
+async def test_a_tenant_forging_dead_slots_does_not_push_other_vgpus_events_out(
+    tmp_path: Path,
+) -> None:
+    """A tenant may write any identity into its own usage block's 256 slots
+    (or end hooked processes in a loop): a dead one is a slot.reclaimed
+    event at the next scan (16 new identities a scan and vGPU: the evidence
+    budget), and one left RECLAIMING a slot.stuck event three scans on
+    (all 256 of them). In the ring of the other vGPUs' events they pushed
+    a neighbour's OOM out within a few scans, before a follower resuming
+    with ?since= read it."""
+    config = Config(
+        run_dir=str(tmp_path / "run"), state_dir=str(tmp_path / "state"), event_buffer=300
+    )
+    async with running_api(tmp_path, config) as api:
+        service = api.service
+        tracker = Tracker(sees_all_pids=True)
+        watch = Watch(service, service.events, tracker)
+        made = [await api.client.post("/v1/vgpus", json={"memory": "64m"}) for _ in range(2)]
+        victim, attacker = [(await r.json())["id"] for r in made]
+        victim_hook = FakeHook(service.registry.get(victim).paths.usage)
+        attacker_hook = FakeHook(service.registry.get(attacker).paths.usage)
+        gone = await asyncio.create_subprocess_exec("true")
+        await gone.wait()
+        dead_pid = gone.pid  # a pid of this namespace that no process holds now
+        try:
+            await watch.scan()
+            before = service.events.last_seq
+            victim_hook.block.devices[0].oom_count += 1
+            await watch.scan()
+            pidns = os.stat("/proc/self/ns/pid").st_ino
+            for n in range(6):
+                for i in range(256):
+                    # Odd slots keep one RECLAIMING identity for three scans
+                    # (stuck), even ones a new dead ACTIVE one every scan.
+                    state = SLOT_RECLAIMING if i % 2 else SLOT_ACTIVE
+                    start = 1000 * (n // 3 if i % 2 else n) + i
+                    attacker_hook.claim(i, pid=dead_pid, pidns=pidns, start_time=start, state=state)
+                await watch.scan()
+            kept = service.events.since(before)
+            assert sum(e.type in ("slot.reclaimed", "slot.stuck") for e in kept) >= 300
+            assert [(e.type, e.vgpu) for e in kept if e.vgpu == victim] == [("oom", victim)]
+        finally:
+            victim_hook.close()
+            attacker_hook.close()
+            tracker.close()

@@ -4,11 +4,24 @@ Every event gets the next sequence number; the last ``capacity`` are kept so
 a client can resume with ?since=<seq>. Followers wait on an asyncio.Event
 that each publish sets and replaces (no polling).
 
-Process events (``CHURN``: one per process that starts or ends on the GPU)
-are kept in a ring of their own, of the same capacity: their number is any
-tenant's to choose (a loop of short-lived processes), and in the one ring
-they pushed out every other event (a neighbour's OOM, a backstop kill)
-before a follower resuming with ?since= read it (docs/security.md).
+Events of one process or one slot (``CHURN``) are kept in a ring of their
+own, of the same capacity: their number is any tenant's to choose, and in
+the one ring they pushed out every other event (a neighbour's OOM, a
+backstop kill) before a follower resuming with ?since= read it
+(docs/security.md). They are ``process.started`` and ``process.exited``
+(every process that starts or ends on the GPU: a loop of short-lived
+ones), ``slot.reclaimed`` (every slot the reaper takes back: a tenant
+writes dead identities into its block's slots, 16 new ones a scan within
+the evidence budget, or ends hooked processes in a loop) and
+``slot.stuck`` (once per slot and identity left CLAIMING or RECLAIMING for
+three scans: up to 256 every three scans, unbudgeted). What stays in the
+main ring is bounded by the scan, per vGPU and GPU, whatever the tenant
+does: ``oom`` and ``throttled`` (one per scan at most, from counters),
+``usage.reset`` (one per scan), ``usage.drift`` (one per three scans),
+``counter.absurd`` (once per episode: one every other scan at most),
+``block.repaired`` (two per scan: grown, cut short), ``backstop`` (a
+report or a kill per GPU and scan); the rest are the operator's or the
+node's own.
 """
 
 from __future__ import annotations
@@ -43,8 +56,9 @@ COUNTER_ABSURD = "counter.absurd"
 GPU_HEALTH = "gpu.health"
 BLOCK_REPAIRED = "block.repaired"
 
-# Kept in a ring of their own: as many as the processes any tenant starts.
-CHURN = frozenset({PROCESS_STARTED, PROCESS_EXITED})
+# Kept in a ring of their own: as many as the processes any tenant starts,
+# or the slots it writes.
+CHURN = frozenset({PROCESS_STARTED, PROCESS_EXITED, SLOT_RECLAIMED, SLOT_STUCK})
 
 
 @dataclass(frozen=True)
