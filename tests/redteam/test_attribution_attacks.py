@@ -25,6 +25,7 @@ from tests.conftest import BUILD, ROOT
 from tests.fixtures.cgroup import Cgroup
 from tests.fixtures.hook import GPU_UUIDS, FakeHook, FakeVgpu, MappedSleepers, mapping_process
 from tests.fixtures.simgpu import BYPASS, SCAN, SIM_GPU0, run_json
+from tests.unit.apiclient import get_ok, running_api, validate
 from vgpud.loops.repairs import check, reap
 from vgpud.observe import tracker as tracker_module
 from vgpud.observe.evidence import READS_PER_SCAN
@@ -524,7 +525,8 @@ def host_user_process(proc: Path, pid: int, cgroup: str) -> None:
     (d / "cgroup").write_text(cgroup)
 
 
-@pytest.mark.parametrize(
+# Cgroups a local user or a container may make and name after the victim's.
+SPOOFED_LEAVES = pytest.mark.parametrize(
     "leaf",
     [
         f"user.slice/user-1000.slice/user@1000.service/app.slice/docker/{VICTIM_ID}",
@@ -533,6 +535,9 @@ def host_user_process(proc: Path, pid: int, cgroup: str) -> None:
     ],
     ids=["user-cgroupfs-name", "user-scope-name", "nested-in-a-container"],
 )
+
+
+@SPOOFED_LEAVES
 def test_a_cgroup_named_after_another_container_does_not_put_a_process_in_it(
     proc: Path, vgpu: FakeVgpu, leaf: str
 ) -> None:
@@ -557,6 +562,31 @@ def test_a_cgroup_named_after_another_container_does_not_put_a_process_in_it(
         assert snap.vgpus["v1"].gpus[GPU0].nvml_used == 3 * GIB
         assert snap.vgpus["v1"].pids == (4100, 4150)
         assert snap.processes[4150].vgpu_id == "v1"  # its own container's, as before
+
+
+@SPOOFED_LEAVES
+async def test_the_operator_can_tell_the_spoofed_container_from_the_victims(
+    proc: Path, vgpu: FakeVgpu, tmp_path: Path, leaf: str
+) -> None:
+    """/v1/processes showed the attacker's process with the victim
+    container's id, as the cgroup's name says, and nothing to tell it from
+    the victim's own processes: an operator would blame the victim. It now
+    shows the cgroup that names the container, which the daemon takes for
+    the container (its processes share it), beside the id."""
+    vgpu.hook.claim(0, pid=1, pidns=DOCKER_NS, start_time=5100, used={0: GIB})
+    host_user_process(proc, 4300, f"12:pids:/user.slice/user-1000.slice\n0::/{leaf}\n")
+    tracker = Tracker(proc, sees_all_pids=True)
+    async with running_api(tmp_path) as api:
+        api.service.track = tracker.scan(
+            {"v1": vgpu.blocks}, nvml({4100: GIB, 4150: GIB, 4300: GIB})
+        )
+        listed = await get_ok(api, "/v1/processes")
+    validate(listed, "/v1/processes", "get", 200)
+    shown = {p["host_pid"]: p["container"] for p in listed}
+    assert shown[4100]["id"] == shown[4150]["id"] == shown[4300]["id"] == VICTIM_ID
+    victims = shown[4100]["container_cgroup"]
+    assert victims == shown[4150]["container_cgroup"] == f"/docker/{VICTIM_ID}"
+    assert shown[4300]["container_cgroup"] == f"/{leaf}" != victims
 
 
 # --- the daemon's cost is bounded by what it reads ---------------------------

@@ -14,6 +14,7 @@ import pytest
 import vgpud.surface.service as service_module
 from tests.unit.apiclient import Api, running_api, validate
 from tests.unit.fakes import GIB
+from vgpud.config import Config
 from vgpud.vgpus.blocks import ControlBlock
 from vgpud.vgpus.state import StateStore
 
@@ -276,6 +277,35 @@ async def test_a_follower_without_since_starts_from_now(api: Api) -> None:
     first = json.loads(await r.content.readline())
     assert first["type"] == "vgpu.created" and first["seq"] == 4  # not the 3 before it
     r.close()
+
+
+async def test_a_follower_resuming_after_lost_events_is_told_so(tmp_path: Path) -> None:
+    """With more events than the rings keep, ?since= from before them gets
+    a notice in place of the newest lost event, saying how many after
+    ``since`` it will not get, in both formats and as the document says;
+    a follower given ?since= that notice's seq gets no second one."""
+    config = Config(
+        run_dir=str(tmp_path / "run"), state_dir=str(tmp_path / "state"), event_buffer=10
+    )
+    async with running_api(tmp_path, config) as api:
+        created = await create(api, {"memory": "64m"})  # 1, in the ring of vGPU events
+        for pid in range(12):  # 2..13: the ring of process events keeps 4..13
+            api.service.events.publish("process.started", vgpu=created["id"], pid=pid)
+        r = await api.client.get("/v1/events?follow=false&since=0")
+        lines = [json.loads(line) for line in (await r.text()).splitlines()]
+        for event in lines:
+            validate(event, "/v1/events", "get", 200, "application/x-ndjson")
+        assert [(e["seq"], e["type"]) for e in lines[:3]] == [
+            (1, "vgpu.created"),
+            (3, "events.lost"),
+            (4, "process.started"),
+        ]
+        assert lines[1]["detail"] == {"lost": 2, "after": 0} and len(lines) == 12
+        r = await api.client.get("/v1/events?follow=false&since=1&format=sse")
+        assert (await r.text()).startswith('id: 3\nevent: events.lost\ndata: {"seq": 3, ')
+        r = await api.client.get("/v1/events?since=3")
+        assert json.loads(await r.content.readline())["seq"] == 4
+        r.close()
 
 
 async def test_processes_metrics_and_openapi_routes(api: Api) -> None:

@@ -11,6 +11,7 @@ import jsonschema
 from tests.unit.apiclient import DOCUMENT
 from tests.unit.fakes import FakeInventory
 from vgpud.config import Config
+from vgpud.surface import events
 from vgpud.surface.api.app import make_app
 from vgpud.surface.events import EventLog
 from vgpud.surface.metrics import Metrics
@@ -59,3 +60,12 @@ def test_the_document_is_well_formed() -> None:
         for method, op in item.items():
             if method in HTTP_METHODS:
                 assert "200" in op["responses"] or "201" in op["responses"], (method, path)
+
+
+def test_every_event_type_the_daemon_sends_is_in_the_document() -> None:
+    """A client that validates the stream against the document (or
+    switches on its enum) must know every type: usage.drift was sent and
+    missing."""
+    sent = {v for k, v in vars(events).items() if k.isupper() and isinstance(v, str)}
+    enum = DOCUMENT["components"]["schemas"]["Event"]["properties"]["type"]["enum"]
+    assert sent == set(enum)

@@ -392,9 +392,14 @@ def process_json(p: TrackedProcess) -> dict[str, Any]:
         "memory": dict(p.memory),  # GPU uuid -> bytes (NVML)
         "hooked": dict(p.hooked),  # GPU uuid -> bytes its slot holds (the hook's word)
         "utilization": dict(p.sm_util),  # GPU uuid -> % (NVML)
+        # The id is only what a cgroup's name says: anyone with a delegated
+        # subtree names one after any container. The daemon's container is
+        # the runtime and the cgroup so named (ContainerRef.key), shown so
+        # that an operator does not take a spoofer's process for the victim's.
         "container": {
             "runtime": str(ref.runtime),
             "id": ref.container_id,
+            "container_cgroup": ref.container_cgroup,
             "pod_uid": ref.pod_uid,
             "cgroup": ref.cgroup_path,
         },

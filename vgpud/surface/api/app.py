@@ -296,7 +296,7 @@ async def events(request: web.Request) -> web.StreamResponse:
 
 
 async def _replay(log_: EventLog, since: int) -> AsyncIterator[Event]:
-    for event in log_.since(since):
+    for event in log_.read(since):
         yield event
 
 
