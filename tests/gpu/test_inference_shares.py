@@ -186,19 +186,26 @@ def test_a_vgpu_alone_is_calibrated_by_nvml_to_its_share(
     """Through the daemon, a launch-bound vGPU alone on the GPU is calibrated
     by NVML's device figure (docs/compute.md, "Calibrated by NVML while
     alone"): its control block says so, and NVML sees min(share, native busy)
-    within 3 points on the mean (above it, no further than the native run's
-    busiest second allows), and in every 1 s window within 3 points of
-    min(share, the native run's windows). On an H100 without it
+    within 3 points on the mean, and in every 1 s window within 3 points of
+    min(share, the native runs' windows). On an H100 without it
     (calibrate_alone = false) the chain at 60 read 62.0 and the adds at 30
-    31.0; with it 59.6 and 30.0."""
+    31.0; with it 59.6 and 30.0.
+
+    A launch-bound program's pace is its CPU's: on a lent VM it moved by a
+    third between two runs a minute apart (the chain natively 45.3, 71.1 and
+    76.4 on one H200 within the hour; at 60, never held back, 46-54), so
+    the case runs between two native runs and is judged against the slower
+    (its mean) and against both (its windows)."""
     sides = Vgpus(tmp_path, device=0, calibrate=True)
     try:
-        native = run_case(workload, None, None, SECONDS, sampler, sides)
+        before = run_case(workload, None, None, SECONDS, sampler, sides)
         case = run_case(workload, share, None, SECONDS, sampler, sides)
+        after = run_case(workload, None, None, SECONDS, sampler, sides)
     finally:
         sides.stop()
-    want = min(share, native["busy"])
-    windows, native_windows = case["busy_windows"], native["busy_windows"]
+    want = min(share, before["busy"], after["busy"])
+    windows = case["busy_windows"]
+    native_windows = before["busy_windows"] + after["busy_windows"]
     # A window is judged against min(share, what the work kept the GPU busy
     # natively in a window): where the share does not bind, the work's own
     # pace moves with the CPU from second to second (the chain natively:
@@ -207,16 +214,16 @@ def test_a_vgpu_alone_is_calibrated_by_nvml_to_its_share(
     high = min(share, max(native_windows)) + TOLERANCE
     seen = (
         f"{workload} at {share}: NVML busy {case['busy']:.1f}, 1 s windows "
-        f"{min(windows):.1f}-{max(windows):.1f} (native {native['busy']:.1f}, windows "
-        f"{min(native_windows):.1f}-{max(native_windows):.1f}); held back "
-        f"{case['hook_throttled']:.1f} % of the time; quotas given "
+        f"{min(windows):.1f}-{max(windows):.1f} (native before {before['busy']:.1f}, after "
+        f"{after['busy']:.1f}, windows {min(native_windows):.1f}-{max(native_windows):.1f}); "
+        f"held back {case['hook_throttled']:.1f} % of the time; quotas given "
         f"{sorted({q for _, q, _ in case['quotas']})} ppm"
     )
     assert any(calibrated for t, _, calibrated in case["quotas"] if t >= 0), seen
-    # Above its native mean, the work can only be running faster than in its
-    # native run a minute before (the VM's pace: on an H200 on 2026-11-29 the
-    # chain at 60 read 56.0, held back 0.2 % of the time, for a native 52.6
-    # whose busiest second was 54.8): bounded above as its windows are, and
-    # so never more than 3 points over its share.
+    # Above the slower native mean, the work can only be running faster than
+    # in that native run (the VM's pace: on an H200 on 2026-11-29 the chain
+    # at 60 read 56.0, held back 0.2 % of the time, for a native 52.6 whose
+    # busiest second was 54.8): bounded above as its windows are, and so
+    # never more than 3 points over its share.
     assert want - TOLERANCE <= case["busy"] <= high, seen
     assert all(low <= w <= high for w in windows), seen
