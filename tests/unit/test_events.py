@@ -274,3 +274,18 @@ async def test_a_follower_too_slow_for_the_ring_is_told_what_it_missed() -> None
         (7, "oom", {}),
         (8, "oom", {}),
     ]
+
+
+async def test_a_reader_resuming_across_a_restart_is_told_so_and_sent_every_kept_event() -> None:
+    """Each daemon numbers its events from 1: a ?since= from before a
+    restart is past every event the new daemon has, and its reader waited,
+    told nothing, until the new daemon's numbers passed it."""
+    log = EventLog(capacity=10)
+    log.publish("vgpu.adopted", vgpu="v1")
+    log.publish("oom", vgpu="v1")
+    assert await sent(log, 9000) == [
+        (0, "events.lost", {"lost": None, "after": 9000}),
+        (1, "vgpu.adopted", {}),
+        (2, "oom", {}),
+    ]
+    assert await sent(log, 2) == []  # this daemon's own numbers: nothing new, nothing said

@@ -143,7 +143,17 @@ class EventLog:
         after it and, where some after it are gone, the ``events.lost``
         notice among them, with the seq of the newest lost event. Every
         event lost is at most that seq, so all after it are kept; and each
-        seq after ``seq`` that is kept in neither ring is one lost."""
+        seq after ``seq`` that is kept in neither ring is one lost.
+
+        A ``seq`` past the last this daemon numbered is an earlier daemon's
+        (each numbers from 1): the reader is resuming across a restart, and
+        with nothing after it it would wait, unknowing, until this daemon's
+        numbers passed it. It is told so (a notice numbered 0, ``lost``
+        None: how many the restart took is not known) and sent every event
+        kept."""
+        if seq > self._seq:
+            restarted = Event(0, time.time(), EVENTS_LOST, detail={"lost": None, "after": seq})
+            return [restarted, *self.read(0)]
         kept = self.since(seq)
         through = self._lost_through
         if through <= seq:
