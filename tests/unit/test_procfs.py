@@ -218,6 +218,7 @@ def test_open_mapped_goes_through_map_files(tree: Path, tmp_path: Path) -> None:
     (tree / "4100" / "map_files").mkdir()
     (tree / "4100" / "map_files" / mapping.range_name).symlink_to(target)
     fd = ProcFS(tree).open_mapped(4100, mapping, write=False)
+    assert fd is not None
     try:
         assert os.fstat(fd).st_ino == target.stat().st_ino
     finally:

@@ -24,7 +24,9 @@ process is gone or unreadable:
     ``mountinfo(pid) -> list[Mount] | None`` its mount namespace's mounts
     ``mntns(pid) -> int | None``            inode of its mount namespace
     ``mount_maker(pid) -> int | None``      uid owning that namespace's user namespace
-    ``open_mapped(pid, mapping, write) -> int`` an fd on the mapped object
+    ``open_mapped(pid, mapping, write) -> int | None`` an fd on the mapped
+                                            object, off FUSE; waited for like
+                                            ``environ``
 ``ProcessTable(procfs)`` — the incremental scan the tracker uses:
     ``refresh(watch=()) -> dict[int, Process]``  every live process by host pid
     ``lookup(pid) -> Process | None``           one process, read now
@@ -47,6 +49,7 @@ PID namespace inodes come from readlink of /proc/<pid>/ns/pid
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import fcntl
 import os
@@ -58,6 +61,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import Any, Generic, TypeVar
 
 import structlog
 
@@ -80,11 +84,14 @@ MEMORY_READ_WAIT_S = 0.5
 MAPS_LIMIT = 2 << 20
 _MOUNTINFO_LIMIT = 1 << 20
 _SMALL_FILE = 8192
+_STATFS_SIZE = 256  # struct statfs is 120 bytes on 64-bit Linux; f_type comes first
 _PRUNE_MIN = 1024
 # ioctl_ns(2): _IO(0xb7, 0x1) and _IO(0xb7, 0x4).
 _NS_GET_USERNS = 0xB701
 _NS_GET_OWNER_UID = 0xB704
 
+
+T = TypeVar("T")
 
 Identity = tuple[int, int]  # (host pid, start time): one process, never a reused pid
 
@@ -293,15 +300,23 @@ class ProcFS:
             os.close(userns)
         return int(struct.unpack("=I", raw)[0])
 
-    def open_mapped(self, pid: int, mapping: MappedFile, *, write: bool) -> int:
+    def open_mapped(self, pid: int, mapping: MappedFile, *, write: bool) -> int | None:
         """An fd on the object behind a mapping, never by its path in the container.
 
-        Raises OSError (the process or mapping is gone, or we lack
-        CAP_SYS_ADMIN); the caller validates what it got (fstat: a regular
-        file; the block's magic, version and size).
+        The file may be on a FUSE filesystem of the tenant's own, whose
+        server answers the open, and every later read of a page not in the
+        page cache, when it likes: the open is made on the memory-read
+        thread (waited for at most MEMORY_READ_WAIT_S; None when it did not
+        return, ReadPending while an earlier one is stuck), and a FUSE file
+        is refused (``OSError``), for what the daemon then reads of it
+        through its mapping would be its server's to hold. Raises OSError
+        too when the process or mapping is gone, or we lack CAP_SYS_ADMIN;
+        the caller validates what it got (fstat: a regular file; the
+        block's magic, version and size).
         """
         flags = (os.O_RDWR if write else os.O_RDONLY) | os.O_CLOEXEC
-        return os.open(self.root / str(pid) / "map_files" / mapping.range_name, flags)
+        path = f"{self._prefix}/{pid}/map_files/{mapping.range_name}"
+        return self._memory_reads.run(_open_off_fuse, path, flags, late=os.close)
 
     def _read(self, pid: int, name: str, limit: int | None, *, whole: bool = False) -> bytes | None:
         """Read a /proc file. ``whole``: the kernel produces it in one read
@@ -538,6 +553,29 @@ def _read_all(fd: int, limit: int | None) -> bytes:
     return b"".join(chunks)
 
 
+# statfs(2)'s f_type of every FUSE filesystem (fuse, fuseblk, virtiofs).
+_FUSE_SUPER_MAGIC = 0x65735546
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _open_off_fuse(path: str, flags: int) -> int:
+    """``open(path)``, refused (OSError) when the file is on FUSE: of the
+    filesystems a local user may mount (in a user namespace of its own),
+    the only one whose reads a process of the user's answers."""
+    fd = os.open(path, flags)
+    try:
+        buf = ctypes.create_string_buffer(_STATFS_SIZE)
+        if _libc.fstatfs(fd, buf) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err), path)
+        if ctypes.c_long.from_buffer(buf).value == _FUSE_SUPER_MAGIC:
+            raise OSError(errno.EOPNOTSUPP, "a file on FUSE (its server answers its reads)", path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def _raise_unless_vanished(err: OSError) -> None:
     if err.errno not in _VANISHED:
         raise err
@@ -549,20 +587,27 @@ class ReadPending(Exception):
 
 
 class _BoundedReads:
-    """Reads of a process's memory through /proc, on one thread of their
-    own, waited for at most ``wait_s``. A read that does not return in
-    time is answered None (unreadable) and its thread is left to it: while
-    it is stuck every other read raises ReadPending at once, so the caller
-    never waits longer and never more than one thread is held."""
+    """Reads of a process's memory through /proc (and opens of what it
+    maps), on one thread of their own, waited for at most ``wait_s``. A
+    read that does not return in time is answered None (unreadable) and
+    its thread is left to it: while it is stuck every other read raises
+    ReadPending at once, so the caller never waits longer and never more
+    than one thread is held. What a read given up on returns after all is
+    handed to its ``late`` (an fd closed)."""
 
     def __init__(self, wait_s: float) -> None:
         self.wait_s = wait_s
         self._lock = threading.Lock()
-        self._requests: queue.SimpleQueue[_MemoryRead] = queue.SimpleQueue()
-        self._stuck: _MemoryRead | None = None
+        self._requests: queue.SimpleQueue[_MemoryRead[Any]] = queue.SimpleQueue()
+        self._stuck: _MemoryRead[Any] | None = None
         self._thread: threading.Thread | None = None
 
-    def run(self, fn: Callable[..., bytes | None], *args: object) -> bytes | None:
+    def run(
+        self,
+        fn: Callable[..., T | None],
+        *args: object,
+        late: Callable[[T], object] | None = None,
+    ) -> T | None:
         with self._lock:
             if self._stuck is not None and not self._stuck.done.is_set():
                 raise ReadPending
@@ -573,12 +618,15 @@ class _BoundedReads:
                     target=self._serve, name="vgpud-memreads", daemon=True
                 )
                 self._thread.start()
-            read = _MemoryRead(fn, args)
+            read: _MemoryRead[T] = _MemoryRead(fn, args, late)
             self._requests.put(read)
-            if read.done.wait(self.wait_s):
-                if read.error is not None:
-                    raise read.error
-                return read.result
+            read.done.wait(self.wait_s)
+            with read.lock:  # it returns now, or its result goes to ``late``
+                if read.done.is_set():
+                    if read.error is not None:
+                        raise read.error
+                    return read.result
+                read.abandoned = True
             self._stuck = read
             log.warning("a read of a process's memory did not return: left to its thread")
             return None
@@ -586,17 +634,26 @@ class _BoundedReads:
     def _serve(self) -> None:
         while True:
             read = self._requests.get()
+            result, error = None, None
             try:
-                read.result = read.fn(*read.args)
+                result = read.fn(*read.args)
             except Exception as exc:  # handed to the caller, whose thread raises it
-                read.error = exc
-            read.done.set()
+                error = exc
+            with read.lock:
+                read.result, read.error = result, error
+                read.done.set()
+                abandoned = read.abandoned
+            if abandoned and result is not None and read.late is not None:
+                read.late(result)
 
 
 @dataclass
-class _MemoryRead:
-    fn: Callable[..., bytes | None]
+class _MemoryRead(Generic[T]):
+    fn: Callable[..., T | None]
     args: tuple[object, ...]
+    late: Callable[[T], object] | None
     done: threading.Event = field(default_factory=threading.Event)
-    result: bytes | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    abandoned: bool = False
+    result: T | None = None
     error: Exception | None = None

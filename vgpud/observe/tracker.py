@@ -473,6 +473,10 @@ class Tracker:
         # whose adoption was refused (one log line each).
         self._adopted_by: dict[Identity, FileKey] = {}
         self._refused: set[Identity] = set()
+        # Processes a mapped file of which did not open in time (a FUSE
+        # server of the tenant's that never answers): never tried again,
+        # or each would cost every scan the wait.
+        self._unanswered: set[Identity] = set()
         self._previous: dict[Identity, TrackedProcess] = {}
         # Slot identities resolved to their (watched) process, and those that
         # no live process had when looked for: a process that has ended never
@@ -1030,6 +1034,8 @@ class Tracker:
         mine = self._adopted_by.get(process.identity)
         if mine is not None and mine in self._adopted:
             return self._adopted[mine]
+        if process.identity in self._unanswered:
+            return None
         facts = self._evidence.maps(process, STANDALONE_BUDGET)
         managed = {f[2].usage_key for f in self._files.values()}
         tried: set[FileKey] = set()
@@ -1042,9 +1048,14 @@ class Tracker:
             name = f"/proc/{process.pid}/map_files/{mapping.range_name}"
             try:
                 fd = self.procfs.open_mapped(process.pid, mapping, write=True)
+            except ReadPending:
+                return None  # another's open is stuck: tried again at a later scan
             except OSError as err:
                 log.debug("cannot open a mapped file", path=name, error=str(err))
                 continue
+            if fd is None:
+                self._unanswered.add(process.identity)
+                return None
             try:
                 st = os.fstat(fd)
                 key = (st.st_dev, st.st_ino)
@@ -1169,6 +1180,7 @@ class Tracker:
                 i: key for i, key in self._adopted_by.items() if i in keep or key in self._adopted
             }
         self._refused &= keep
+        self._unanswered &= keep
 
 
 def _is_own_proc(proc_root: str | os.PathLike[str]) -> bool:
