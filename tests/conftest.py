@@ -25,6 +25,9 @@ from pathlib import Path
 
 import pytest
 
+from vgpud import log as vgpud_log
+from vgpud.log import TenantLines
+
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build"
 SIM_LIB_DIR = BUILD / "sim"
@@ -72,3 +75,13 @@ def proc(tmp_path: Path) -> Path:
         ROOT / "tests" / "fixtures" / "proc" / "docker-cgroupfs-v1", root, symlinks=True
     )
     return root
+
+
+@pytest.fixture(autouse=True)
+def tenant_lines(monkeypatch: pytest.MonkeyPatch) -> TenantLines:
+    """The daemon's bound on tenant-driven log lines is process-wide: each
+    test gets its own, so a line another test said first is not held back
+    here. A test may set its ``clock``."""
+    lines = TenantLines()
+    monkeypatch.setattr(vgpud_log, "TENANT_LINES", lines)
+    return lines

@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping
 
 import structlog
 
+from vgpud.log import tenant_said
 from vgpud.observe.procfs import ProcFS
 from vgpud.observe.tracker import TrackSnapshot, VgpuView
 from vgpud.policy.backstop import BackstopEvent, BackstopPolicy, BackstopState, Kill, decide
@@ -77,8 +78,18 @@ def apply(
         else:
             event = None
         if event is not None:
-            log.info(
-                "reaper repaired a vGPU", action=event.kind, vgpu=event.vgpu_id, detail=event.detail
+            # A tenant writes the dead identities into its own slots, as many
+            # as it likes before every scan: the line is bounded, the events
+            # keep each one.
+            tenant_said(
+                log,
+                "info",
+                "reaper repaired a vGPU",
+                tenant=event.vgpu_id,
+                kind=event.kind,
+                action=event.kind,
+                vgpu=event.vgpu_id,
+                detail=event.detail,
             )
             events.append(event)
     return events
@@ -161,7 +172,19 @@ def enforce(kills: list[Kill], proc_root: str = "/proc") -> list[BackstopEvent]:
         outcome = _kill(kill, procfs)
         kind = "killed" if outcome is None else "kill_skipped"
         detail = f"pid {kill.pid} ({kill.reason})" if outcome is None else outcome
-        log.warning("backstop acted", action=kind, vgpu=kill.vgpu_id, gpu=kill.uuid, detail=detail)
+        # A tenant starting a process over its limit at every scan decides
+        # how often this comes: bounded, with every kill an event.
+        tenant_said(
+            log,
+            "warning",
+            "backstop acted",
+            tenant=kill.vgpu_id,
+            kind=kind,
+            action=kind,
+            vgpu=kill.vgpu_id,
+            gpu=kill.uuid,
+            detail=detail,
+        )
         events.append(BackstopEvent(kind, kill.vgpu_id, kill.uuid, detail, kill.pid))
     return events
 

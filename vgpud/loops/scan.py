@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from vgpud.log import flush_tenant_lines
 from vgpud.loops import repairs
 from vgpud.observe.nvml import NvmlSample
 from vgpud.observe.procfs import ProcFS
@@ -108,6 +109,7 @@ class Watch:
         ev.publish_repairs(self.events, repairs_done)
         if drifted or repairs_done:  # the drift counters moved, or a vGPU has a new usage block
             self.service.refresh()
+        flush_tenant_lines()  # the counts of tenants' lines held back, once their interval is up
         return snapshot
 
     def _track(self, views: dict[str, VgpuBlocks], sample: NvmlSample | None) -> TrackSnapshot:

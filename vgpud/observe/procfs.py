@@ -65,6 +65,8 @@ from typing import Any, Generic, TypeVar
 
 import structlog
 
+from vgpud.log import tenant_said
+
 # Environment variables the tracker may need: the hook's mode and limits.
 log = structlog.get_logger(__name__)
 
@@ -628,7 +630,15 @@ class _BoundedReads:
                     return read.result
                 read.abandoned = True
             self._stuck = read
-            log.warning("a read of a process's memory did not return: left to its thread")
+            # A process's user decides when its read comes back, and so
+            # how often another can be stuck: bounded for the node (the read
+            # does not know whose vGPU the process is in; one is stuck at most).
+            tenant_said(
+                log,
+                "warning",
+                "a read of a process's memory did not return: left to its thread",
+                tenant="node",
+            )
             return None
 
     def _serve(self) -> None:

@@ -82,6 +82,7 @@ from typing import Protocol
 
 import structlog
 
+from vgpud.log import tenant_said
 from vgpud.observe.cgroups import ContainerRef, Runtime, classify, parse_cgroup_file
 from vgpud.observe.evidence import BlockFile, Evidence, FileKey, proves
 from vgpud.observe.exitwatch import ExitWatch
@@ -1090,7 +1091,16 @@ class Tracker:
             adopted = _Adopted(f"sa-{key[0]:x}-{key[1]}", VgpuBlocks(usage), key, st.st_uid)
             self._adopted[key] = adopted
             self._adopted_by[process.identity] = key
-            log.info("adopted standalone vGPU", vgpu=adopted.vgpu_id, pid=process.pid)
+            # Per uid: a user's processes, each with a new block, come and go
+            # as fast as it starts them.
+            tenant_said(
+                log,
+                "info",
+                "adopted standalone vGPU",
+                tenant=f"uid {adopted.uid}",
+                vgpu=adopted.vgpu_id,
+                pid=process.pid,
+            )
             return adopted
         return None
 
@@ -1106,13 +1116,27 @@ class Tracker:
         """A standalone block not adopted: said once per process."""
         if process.identity not in self._refused:
             self._refused.add(process.identity)
-            log.warning("standalone block not adopted", pid=process.pid, uid=process.uid, why=why)
+            tenant_said(
+                log,
+                "warning",
+                "standalone block not adopted",
+                tenant=f"uid {process.uid}",
+                pid=process.pid,
+                uid=process.uid,
+                why=why,
+            )
 
     def _drop_idle_standalone(self) -> None:
         """An adopted block with no slot in use is done with: unmap it."""
         for key, adopted in list(self._adopted.items()):
             if not adopted.blocks.usage.slots():
-                log.info("standalone vGPU has no process left: released", vgpu=adopted.vgpu_id)
+                tenant_said(
+                    log,
+                    "info",
+                    "standalone vGPU has no process left: released",
+                    tenant=f"uid {adopted.uid}",
+                    vgpu=adopted.vgpu_id,
+                )
                 adopted.blocks.usage.close()
                 del self._adopted[key]
 

@@ -47,6 +47,7 @@ from vgpud.errors import (
     Unprocessable,
     storage_error,
 )
+from vgpud.log import tenant_said
 from vgpud.threadname import name_this_thread
 from vgpud.units import format_bytes, percent_to_ppm
 from vgpud.vgpus.abi import FLAG_OVERSUBSCRIBE, BlockError
@@ -393,8 +394,13 @@ class Registry:
                     )
                 except (OSError, BlockError) as exc:
                     # A full run dir: the lost block (zeros) stays until a scan can.
-                    log.warning(
-                        "cannot recreate a lost usage block", vgpu=entry.vgpu.id, error=str(exc)
+                    tenant_said(
+                        log,
+                        "warning",
+                        "cannot recreate a lost usage block",
+                        tenant=entry.vgpu.id,
+                        vgpu=entry.vgpu.id,
+                        error=str(exc),
                     )
                     continue
                 # The broker's account of the vGPU (its turn credit) goes on
@@ -425,14 +431,32 @@ class Registry:
         try:
             os.ftruncate(fd, size)
         except OSError as exc:
-            log.warning("cannot cut a grown usage block back", vgpu=entry.vgpu.id, error=str(exc))
+            tenant_said(
+                log,
+                "warning",
+                "cannot cut a grown usage block back",
+                tenant=entry.vgpu.id,
+                vgpu=entry.vgpu.id,
+                error=str(exc),
+            )
             return
         finally:
             os.close(fd)
         self._repaired(entry.vgpu, "usage", f"grown by its tenant to {st.st_size} bytes")
 
     def _repaired(self, v: Vgpu, which: str, why: str) -> None:
-        log.warning("block missing or corrupt: recreated", vgpu=v.id, block=which, reason=why)
+        # A tenant may regrow or cut its block before every scan: the line
+        # is bounded (the repair itself is reported in full, as an event).
+        tenant_said(
+            log,
+            "warning",
+            "block missing or corrupt: recreated",
+            tenant=v.id,
+            kind=which,
+            vgpu=v.id,
+            block=which,
+            reason=why,
+        )
         self._repairs.append(Repair(v.id, which, why))
 
     def _clean_leftovers(self) -> None:
