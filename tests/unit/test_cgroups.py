@@ -314,3 +314,18 @@ def test_key_groups_processes_of_one_container() -> None:
     assert systemd_leaf.key == scope.key == f"podman:/machine.slice/libpod-{ID}.scope"
     assert classify_path("/a/b").key == "cgroup:/a/b"
     assert classify_path("/a/b").key != classify_path("/a/c").key
+
+
+# Every line boundary of str.splitlines but "\n", which a cgroup's name cannot hold.
+LINE_BREAKS = ["\r", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029"]
+
+
+@pytest.mark.parametrize("brk", LINE_BREAKS, ids=[f"U+{ord(c):04X}" for c in LINE_BREAKS])
+def test_a_cgroup_name_holding_another_line_break_is_one_path(brk: str) -> None:
+    """The kernel prints a cgroup's path as it is, a name of a delegated
+    subtree with "\\r" or U+2028 included: read as two lines, the second was
+    a cgroup line of the namer's choosing (tests/redteam/test_hostile_names.py)."""
+    path = f"/user.slice/user@1000.service/x{brk}5:x:/docker/{ID}"
+    ref = classify(parse_cgroup_file(f"0::{path}\n"))
+    assert (ref.runtime, ref.cgroup_path, ref.container_cgroup) == (Runtime.DOCKER, path, path)
+    assert ref.key != classify(parse_cgroup_file(f"0::/docker/{ID}\n")).key

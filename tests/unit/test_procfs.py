@@ -14,8 +14,18 @@ from typing import Any
 
 import pytest
 
+from tests.unit.test_cgroups import LINE_BREAKS
 from vgpud.observe.cgroups import classify, parse_cgroup_file
-from vgpud.observe.procfs import MappedFile, ProcessTable, ProcFS, parse_maps, parse_stat
+from vgpud.observe.procfs import (
+    MappedFile,
+    Mount,
+    ProcessTable,
+    ProcFS,
+    parse_maps,
+    parse_mountinfo,
+    parse_stat,
+    parse_status,
+)
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "proc"
 CASES = sorted(p.name for p in FIXTURES.iterdir() if p.is_dir())
@@ -113,6 +123,22 @@ def test_maps_keeps_file_backed_mappings_only() -> None:
     assert maps[0].shared and not maps[1].shared
     assert maps[0].range_name == "7f1a2b3c4000-7f1a2b3fd000"
     assert maps[0].size == 0x39000
+
+
+@pytest.mark.parametrize("brk", LINE_BREAKS, ids=[f"U+{ord(c):04X}" for c in LINE_BREAKS])
+def test_names_holding_another_line_break_do_not_make_a_line(brk: str) -> None:
+    """The kernel ends lines with "\\n" and escapes it in names, but prints
+    these as they are: a mapped file, mount point or process named with one
+    and a line after it held a line the kernel never wrote
+    (tests/redteam/test_hostile_names.py)."""
+    forged = f"x{brk}7f0000000000-7f0000001000 rw-s 00000000 00:2a 4242 /p"
+    maps = parse_maps(f"7f1a2b3c4000-7f1a2b3c5000 r--s 00000000 fd:01 77    /tmp/{forged}\n")
+    assert [(m.inode, m.path) for m in maps] == [(77, f"/tmp/{forged}")]
+    point = f"/tmp/x{brk}1\x1f1\x1f0:42\x1f/vgpud/vg-00000000/usage\x1f/p"
+    mounts = parse_mountinfo(f"63 43 254:0 /src {point} rw,relatime - ext4 /dev/vda rw\n")
+    assert mounts == [Mount(os.makedev(254, 0), "/src", point)]
+    status = f"Name:\tx{brk}Uid:\t0\nTgid:\t7\nUid:\t1000\t1000\t1000\t1000\nNSpid:\t7\n"
+    assert parse_status(7, status.encode()) == (1000, (7,), 7)
 
 
 @pytest.fixture

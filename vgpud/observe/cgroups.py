@@ -130,7 +130,11 @@ _UNIT = re.compile(r"^[^/]+\.(?:scope|service)$")
 
 def parse_cgroup_file(text: str) -> list[CgroupLine]:
     lines: list[CgroupLine] = []
-    for raw in text.splitlines():
+    # At "\n" only, the one character a cgroup's name cannot hold: a name may
+    # hold "\r", "\v", U+2028..., where str.splitlines would break it into a
+    # second line of the namer's choosing (a user's delegated subtree naming
+    # another container's cgroup; docs/security.md, the attacks' table).
+    for raw in text.split("\n"):
         parts = raw.split(":", 2)
         if len(parts) != 3 or not parts[0].isdigit() or not parts[2].startswith("/"):
             continue

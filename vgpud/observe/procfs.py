@@ -45,6 +45,14 @@ mapped file is reached only through /proc/<pid>/map_files/<range>, a kernel
 link to the exact object the process maps (reading it needs CAP_SYS_ADMIN).
 PID namespace inodes come from readlink of /proc/<pid>/ns/pid
 (``pid:[4026531836]``); fixture trees store the same text as a symlink.
+
+Lines are split at "\n" only (``_lines``), never with ``str.splitlines``:
+the kernel keeps "\n" out of the names it prints (maps writes it ``\012``,
+mountinfo octal-escapes it with space, tab and backslash, comm and a cgroup
+name cannot hold it) but prints "\r", "\v", "\f", "\x1c"-"\x1e" and
+U+0085/U+2028/U+2029 as they are, where ``splitlines`` also breaks: a file,
+mount point, cgroup or process named by a tenant held a whole line of its
+choosing (docs/security.md, the attacks' table).
 """
 
 from __future__ import annotations
@@ -458,7 +466,7 @@ def parse_status(pid: int, data: bytes) -> tuple[int, tuple[int, ...], int]:
     uid = -1
     nspid: tuple[int, ...] = (pid,)
     tgid = pid
-    for line in data.decode(errors="replace").splitlines():
+    for line in _lines(data.decode(errors="replace")):
         key, _, value = line.partition(":")
         if key == "Uid":
             fields = value.split()
@@ -494,7 +502,7 @@ def parse_environ(data: bytes) -> dict[str, str]:
 def parse_maps(text: str) -> list[MappedFile]:
     """File-backed mappings (inode != 0) of /proc/<pid>/maps."""
     mappings: list[MappedFile] = []
-    for line in text.splitlines():
+    for line in _lines(text):
         fields = line.split(maxsplit=5)
         if len(fields) < 6 or fields[4] == "0":
             continue
@@ -522,11 +530,12 @@ def parse_mountinfo(text: str) -> list[Mount]:
 
     ``36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw``: the
     third field is the device, the fourth the mounted path inside it, with
-    space, tab, newline and backslash written as octal escapes.
+    space, tab, newline and backslash written as octal escapes. Fields are
+    split at a space only: a path may hold other whitespace ("\x1f") as it is.
     """
     mounts: list[Mount] = []
-    for line in text.splitlines():
-        fields = line.split(maxsplit=4)
+    for line in _lines(text):
+        fields = line.split(" ", 4)
         if len(fields) < 5:
             continue
         major, _, minor = fields[2].partition(":")
@@ -534,9 +543,15 @@ def parse_mountinfo(text: str) -> list[Mount]:
             dev = os.makedev(int(major), int(minor))
         except ValueError:
             continue
-        point = fields[4].split(maxsplit=1)[0]
+        point = fields[4].split(" ", 1)[0]
         mounts.append(Mount(dev, _unescape_mount_path(fields[3]), _unescape_mount_path(point)))
     return mounts
+
+
+def _lines(text: str) -> list[str]:
+    """The lines of a /proc file, split where the kernel ends them (the
+    module's docstring says why: not ``str.splitlines``)."""
+    return text.split("\n")
 
 
 def _unescape_mount_path(path: str) -> str:
