@@ -49,6 +49,7 @@ from aiohttp import web
 from vgpud import __version__, systemd
 from vgpud import log as logsetup
 from vgpud.config import RESTART_KEYS, Config, ConfigError, changed_keys, load_config
+from vgpud.dirs import PARENT_MODE, make_dirs
 from vgpud.errors import ApiError
 from vgpud.libpaths import LibraryNotFound, find_library
 from vgpud.loops.clock import Clock, Job
@@ -68,7 +69,7 @@ from vgpud.vgpus.abi import BlockError
 from vgpud.vgpus.atomics import Atomics
 from vgpud.vgpus.recipe import sim_driver_env
 from vgpud.vgpus.registry import Registry
-from vgpud.vgpus.state import StateStore
+from vgpud.vgpus.state import STATE_DIR_MODE, StateStore
 
 EXIT_START_FAILED = 3
 LOCK_FILE = "vgpud.lock"  # in state_dir
@@ -468,7 +469,7 @@ def _lock_state_dir(state_dir: Path) -> int:
     dir is adopted or cleaned: a second daemon started by mistake would
     otherwise take the first one's blocks still being made for leftovers.
     The lock goes with the process (even at SIGKILL)."""
-    state_dir.mkdir(parents=True, exist_ok=True)
+    make_dirs(state_dir, STATE_DIR_MODE)
     fd = os.open(
         state_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
     )
@@ -531,7 +532,7 @@ def _raise_fd_limit() -> None:
 def _claim_socket_path(path: str) -> None:
     """Replace a stale socket left by a crash; refuse when one answers."""
     if not os.path.lexists(path):
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(Path(path).parent, PARENT_MODE)
         return
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:

@@ -24,6 +24,7 @@ from kubernetes import config as k8s_config
 from vgpud import log as logging_setup
 from vgpud.ctl.client import default_socket
 from vgpud.ctl.main import user_arg
+from vgpud.dirs import PARENT_MODE, make_dirs
 from vgpud.k8s.allocate import DEVICE_PLUGIN_OWNER, Allocator, Settings
 from vgpud.k8s.checkpoint import Checkpoint
 from vgpud.k8s.daemon import Daemon
@@ -139,7 +140,7 @@ def dra_driver(args: argparse.Namespace) -> Coroutine[Any, Any, None]:
     daemon = Daemon(args.socket)
     api = k8s.ResourceV1Api(_api_client(args.kubeconfig))
     plugin_dir = Path(args.plugin_dir)
-    plugin_dir.mkdir(parents=True, exist_ok=True)
+    make_dirs(plugin_dir, PARENT_MODE)
     driver = Driver(daemon, ApiClaims(api), Checkpoint(plugin_dir / "checkpoint.json"), args.user)
     inventory = Inventory(daemon, units, args.health_interval)
     publisher = Publisher(

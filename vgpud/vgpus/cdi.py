@@ -47,6 +47,7 @@ from typing import Any, Protocol
 
 import structlog
 
+from vgpud.dirs import make_dirs
 from vgpud.vgpus.model import Vgpu
 from vgpud.vgpus.recipe import Paths, container_recipe
 
@@ -128,7 +129,7 @@ def write_spec(cdi_dir: Path, vgpu_id: str, spec: Mapping[str, Any]) -> Path:
     target = spec_path(cdi_dir, vgpu_id)
     data = (json.dumps(spec, indent=2, sort_keys=True) + "\n").encode()
     try:
-        cdi_dir.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+        make_dirs(cdi_dir, DIR_MODE)
         tmp = cdi_dir / f"{_TMP_PREFIX}{vgpu_id}.{secrets.token_hex(4)}{_TMP_SUFFIX}"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, SPEC_MODE)
         try:

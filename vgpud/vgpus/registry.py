@@ -38,6 +38,7 @@ from pathlib import Path
 
 import structlog
 
+from vgpud.dirs import make_dirs
 from vgpud.errors import (
     ApiError,
     Conflict,
@@ -290,7 +291,7 @@ class Registry:
 
     def adopt(self) -> Adoption:
         """Reload the recorded vGPUs and take over their blocks as they are."""
-        self.run_dir.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+        make_dirs(self.run_dir, DIR_MODE)
         os.chmod(self.run_dir, DIR_MODE)  # an older daemon made it 0755
         try:
             recorded = self.store.load()

@@ -53,6 +53,7 @@ from typing import Any
 
 import structlog
 
+from vgpud.dirs import make_dirs
 from vgpud.errors import Unprocessable
 from vgpud.vgpus import fields
 from vgpud.vgpus.abi import MAX_DEVICES, UUID_LEN
@@ -63,6 +64,8 @@ log = structlog.get_logger(__name__)
 
 FORMAT_VERSION = 1  # of the JSON document
 STATE_FILE = "vgpus.state"
+# Of a state directory the daemon makes: the unit's StateDirectoryMode.
+STATE_DIR_MODE = 0o700
 OLD_STATE_FILE = "vgpus.json"  # the document alone, before vgpus.state
 CONTAINER_VERSION = 1  # of vgpus.state's slots and headers
 MAGIC = b"vgpud-state"
@@ -490,7 +493,7 @@ class StateStore:
         crash at any instant leaves the old file or the new one."""
         capacity = max(MIN_SLOT, 1 << (2 * (HEADER_SIZE + len(data)) - 1).bit_length())
         image = _header(generation, data) + data
-        self.dir.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.dir, STATE_DIR_MODE)
         fd, tmp = tempfile.mkstemp(prefix=f".{STATE_FILE}.", dir=self.dir)
         try:
             # Zeros written, not a hole nor fallocate's unwritten extents: a
