@@ -172,3 +172,62 @@ def test_duplicated_uuids_give_a_soft_vgpu_the_same_quota_as_a_single_entry_woul
         assert soft_quota_beside(tmp_path / "many", entries) == single
     said = [entry for entry in logs if entry.get("vgpu") == SA]
     assert len(said) == 1 and said[0]["uuids"] == [GPU]
+
+
+def adopted_block(path: Path, entries: list[tuple[str, int]], uid: int) -> UsageBlock:
+    """``standalone_block`` as the tracker adopts it: through an fd, known
+    as its user's (the log lines its words cause are bounded per user)."""
+    standalone_block(path, entries).close()
+    fd = os.open(path, os.O_RDWR)
+    try:
+        return UsageBlock.open_fd(fd, str(path), tenant=f"uid {uid}")
+    finally:
+        os.close(fd)
+
+
+BLOCKS_IN_TURN = 12  # a user's processes, one after another, each with a block of its own
+
+
+def test_a_users_blocks_left_out_of_the_tick_one_after_another_get_a_bounded_number_of_lines(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Said once per block, each block was a line: a user starting processes
+    in a loop, each with a new unreadable block, wrote the journal at will."""
+    event = "standalone block left out of the control tick"
+    with node(tmp_path, (30, "hard")) as reg:
+        entries = reg.all()
+        steering = Steering(Atomics.load())
+        now = 1_000_000_000
+        with structlog.testing.capture_logs() as logs:
+            for i in range(BLOCKS_IN_TURN):
+                usage = adopted_block(tmp_path / f"sa{i}", [(GPU, 200_000)], uid=1000)
+
+                def broken() -> None:
+                    raise ValueError("a word no one thought of")
+
+                monkeypatch.setattr(usage, "standalone_limits", broken)
+                vgpu_id = f"sa-1000-{i}"
+                uses = {e.vgpu.id: VgpuUse(e.vgpu.id, False, {}, (), 1) for e in entries}
+                uses[vgpu_id] = VgpuUse(vgpu_id, True, {}, (), 1)
+                blocks = {vgpu_id: VgpuBlocks(usage)}
+                track = TrackSnapshot(0.0, {}, uses, (), blocks, (), (), True)
+                for _ in range(3):
+                    now += TICK_NS
+                    steering.tick(entries, track.standalone, track, None, now)
+                usage.close()
+        assert [e["vgpu"] for e in logs if e["event"] == event] == ["sa-1000-0"]
+
+
+def test_a_users_blocks_with_steer_entries_held_odd_get_a_bounded_number_of_lines(
+    tmp_path: Path,
+) -> None:
+    event = "usage block's steer entry unreadable (seq held odd): shown as never steered"
+    with structlog.testing.capture_logs() as logs:
+        for i in range(BLOCKS_IN_TURN):
+            usage = adopted_block(tmp_path / f"sa{i}", [(GPU, 200_000)], uid=1000)
+            tenant = mapped(usage.path)
+            tenant.steer.throttle[0].seq = 1  # held odd, as a writer mid-store
+            for _ in range(3):
+                assert usage.read_steer(0).quota_ppm == 0  # never steered
+            usage.close()
+    assert len([e for e in logs if e["event"] == event]) == 1

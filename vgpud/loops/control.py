@@ -26,6 +26,7 @@ from typing import NamedTuple
 
 import structlog
 
+from vgpud.log import tenant_said
 from vgpud.observe.nvml import NvmlSample
 from vgpud.observe.tracker import TrackSnapshot, VgpuBlocks
 from vgpud.policy import controller as ctl
@@ -375,9 +376,20 @@ class Steering:
         return slices
 
     def _say_once(self, vgpu_id: str, event: str, usage: UsageBlock, **fields: object) -> None:
+        """Once per block, and bounded per block's user (``usage.tenant``):
+        a user's processes may each come with a new block."""
         if (vgpu_id, event) not in self._standalone_said:
             self._standalone_said.add((vgpu_id, event))
-            log.warning(event, vgpu=vgpu_id, path=str(usage.path), **fields)
+            tenant_said(
+                log,
+                "warning",
+                event,
+                tenant=usage.tenant,
+                kind="",
+                vgpu=vgpu_id,
+                path=str(usage.path),
+                **fields,
+            )
 
     def _mark_calibrated(self, plans: _Plans, quotas: Mapping[ctl.Key, int]) -> None:
         """Tell each daemon-owned vGPU's hook where its quota is calibrated

@@ -1082,7 +1082,7 @@ class Tracker:
                 if full is not None:
                     self._refuse(process, full)
                     return None
-                usage = UsageBlock.open_fd(fd, name)
+                usage = UsageBlock.open_fd(fd, name, tenant=f"uid {st.st_uid}")
             except (BlockError, OSError) as err:
                 log.debug("mapped file is not a usage block", path=name, error=str(err))
                 continue

@@ -55,6 +55,7 @@ from typing import ClassVar
 
 import structlog
 
+from vgpud.log import tenant_said
 from vgpud.units import PPM_FULL  # vgpu_abi.h's VGPU_PPM_FULL, kept with its conversions
 from vgpud.vgpus.abi import (
     ABI_VERSION,
@@ -595,7 +596,14 @@ class UsageBlock(_Mapping):
     kind = "usage"
     _c: UsageC
 
-    def __init__(self, path: Path, mm: mmap.mmap, atomics: Atomics, device_count: int) -> None:
+    def __init__(
+        self,
+        path: Path,
+        mm: mmap.mmap,
+        atomics: Atomics,
+        device_count: int,
+        tenant: str | None = None,
+    ) -> None:
         super().__init__(path, mm, atomics)
         # The container may truncate the file under our mapping: the guard
         # turns the SIGBUS that would kill the daemon into zero pages.
@@ -623,6 +631,10 @@ class UsageBlock(_Mapping):
         # of them, at the last dense read.
         self._span: tuple[list[int], bytes, list[SlotView]] = ([], b"", [])
         self._steer_unreadable_said = False  # warned once per block, not per scan
+        # Who writes the block, for the log lines its words cause
+        # (vgpud.log.tenant_said): an adopted block's user, whose processes
+        # may come and go each with a new block; by default the block itself.
+        self.tenant = tenant or str(path)
 
     @classmethod
     def create(
@@ -661,13 +673,19 @@ class UsageBlock(_Mapping):
 
     @classmethod
     def open_fd(
-        cls, fd: int, name: str, *, device_count: int | None = None, atomics: Atomics | None = None
+        cls,
+        fd: int,
+        name: str,
+        *,
+        device_count: int | None = None,
+        atomics: Atomics | None = None,
+        tenant: str | None = None,
     ) -> UsageBlock:
         """Map a block from an fd opened read-write by the caller (the tracker
         reaches a standalone block through /proc/<pid>/map_files, a kernel
         link that O_NOFOLLOW would refuse); validated like ``open``."""
         mm, head = cls._map_fd(fd, Path(name), _USAGE_HEAD)
-        return cls._open_mapped(mm, head, Path(name), device_count, atomics)
+        return cls._open_mapped(mm, head, Path(name), device_count, atomics, tenant)
 
     @classmethod
     def _open_mapped(
@@ -677,6 +695,7 @@ class UsageBlock(_Mapping):
         path: Path,
         device_count: int | None,
         atomics: Atomics | None,
+        tenant: str | None = None,
     ) -> UsageBlock:
         """The block of a fresh mapping, guarded before anything reads it
         (``__init__``); a standalone block's own device count is taken
@@ -689,7 +708,7 @@ class UsageBlock(_Mapping):
         except BlockError:
             mm.close()
             raise
-        return cls(Path(path), mm, atomics or Atomics.load(), count)
+        return cls(Path(path), mm, atomics or Atomics.load(), count, tenant)
 
     def close(self) -> None:
         if self._mm.closed:
@@ -914,8 +933,11 @@ class UsageBlock(_Mapping):
             return replace(read, quota_ppm=min(read.quota_ppm, PPM_FULL))
         if not self._steer_unreadable_said:
             self._steer_unreadable_said = True
-            log.warning(
+            tenant_said(
+                log,
+                "warning",
                 "usage block's steer entry unreadable (seq held odd): shown as never steered",
+                tenant=self.tenant,
                 path=str(self.path),
                 device=dev_index,
             )
