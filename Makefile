@@ -198,7 +198,7 @@ install: lib protos
 	ln -sfn $(LIBDIR)/venv/bin/vgpud $(DESTDIR)$(BINDIR)/vgpud
 	ln -sfn $(LIBDIR)/venv/bin/vgpuctl $(DESTDIR)$(BINDIR)/vgpuctl
 	ln -sfn $(LIBDIR)/venv/bin/vgpud-k8s $(DESTDIR)$(BINDIR)/vgpud-k8s
-	install -m 0644 systemd/vgpud-k8s.service $(DESTDIR)$(UNITDIR)/vgpud-k8s.service
+	install -m 0644 systemd/vgpud-k8s.service systemd/run-vgpud.mount $(DESTDIR)$(UNITDIR)/
 	sed 's|^ExecStart=/usr/bin/vgpud |ExecStart=$(BINDIR)/vgpud |' systemd/vgpud.service > $(DESTDIR)$(UNITDIR)/vgpud.service
 	chmod 0644 $(DESTDIR)$(UNITDIR)/vgpud.service
 	@# An existing config is the admin's: never overwritten.
@@ -219,6 +219,7 @@ uninstall:
 	    systemctl disable --now $$unit 2>/dev/null || true; done; fi
 	rm -f $(DESTDIR)$(BINDIR)/vgpud $(DESTDIR)$(BINDIR)/vgpuctl $(DESTDIR)$(UNITDIR)/vgpud.service
 	rm -f $(DESTDIR)$(BINDIR)/vgpud-k8s $(DESTDIR)$(UNITDIR)/vgpud-k8s.service
+	rm -f $(DESTDIR)$(UNITDIR)/run-vgpud.mount
 	rm -f $(DESTDIR)$(LIBDIR)/libvgpu.so $(DESTDIR)$(LIBDIR)/libvgpu-atomics.so
 	rm -rf $(DESTDIR)$(LIBDIR)/venv $(DESTDIR)$(LIBDIR)/venv.new $(DESTDIR)$(LIBDIR)/venv.old
 	rmdir $(DESTDIR)$(LIBDIR) 2>/dev/null || true

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -158,6 +159,7 @@ def test_make_install_stages_the_layout_for_usr(stage: Path) -> None:
         "usr/lib/vgpud/venv/bin/vgpud-k8s",
         "lib/systemd/system/vgpud.service",
         "lib/systemd/system/vgpud-k8s.service",
+        "lib/systemd/system/run-vgpud.mount",
         "etc/vgpud/vgpud.toml",
     ):
         assert path in files, f"make install did not install {path}"
@@ -417,12 +419,52 @@ def test_stop_removes_the_socket_and_keeps_blocks_and_state(system: SystemdNames
     assert (code, got["name"]) == (200, "kept")
 
 
+def test_a_tenant_growing_its_usage_block_fills_the_run_dirs_tmpfs_not_run(
+    system: SystemdNamespace,
+) -> None:
+    """A vGPU's user may write its usage block, and so grow it past its
+    layout (the daemon cuts it back at its next scan). On /run itself that
+    filled the node's /run, every service's runtime files, for as long as
+    the tenant kept writing; run-vgpud.mount gives the blocks a tmpfs of
+    their own, so what it fills is that."""
+    start(system)
+    run, run_dir = system.host_path("/run"), system.host_path("/run/vgpud")
+    assert run_dir.stat().st_dev != run.stat().st_dev, "the run dir is not a mount of its own"
+    size = os.statvfs(run_dir)
+    assert size.f_blocks * size.f_frsize == 256 << 20
+    status, vgpu = api(
+        system, "POST", "/v1/vgpus", {"name": "t", "memory": "1g", "user": {"uid": 65534}}
+    )
+    assert status == 201, vgpu
+    usage = f"/run/vgpud/{vgpu['id']}/usage"
+    layout = system.host_path(usage).stat().st_size
+    free_before = os.statvfs(run).f_bavail * os.statvfs(run).f_frsize
+
+    grow = system.run(
+        "setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
+        "dd", "if=/dev/zero", f"of={usage}", "bs=1M", "count=512", "oflag=append",
+        "conv=notrunc", check=False,
+    )  # fmt: skip
+
+    assert grow.returncode != 0 and "No space left on device" in grow.stderr, grow.stderr
+    free_after = os.statvfs(run).f_bavail * os.statvfs(run).f_frsize
+    assert free_before - free_after < 16 << 20, "the tenant's writes reached /run"
+    # And the daemon cuts the block back to its layout at its next scan.
+    wait_for(lambda: system.host_path(usage).stat().st_size == layout, "the block cut back", 20)
+    assert create_vgpu(system, "after")["name"] == "after"
+
+
 @pytest.mark.root
 def test_make_uninstall_on_a_node_stops_the_service(system: SystemdNamespace) -> None:
     start(system)
     system.run("make", "--no-print-directory", "-C", str(ROOT), "uninstall")
     assert system.show(UNIT, "ActiveState")["ActiveState"] == "inactive"
-    for path in ("/usr/bin/vgpud", "/usr/lib/vgpud/venv", "/lib/systemd/system/vgpud.service"):
+    for path in (
+        "/usr/bin/vgpud",
+        "/usr/lib/vgpud/venv",
+        "/lib/systemd/system/vgpud.service",
+        "/lib/systemd/system/run-vgpud.mount",
+    ):
         assert not system.host_path(path).exists(), f"{path} is still there"
     for path in ("/etc/vgpud/vgpud.toml", "/var/lib/vgpud"):
         assert system.host_path(path).exists(), f"uninstall removed {path}"

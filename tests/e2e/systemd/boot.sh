@@ -123,7 +123,7 @@ mkdir -p "$testdir/no-generators"
 cp -a "$units" "$testdir/units"
 for unit in systemd-journald.service systemd-journald.socket sockets.target \
     shutdown.target umount.target final.target poweroff.target systemd-poweroff.service \
-    vgpud.service; do
+    vgpud.service run-vgpud.mount; do
     ln -s "/lib/systemd/system/$unit" "$testdir/units/$unit"
 done
 
