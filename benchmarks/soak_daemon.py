@@ -15,16 +15,17 @@ compares the median of the first and the last minute (CPU: % of a core over
 each 5 s interval; the churn itself is most of it) and fits RSS a line.
 
 The event log keeps up to ``event_buffer`` events in each of two rings
-(vgpud/surface/events.py). A round adds 20 ``slot.reclaimed`` to the ring
-of process and slot events (the sleepers hold no GPU memory: NVML lists
-none of them, so no ``process.started`` or ``process.exited``) and 2 to the
-other (``vgpu.created``, ``vgpu.deleted``): at the default 10,000 the
-first ring fills after ~500 rounds (~17 minutes on 2 CPUs) and the second
-after ~5,000 (hours), and until then RSS rises by the events kept (about
-0.8 KiB of RSS each). ``--fill`` fills both rings before the measured
-window starts (vGPUs created and deleted with no processes for the main
-ring, then rounds of 8 vGPUs with 25 processes each for the other), so
-that what the window shows is what grows besides the event log.
+(vgpud/surface/events.py). A round adds about 20 to the ring of process
+and slot events (a ``slot.reclaimed`` per process; ``process.started`` and
+``process.exited`` only for the few a scan finds alive before they are
+killed) and 2 to the other (``vgpu.created``, ``vgpu.deleted``): at the
+default 10,000 the first ring fills after ~500 rounds (~17 minutes on 2
+CPUs) and the second after ~5,000 (hours), and until then RSS rises by
+the events kept (about 0.8 KiB of RSS each). ``--fill`` fills both rings
+before the measured window starts (vGPUs created and deleted with no
+processes for the main ring, then rounds of 8 vGPUs with 25 processes
+each for the other), so that what the window shows is what grows besides
+the event log.
 """
 
 from __future__ import annotations
