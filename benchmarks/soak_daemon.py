@@ -1,7 +1,7 @@
 """Soak: the daemon's memory, descriptors and CPU over minutes of churn.
 
     .venv/bin/python benchmarks/soak_daemon.py [--minutes 10] [--fill]
-        [--markdown FILE] [--plot FILE]
+        [--markdown FILE] [--plot FILE] [--csv FILE]
 
 The real daemon on the simulated GPU (build/sim). Over and over: create a
 vGPU, start 20 processes that map its usage block and hold a slot each
@@ -154,6 +154,7 @@ def main() -> int:
     )
     p.add_argument("--markdown", type=Path)
     p.add_argument("--plot", type=Path)
+    p.add_argument("--csv", type=Path, help="the samples, one a line")
     a = p.parse_args()
 
     capacity = load_config(None).event_buffer  # as the daemon reads it (VGPUD_EVENT_BUFFER)
@@ -191,6 +192,10 @@ def main() -> int:
         a.markdown.write_text(text)
     if a.plot is not None:
         plot(samples, capacity, a.plot)
+    if a.csv is not None:
+        with a.csv.open("w") as f:
+            f.write("s,rss_kib,fds,cpu_percent,main_ring,churn_ring\n")
+            f.writelines(f"{t:.1f},{r},{d},{c:.2f},{m},{n}\n" for t, r, d, c, m, n in samples)
     return 0
 
 
@@ -263,9 +268,14 @@ def plot(samples: list[Sample], capacity: int, path: Path) -> None:
 
     fig, (ax, rings, cpu) = plt.subplots(3, 1, figsize=(8, 8), sharex=True)
     minutes = [s[0] / 60 for s in samples]
-    ax.plot(minutes, [s[1] / 1024 for s in samples], color="tab:blue", label="RSS (MiB)")
+    rss = [s[1] / 1024 for s in samples]
+    ax.plot(minutes, rss, color="tab:blue", label="RSS (MiB)")
     ax.set_ylabel("RSS (MiB)", color="tab:blue")
-    ax.set_ylim(bottom=0)
+    # A 10 MiB span at least, about the window's RSS: a slope of a few
+    # hundred KiB shows, and is not made to look like more than it is.
+    mid = (min(rss) + max(rss)) / 2
+    half = max(5.0, (max(rss) - min(rss)) / 2 + 1)
+    ax.set_ylim(mid - half, mid + half)
     other = ax.twinx()
     other.plot(minutes, [s[2] for s in samples], color="tab:orange", label="descriptors")
     other.set_ylabel("open descriptors", color="tab:orange")
