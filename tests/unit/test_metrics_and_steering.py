@@ -172,3 +172,21 @@ def test_the_histograms_text_is_byte_for_byte_what_it_was(monkeypatch: Any) -> N
         metrics.loop_seconds.labels(loop).observe(amount)
     text = metrics.loop_seconds.text() + metrics.request_seconds.text()
     assert text == (FIXTURES / "histograms-1ada55a.prom").read_text()
+
+
+async def test_methods_a_client_makes_up_share_one_series(tmp_path: Path) -> None:
+    """HTTP allows any token as a method (aiohttp's pure-Python parser takes
+    any; its C parser some thirty, WebDAV's among them): a series each
+    would grow the daemon's memory and every scrape with what clients send."""
+    async with running_api(tmp_path) as api:
+        for method in ("PROPFIND", "MKCOL", "LOCK", "UNLOCK", "COPY", "MOVE", "SEARCH", "PURGE"):
+            r = await api.client.request(method, "/v1/vgpus")
+            assert r.status == 405, method
+        r = await api.client.get("/metrics")
+        families = histogram_families(await r.text())
+        methods = {
+            labels["method"]
+            for name, labels, _ in families["vgpud_api_request_duration_seconds"]
+            if name.endswith("_count")
+        }
+        assert methods == {"other"}
