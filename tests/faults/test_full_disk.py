@@ -75,6 +75,38 @@ def test_a_create_on_a_full_run_dir_is_a_clean_507(
         daemon.cleanup()
 
 
+def test_a_tenant_filling_the_run_dir_with_its_grown_block_does_not_refuse_a_create(
+    tmp_path: Path, sim_env: dict[str, str]
+) -> None:
+    """A vGPU's user grows its usage block until the run directory is full
+    (it may write its own file; the scan cuts it back, here not for a
+    minute): a create meanwhile cuts the grown block back and is made,
+    where it was refused with 507 until the next scan."""
+    disk = SmallDisk(tmp_path / "run", "512k")  # two vGPUs' blocks, and room to spare
+    daemon = Daemon(tmp_path, sim_env, config="scan_interval = 60\n")
+    daemon.args = disk.inside(*daemon.args)
+    try:
+        daemon.start()
+        tenant = daemon.client.post("/v1/vgpus", {"memory": "1g"})["id"]
+        usage = str(daemon.run_dir / tenant / "usage")
+
+        def size() -> int:  # as seen inside the small disk's namespace
+            return int(disk.run("stat", "-c", "%s", usage))
+
+        layout = size()
+        disk.run("sh", "-c", f"cat /dev/zero >> {usage} || true")  # as its user may
+        assert size() > layout
+
+        made = daemon.client.post("/v1/vgpus", {"memory": "1g"})
+
+        assert size() == layout
+        assert {v["id"] for v in daemon.client.get("/v1/vgpus")} == {tenant, made["id"]}
+        assert daemon.stop() == 0
+    finally:
+        daemon.cleanup()
+        disk.close()
+
+
 def test_a_repair_that_cannot_be_made_skips_the_vgpu_with_one_line(
     disk: SmallDisk, tmp_path: Path, sim_env: dict[str, str]
 ) -> None:

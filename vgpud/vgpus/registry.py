@@ -42,6 +42,7 @@ from vgpud.dirs import make_dirs
 from vgpud.errors import (
     ApiError,
     Conflict,
+    InsufficientStorage,
     InUse,
     NotFound,
     ServerError,
@@ -415,20 +416,21 @@ class Registry:
         repairs, self._repairs = self._repairs, []
         return repairs
 
-    def _trim_grown(self, entry: Entry) -> None:
+    def _trim_grown(self, entry: Entry) -> bool:
         """A usage block is its layout's size. Its tenant owns the file and
         may grow it and write past the layout: on the run directory's tmpfs
-        (/run) that is the node's memory, and a full /run stops the daemon's
-        creates and repairs and the node's own services. What it wrote
-        there is cut off at each scan; its processes map only the layout."""
+        that fills it, and a full run directory stops the daemon's creates
+        and repairs. What it wrote there is cut off at each scan (and when
+        a create finds the directory full); its processes map only the
+        layout. Whether it was cut."""
         size = _USAGE_BYTES
         try:
             st = os.stat(entry.paths.usage, follow_symlinks=False)
             if st.st_size <= size and st.st_blocks * 512 <= size + _PAGE:
-                return  # its size, or cut short (the lost-block repair's)
+                return False  # its size, or cut short (the lost-block repair's)
             fd = os.open(entry.paths.usage, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
-            return  # gone or replaced: the lost-block repair sees to it
+            return False  # gone or replaced: the lost-block repair sees to it
         try:
             os.ftruncate(fd, size)
         except OSError as exc:
@@ -440,10 +442,11 @@ class Registry:
                 vgpu=entry.vgpu.id,
                 error=str(exc),
             )
-            return
+            return False
         finally:
             os.close(fd)
         self._repaired(entry.vgpu, "usage", f"grown by its tenant to {st.st_size} bytes")
+        return True
 
     def _repaired(self, v: Vgpu, which: str, why: str) -> None:
         # A tenant may regrow or cut its block before every scan: the line
@@ -779,6 +782,19 @@ class Registry:
             raise Conflict(f"a vGPU named {name!r} exists")
 
     def _make_blocks(self, v: Vgpu) -> Entry:
+        """The vGPU's blocks. On a full run directory, the blocks tenants
+        grew are cut back first and the blocks tried once more: a tenant
+        writing past its block's layout in a loop fills the run directory
+        between two scans, and each create in between was refused (507)."""
+        try:
+            return self._try_make_blocks(v)
+        except InsufficientStorage:
+            grown = [e for e in self.entries.values() if self._trim_grown(e)]
+            if not grown:
+                raise
+            return self._try_make_blocks(v)
+
+    def _try_make_blocks(self, v: Vgpu) -> Entry:
         paths = self.paths(v.id)
         directory = paths.control.parent
         control: ControlBlock | None = None
