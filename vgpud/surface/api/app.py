@@ -39,12 +39,12 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 # No request of openapi.json nests deeper than 2 (an object of label objects);
 # 8 leaves room to grow and keeps a hostile body's walk short.
+MAX_JSON_DEPTH = 8
 # The request histogram's `method` label: HTTP's methods, and "other" for
 # any other a client sends (HTTP allows any token; aiohttp's C parser takes
 # some thirty, its Python parser any): each value is a series the daemon
 # keeps, and shows at every scrape, for ever.
 HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
-MAX_JSON_DEPTH = 8
 
 
 def make_app(service: Service, metrics: Metrics) -> web.Application:
